@@ -1,0 +1,170 @@
+//! Aligned, pooled I/O buffers.
+//!
+//! O_DIRECT needs buffers aligned to the device's sector; io_uring needs them
+//! to stay put until the kernel is done. An [`AlignedBuf`] is a heap block
+//! aligned to 4 KiB that moves by ownership into an operation and back out.
+//! Buffers of power-of-two capacity return to a per-thread pool when dropped,
+//! so the data path does not hit the allocator once it is warm.
+//!
+//! A buffer from [`AlignedBuf::new`] holds whatever its previous user left
+//! in it (never bytes from another process); [`AlignedBuf::zeroed`] clears it.
+
+use std::alloc::{self, Layout};
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// Alignment of every buffer: enough for any device's O_DIRECT.
+pub const BUF_ALIGN: usize = 4096;
+/// Largest capacity kept in the pool; bigger buffers go back to the allocator.
+const POOL_CLASS_MAX_BYTES: usize = 8 << 20;
+/// Free buffers kept per size class per thread.
+const POOL_PER_CLASS_MAX: usize = 512;
+const POOL_CLASSES: usize = 12; // 4 KiB << 0 ..= 4 KiB << 11 (8 MiB)
+
+thread_local! {
+    static POOL: RefCell<[Vec<NonNull<u8>>; POOL_CLASSES]> = RefCell::new(Default::default());
+}
+
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: the buffer exclusively owns its heap block; nothing else aliases it.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+fn class_of(cap: usize) -> Option<usize> {
+    if cap.is_power_of_two() && (BUF_ALIGN..=POOL_CLASS_MAX_BYTES).contains(&cap) {
+        Some((cap / BUF_ALIGN).trailing_zeros() as usize)
+    } else {
+        None
+    }
+}
+
+fn capacity_for(len: usize) -> usize {
+    let cap = len.max(BUF_ALIGN).div_ceil(BUF_ALIGN) * BUF_ALIGN;
+    if cap <= POOL_CLASS_MAX_BYTES {
+        cap.next_power_of_two()
+    } else {
+        cap
+    }
+}
+
+impl AlignedBuf {
+    /// A buffer of `len` bytes with unspecified content.
+    pub fn new(len: usize) -> Self {
+        let cap = capacity_for(len);
+        if let Some(class) = class_of(cap) {
+            if let Some(ptr) = POOL.with(|p| p.borrow_mut()[class].pop()) {
+                return AlignedBuf { ptr, len, cap };
+            }
+        }
+        let layout = Layout::from_size_align(cap, BUF_ALIGN).expect("buffer layout");
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { alloc::alloc(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len, cap }
+    }
+
+    /// A buffer of `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        let mut b = Self::new(len);
+        b.fill(0);
+        b
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn from_slice(data: &[u8]) -> Self {
+        let mut b = Self::new(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Changes the visible length; new bytes (if any) are unspecified.
+    pub fn set_len(&mut self, len: usize) {
+        assert!(len <= self.cap, "set_len {len} beyond capacity {}", self.cap);
+        self.len = len;
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if let Some(class) = class_of(self.cap) {
+            let ptr = self.ptr;
+            let kept = POOL
+                .try_with(|p| {
+                    let mut p = p.borrow_mut();
+                    if p[class].len() < POOL_PER_CLASS_MAX {
+                        p[class].push(ptr);
+                        true
+                    } else {
+                        false
+                    }
+                })
+                .unwrap_or(false);
+            if kept {
+                return;
+            }
+        }
+        let layout = Layout::from_size_align(self.cap, BUF_ALIGN).expect("buffer layout");
+        // SAFETY: allocated in `new` with this exact layout and not pooled.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for cap >= len bytes; all bytes are initialised
+        // memory (possibly stale), which is fine for u8.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and we hold the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} of {})", self.len, self.cap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_pooled() {
+        let a = AlignedBuf::zeroed(5000);
+        assert_eq!(a.len(), 5000);
+        assert_eq!(a.capacity(), 8192);
+        assert_eq!(a.as_ptr() as usize % BUF_ALIGN, 0);
+        assert!(a.iter().all(|&b| b == 0));
+        let p = a.as_ptr();
+        drop(a);
+        let b = AlignedBuf::new(8000);
+        assert_eq!(b.as_ptr(), p, "a dropped buffer is reused");
+        let big = AlignedBuf::new(9 << 20);
+        assert_eq!(big.as_ptr() as usize % BUF_ALIGN, 0);
+    }
+}

@@ -1,0 +1,273 @@
+//! A fault-injecting in-memory device for crash and error tests.
+//!
+//! It keeps two images: what a reader sees now, and what would survive a
+//! power cut (everything written before the last completed `sync`).
+//! [`FaultDev::power_cut`] decides the fate of every write since that sync —
+//! lost, kept, or torn at a sector boundary — and returns a new device
+//! holding what a restarted machine would find. It can also fail chosen
+//! ranges with EIO, add latency to every op, and flip bits.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::buf::AlignedBuf;
+use crate::dev::{check_range, total_len, BlockDev};
+use crate::rt;
+
+/// Granularity at which a power cut can tear a write.
+pub const TEAR_SECTOR_BYTES: usize = 512;
+
+#[derive(Clone, Copy, Debug)]
+struct EioRange {
+    offset: u64,
+    len: u64,
+    reads: bool,
+    writes: bool,
+}
+
+struct State {
+    now: RefCell<Vec<u8>>,
+    durable: RefCell<Vec<u8>>,
+    unsynced: RefCell<Vec<(u64, Vec<u8>)>>,
+    eio: RefCell<Vec<EioRange>>,
+    latency: Cell<Option<Duration>>,
+    dead: Cell<bool>,
+    align: u32,
+    syncs: Cell<u64>,
+    writes: Cell<u64>,
+}
+
+/// What a power cut did to the writes that were not yet synced.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CutReport {
+    pub lost: usize,
+    pub kept: usize,
+    pub torn: usize,
+}
+
+#[derive(Clone)]
+pub struct FaultDev(Rc<State>);
+
+/// A small deterministic generator (splitmix64) so failures replay from a seed.
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+impl FaultDev {
+    pub fn new(size_bytes: u64, align: u32) -> Self {
+        Self::from_image(vec![0; size_bytes as usize], align)
+    }
+
+    fn from_image(image: Vec<u8>, align: u32) -> Self {
+        FaultDev(Rc::new(State {
+            now: RefCell::new(image.clone()),
+            durable: RefCell::new(image),
+            unsynced: RefCell::new(Vec::new()),
+            eio: RefCell::new(Vec::new()),
+            latency: Cell::new(None),
+            dead: Cell::new(false),
+            align,
+            syncs: Cell::new(0),
+            writes: Cell::new(0),
+        }))
+    }
+
+    /// Cuts the power: this device fails every later op with EIO, and the
+    /// returned device holds what survived. Each unsynced write is lost,
+    /// kept, or torn (only a prefix of its sectors reaches the disk).
+    pub fn power_cut(&self, seed: u64) -> (FaultDev, CutReport) {
+        let mut rng = SplitMix(seed);
+        let mut image = self.0.durable.borrow().clone();
+        let mut report = CutReport::default();
+        for (off, data) in self.0.unsynced.borrow().iter() {
+            let o = *off as usize;
+            match rng.below(3) {
+                0 => report.lost += 1,
+                1 => {
+                    image[o..o + data.len()].copy_from_slice(data);
+                    report.kept += 1;
+                }
+                _ => {
+                    let sectors = data.len() / TEAR_SECTOR_BYTES;
+                    let keep = rng.below(sectors as u64 + 1) as usize * TEAR_SECTOR_BYTES;
+                    image[o..o + keep].copy_from_slice(&data[..keep]);
+                    report.torn += 1;
+                }
+            }
+        }
+        self.0.dead.set(true);
+        (FaultDev::from_image(image, self.0.align), report)
+    }
+
+    /// Fails reads and/or writes that touch `[offset, offset + len)` with EIO.
+    pub fn fail_range(&self, offset: u64, len: u64, reads: bool, writes: bool) {
+        self.0.eio.borrow_mut().push(EioRange {
+            offset,
+            len,
+            reads,
+            writes,
+        });
+    }
+
+    pub fn clear_failures(&self) {
+        self.0.eio.borrow_mut().clear();
+    }
+
+    /// Delays every op by `d` (a runtime timer, so other tasks keep running).
+    pub fn set_latency(&self, d: Option<Duration>) {
+        self.0.latency.set(d);
+    }
+
+    /// XORs `mask` into the byte at `offset`, now and in the durable image:
+    /// media corruption that no write caused.
+    pub fn flip(&self, offset: u64, mask: u8) {
+        self.0.now.borrow_mut()[offset as usize] ^= mask;
+        self.0.durable.borrow_mut()[offset as usize] ^= mask;
+    }
+
+    /// A copy of the bytes a reader sees now.
+    pub fn snapshot(&self, offset: u64, len: usize) -> Vec<u8> {
+        self.0.now.borrow()[offset as usize..offset as usize + len].to_vec()
+    }
+
+    pub fn sync_count(&self) -> u64 {
+        self.0.syncs.get()
+    }
+
+    pub fn write_count(&self) -> u64 {
+        self.0.writes.get()
+    }
+
+    async fn gate(&self, offset: u64, len: u64, write: bool) -> io::Result<()> {
+        if let Some(d) = self.0.latency.get() {
+            rt::sleep(d).await;
+        }
+        if self.0.dead.get() {
+            return Err(io::Error::other("device lost power"));
+        }
+        check_range(self.size_bytes(), self.0.align, offset, len)?;
+        let hit = self.0.eio.borrow().iter().any(|r| {
+            (if write { r.writes } else { r.reads }) && offset < r.offset + r.len && r.offset < offset + len
+        });
+        if hit {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+
+    fn apply(&self, offset: u64, data: &[u8]) {
+        let o = offset as usize;
+        self.0.now.borrow_mut()[o..o + data.len()].copy_from_slice(data);
+        self.0.unsynced.borrow_mut().push((offset, data.to_vec()));
+        self.0.writes.set(self.0.writes.get() + 1);
+    }
+}
+
+impl BlockDev for FaultDev {
+    fn size_bytes(&self) -> u64 {
+        self.0.now.borrow().len() as u64
+    }
+    fn align_bytes(&self) -> u32 {
+        self.0.align
+    }
+    async fn read_at(&self, mut buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf> {
+        self.gate(offset, buf.len() as u64, false).await?;
+        let o = offset as usize;
+        let n = buf.len();
+        buf.copy_from_slice(&self.0.now.borrow()[o..o + n]);
+        Ok(buf)
+    }
+    async fn write_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf> {
+        self.gate(offset, buf.len() as u64, true).await?;
+        self.apply(offset, &buf);
+        Ok(buf)
+    }
+    async fn writev_at(&self, bufs: Vec<AlignedBuf>, offset: u64) -> io::Result<Vec<AlignedBuf>> {
+        self.gate(offset, total_len(&bufs), true).await?;
+        // One request, so one unit for tearing: a prefix of it may survive.
+        let joined: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        self.apply(offset, &joined);
+        Ok(bufs)
+    }
+    async fn sync(&self) -> io::Result<()> {
+        if let Some(d) = self.0.latency.get() {
+            rt::sleep(d).await;
+        }
+        if self.0.dead.get() {
+            return Err(io::Error::other("device lost power"));
+        }
+        let pending = std::mem::take(&mut *self.0.unsynced.borrow_mut());
+        let mut durable = self.0.durable.borrow_mut();
+        for (off, data) in pending {
+            durable[off as usize..off as usize + data.len()].copy_from_slice(&data);
+        }
+        self.0.syncs.set(self.0.syncs.get() + 1);
+        Ok(())
+    }
+    async fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.gate(offset, len, true).await?;
+        // A discarded range reads back as zeros, and it is not durable
+        // until the next sync, like any other write.
+        self.apply(offset, &vec![0; len as usize]);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_cut_keeps_synced_and_decides_unsynced() {
+        rt::block_on(async {
+            let d = FaultDev::new(1 << 16, 512);
+            d.write_at(AlignedBuf::from_slice(&[1; 4096]), 0).await.unwrap();
+            d.sync().await.unwrap();
+            for i in 1..16u64 {
+                d.write_at(AlignedBuf::from_slice(&[2; 4096]), i * 4096).await.unwrap();
+            }
+            let (after, rep) = d.power_cut(42);
+            assert_eq!(rep.lost + rep.kept + rep.torn, 15);
+            assert!(d.read_at(AlignedBuf::new(512), 0).await.is_err(), "old device is dead");
+            let r = after.read_at(AlignedBuf::new(4096), 0).await.unwrap();
+            assert!(r.iter().all(|&b| b == 1), "synced data survives");
+            for i in 1..16u64 {
+                let r = after.read_at(AlignedBuf::new(4096), i * 4096).await.unwrap();
+                // A torn write leaves a prefix of new sectors, then old ones.
+                let first_old = r.iter().position(|&b| b == 0).unwrap_or(4096);
+                assert_eq!(first_old % TEAR_SECTOR_BYTES, 0);
+                assert!(r[first_old..].iter().all(|&b| b == 0));
+                assert!(r[..first_old].iter().all(|&b| b == 2));
+            }
+        });
+    }
+
+    #[test]
+    fn eio_ranges_and_latency() {
+        rt::block_on(async {
+            let d = FaultDev::new(1 << 16, 512);
+            d.fail_range(8192, 512, true, false);
+            assert!(d.read_at(AlignedBuf::new(4096), 8192).await.is_err());
+            assert!(d.write_at(AlignedBuf::new(4096), 8192).await.is_ok());
+            assert!(d.read_at(AlignedBuf::new(4096), 0).await.is_ok());
+            d.clear_failures();
+            d.set_latency(Some(Duration::from_millis(2)));
+            let t = std::time::Instant::now();
+            d.read_at(AlignedBuf::new(4096), 8192).await.unwrap();
+            assert!(t.elapsed() >= Duration::from_millis(2));
+        });
+    }
+}

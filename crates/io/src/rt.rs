@@ -1,0 +1,491 @@
+//! The runtime facade: a single-threaded executor driving one io_uring.
+//!
+//! One thread owns its tasks, its ring and every buffer in flight (thread per
+//! core, DESIGN.md §10). Tasks queue their submissions; the loop submits them
+//! all with one `io_uring_enter` per turn, so 128 queued 4 KiB reads cost one
+//! system call, and reaps completions without a system call when it can.
+//!
+//! Invariants:
+//! - a buffer given to the kernel is owned by its op slot until the kernel's
+//!   completion arrives, even if the future that asked for it was dropped
+//!   (the slot becomes an orphan and frees the buffer on completion);
+//! - [`block_on`] returns only after every op it started has completed, so no
+//!   kernel write can land in freed memory.
+//!
+//! When io_uring cannot be set up (old kernel, seccomp, `NACRE_NO_URING=1`)
+//! the runtime runs without a ring: tasks still work, timers sleep the
+//! thread, and devices fall back to plain pread/pwrite (the log says so).
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use crate::buf::AlignedBuf;
+
+/// Submission queue depth of the ring; more ops than this queue in batches.
+const RING_ENTRIES: u32 = 1024;
+const MAIN_TASK: usize = usize::MAX;
+/// user_data of cancel requests, whose completions carry nothing to deliver.
+const CANCEL_TAG: u64 = u64::MAX;
+
+struct ReadyQueue(Mutex<Vec<usize>>);
+
+struct TaskWaker {
+    id: usize,
+    queued: AtomicBool,
+    ready: Arc<ReadyQueue>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            self.ready.0.lock().expect("ready queue").push(self.id);
+        }
+    }
+}
+
+struct Task {
+    future: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    waker: Arc<TaskWaker>,
+}
+
+/// What an op owns while the kernel uses it.
+pub enum Resources {
+    None,
+    Buf(AlignedBuf),
+    Bufs(Vec<AlignedBuf>, Vec<libc::iovec>),
+    Time(Box<types::Timespec>),
+}
+
+enum OpState {
+    Waiting(Option<Waker>),
+    Done(i32),
+    Orphaned,
+}
+
+struct OpSlot {
+    state: OpState,
+    res: Resources,
+}
+
+struct Reactor {
+    ring: RefCell<IoUring>,
+    ops: RefCell<Vec<Option<OpSlot>>>,
+    free_ops: RefCell<Vec<usize>>,
+    inflight: Cell<usize>,
+}
+
+struct Core {
+    tasks: RefCell<Vec<Option<Task>>>,
+    free_tasks: RefCell<Vec<usize>>,
+    ready: Arc<ReadyQueue>,
+    reactor: Option<Reactor>,
+}
+
+thread_local! {
+    static CORE: RefCell<Option<Rc<Core>>> = const { RefCell::new(None) };
+}
+
+fn core() -> Rc<Core> {
+    CORE.with(|c| c.borrow().clone())
+        .expect("nacre runtime: called outside block_on")
+}
+
+/// True when this thread's runtime has an io_uring.
+pub fn has_uring() -> bool {
+    core().reactor.is_some()
+}
+
+fn new_reactor() -> Option<Reactor> {
+    if std::env::var_os("NACRE_NO_URING").is_some_and(|v| v != "0") {
+        tracing::warn!("io_uring disabled by NACRE_NO_URING: using blocking pread/pwrite");
+        return None;
+    }
+    match IoUring::new(RING_ENTRIES) {
+        Ok(ring) => Some(Reactor {
+            ring: RefCell::new(ring),
+            ops: RefCell::new(Vec::new()),
+            free_ops: RefCell::new(Vec::new()),
+            inflight: Cell::new(0),
+        }),
+        Err(e) => {
+            tracing::warn!("io_uring unavailable ({e}): falling back to blocking pread/pwrite");
+            None
+        }
+    }
+}
+
+/// Runs `f` to completion on this thread, with every task it spawns.
+///
+/// Tasks still running when `f` finishes are dropped, and the call returns
+/// once the kernel has finished every op they had in flight.
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    let core = Rc::new(Core {
+        tasks: RefCell::new(Vec::new()),
+        free_tasks: RefCell::new(Vec::new()),
+        ready: Arc::new(ReadyQueue(Mutex::new(Vec::new()))),
+        reactor: new_reactor(),
+    });
+    CORE.with(|c| {
+        let mut c = c.borrow_mut();
+        assert!(c.is_none(), "nacre runtime: block_on cannot nest");
+        *c = Some(core.clone());
+    });
+    let out = run(&core, f);
+    shutdown(&core);
+    CORE.with(|c| c.borrow_mut().take());
+    out
+}
+
+fn run<F: Future>(core: &Rc<Core>, f: F) -> F::Output {
+    let mut f = pin!(f);
+    let main_waker = Arc::new(TaskWaker {
+        id: MAIN_TASK,
+        queued: AtomicBool::new(true),
+        ready: core.ready.clone(),
+    });
+    let waker = Waker::from(main_waker.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut batch = vec![MAIN_TASK];
+    loop {
+        for id in batch.drain(..) {
+            if id == MAIN_TASK {
+                main_waker.queued.store(false, Ordering::Release);
+                if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                    return v;
+                }
+            } else {
+                run_task(core, id);
+            }
+        }
+        std::mem::swap(&mut batch, &mut core.ready.0.lock().expect("ready queue"));
+        let idle = batch.is_empty();
+        match &core.reactor {
+            Some(r) if r.inflight.get() > 0 || idle => {
+                if idle && r.inflight.get() == 0 {
+                    panic!("nacre runtime: deadlock, no task ready and no I/O in flight");
+                }
+                r.submit_and_reap(idle);
+                if idle {
+                    std::mem::swap(&mut batch, &mut core.ready.0.lock().expect("ready queue"));
+                }
+            }
+            None if idle => panic!("nacre runtime: deadlock, no task ready"),
+            _ => {}
+        }
+    }
+}
+
+fn run_task(core: &Rc<Core>, id: usize) {
+    let (mut fut, waker) = {
+        let mut tasks = core.tasks.borrow_mut();
+        let Some(Some(task)) = tasks.get_mut(id) else { return };
+        let Some(fut) = task.future.take() else { return };
+        task.waker.queued.store(false, Ordering::Release);
+        (fut, task.waker.clone())
+    };
+    let w = Waker::from(waker);
+    let mut cx = Context::from_waker(&w);
+    let done = fut.as_mut().poll(&mut cx).is_ready();
+    let mut tasks = core.tasks.borrow_mut();
+    if done {
+        tasks[id] = None;
+        core.free_tasks.borrow_mut().push(id);
+    } else if let Some(Some(task)) = tasks.get_mut(id) {
+        task.future = Some(fut);
+    }
+}
+
+fn shutdown(core: &Rc<Core>) {
+    // Drop every task (outside the borrow: their destructors may touch the core).
+    let tasks: Vec<_> = core.tasks.borrow_mut().drain(..).collect();
+    drop(tasks);
+    if let Some(r) = &core.reactor {
+        // Ask the kernel to cancel what is still in flight (timers, mostly);
+        // file I/O that cannot be cancelled simply completes.
+        let ids: Vec<usize> = (r.ops.borrow().iter().enumerate())
+            .filter_map(|(i, s)| s.as_ref().map(|_| i))
+            .collect();
+        for id in ids {
+            let entry = opcode::AsyncCancel::new(id as u64)
+                .build()
+                .user_data(CANCEL_TAG);
+            let mut ring = r.ring.borrow_mut();
+            // SAFETY: a cancel request points at no memory.
+            while unsafe { ring.submission().push(&entry) }.is_err() {
+                ring.submit().expect("io_uring submit with a full queue");
+            }
+        }
+        while r.inflight.get() > 0 {
+            r.submit_and_reap(true);
+        }
+    }
+}
+
+struct JoinState<T> {
+    value: Option<T>,
+    waker: Option<Waker>,
+}
+
+/// Awaits a spawned task's result. Dropping it detaches the task.
+pub struct JoinHandle<T>(Rc<RefCell<JoinState<T>>>);
+
+impl<T> Future for JoinHandle<T> {
+    type Output = T;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let mut s = self.0.borrow_mut();
+        match s.value.take() {
+            Some(v) => Poll::Ready(v),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// Runs `f` as a task on this thread's runtime.
+pub fn spawn<F: Future + 'static>(f: F) -> JoinHandle<F::Output> {
+    let core = core();
+    let state = Rc::new(RefCell::new(JoinState {
+        value: None,
+        waker: None,
+    }));
+    let st = state.clone();
+    let wrapped = async move {
+        let v = f.await;
+        let mut s = st.borrow_mut();
+        s.value = Some(v);
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+    };
+    let id = core.free_tasks.borrow_mut().pop();
+    let mut tasks = core.tasks.borrow_mut();
+    let id = id.unwrap_or_else(|| {
+        tasks.push(None);
+        tasks.len() - 1
+    });
+    let waker = Arc::new(TaskWaker {
+        id,
+        queued: AtomicBool::new(true),
+        ready: core.ready.clone(),
+    });
+    tasks[id] = Some(Task {
+        future: Some(Box::pin(wrapped)),
+        waker,
+    });
+    core.ready.0.lock().expect("ready queue").push(id);
+    JoinHandle(state)
+}
+
+/// Lets other ready tasks run before continuing.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Sleeps for `d` (an io_uring timeout; a thread sleep without a ring).
+pub async fn sleep(d: Duration) {
+    if !has_uring() {
+        std::thread::sleep(d);
+        return;
+    }
+    let ts = Box::new(
+        types::Timespec::new()
+            .sec(d.as_secs())
+            .nsec(d.subsec_nanos()),
+    );
+    let entry = opcode::Timeout::new(&*ts as *const types::Timespec).build();
+    let (res, _) = submit(entry, Resources::Time(ts)).await;
+    debug_assert!(res == -libc::ETIME || res >= 0, "timeout failed: {res}");
+}
+
+impl Reactor {
+    fn submit_and_reap(&self, wait: bool) {
+        let mut ring = self.ring.borrow_mut();
+        let want = usize::from(wait && ring.completion().is_empty());
+        match ring.submit_and_wait(want) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) => panic!("io_uring_enter failed: {e}"),
+        }
+        let mut ops = self.ops.borrow_mut();
+        for cqe in ring.completion() {
+            if cqe.user_data() == CANCEL_TAG {
+                continue;
+            }
+            let id = cqe.user_data() as usize;
+            let slot = ops[id].as_mut().expect("completion for a free op slot");
+            match std::mem::replace(&mut slot.state, OpState::Done(cqe.result())) {
+                OpState::Waiting(w) => {
+                    if let Some(w) = w {
+                        w.wake();
+                    }
+                }
+                OpState::Orphaned => {
+                    ops[id] = None;
+                    self.free_ops.borrow_mut().push(id);
+                    self.inflight.set(self.inflight.get() - 1);
+                }
+                OpState::Done(_) => unreachable!("second completion for one op"),
+            }
+        }
+    }
+}
+
+/// One submitted io_uring operation; resolves to the kernel's result and the
+/// resources it owned.
+pub struct Op {
+    id: usize,
+    finished: bool,
+}
+
+/// Queues `entry` for submission on the next loop turn.
+///
+/// The entry's pointers must point into `res` (heap memory that does not
+/// move when `res` moves), which the op keeps alive until completion.
+pub fn submit(entry: squeue::Entry, res: Resources) -> Op {
+    let core = core();
+    let r = core
+        .reactor
+        .as_ref()
+        .expect("nacre runtime: io_uring op submitted without a ring");
+    let id = {
+        let mut ops = r.ops.borrow_mut();
+        let slot = OpSlot {
+            state: OpState::Waiting(None),
+            res,
+        };
+        match r.free_ops.borrow_mut().pop() {
+            Some(id) => {
+                ops[id] = Some(slot);
+                id
+            }
+            None => {
+                ops.push(Some(slot));
+                ops.len() - 1
+            }
+        }
+    };
+    r.inflight.set(r.inflight.get() + 1);
+    let entry = entry.user_data(id as u64);
+    let mut ring = r.ring.borrow_mut();
+    loop {
+        // SAFETY: the entry's buffers are owned by the op slot until the
+        // completion is reaped (see module invariants).
+        if unsafe { ring.submission().push(&entry) }.is_ok() {
+            break;
+        }
+        ring.submit().expect("io_uring submit with a full queue");
+    }
+    Op {
+        id,
+        finished: false,
+    }
+}
+
+impl Future for Op {
+    type Output = (i32, Resources);
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let core = core();
+        let r = core.reactor.as_ref().expect("op without a ring");
+        let mut ops = r.ops.borrow_mut();
+        let slot = ops[self.id].as_mut().expect("polled a free op");
+        match &mut slot.state {
+            OpState::Done(res) => {
+                let res = *res;
+                let slot = ops[self.id].take().expect("op slot");
+                r.free_ops.borrow_mut().push(self.id);
+                r.inflight.set(r.inflight.get() - 1);
+                self.finished = true;
+                Poll::Ready((res, slot.res))
+            }
+            OpState::Waiting(w) => {
+                match w {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *w = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            OpState::Orphaned => unreachable!("polled an orphaned op"),
+        }
+    }
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let Some(core) = CORE.with(|c| c.borrow().clone()) else { return };
+        let Some(r) = core.reactor.as_ref() else { return };
+        let mut ops = r.ops.borrow_mut();
+        let Some(slot) = ops[self.id].as_mut() else { return };
+        if matches!(slot.state, OpState::Done(_)) {
+            ops[self.id] = None;
+            r.free_ops.borrow_mut().push(self.id);
+            r.inflight.set(r.inflight.get() - 1);
+        } else {
+            slot.state = OpState::Orphaned;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_run_and_join() {
+        let v = block_on(async {
+            let a = spawn(async { 1 + 1 });
+            let b = spawn(async {
+                yield_now().await;
+                40
+            });
+            a.await + b.await
+        });
+        assert_eq!(v, 42);
+    }
+
+    #[test]
+    fn sleeps_complete() {
+        let t = std::time::Instant::now();
+        block_on(async {
+            let s = spawn(sleep(Duration::from_millis(20)));
+            sleep(Duration::from_millis(5)).await;
+            s.await;
+        });
+        assert!(t.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn runtime_is_fresh_each_time() {
+        block_on(async {
+            // A detached task that never finishes is dropped at shutdown.
+            drop(spawn(sleep(Duration::from_secs(3600))));
+        });
+        assert_eq!(block_on(async { 7 }), 7);
+    }
+}

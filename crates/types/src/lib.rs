@@ -1,0 +1,70 @@
+//! Identifiers and limits shared by every Nacre crate.
+//!
+//! Ids are newtypes so that a block index can never be passed where a volume
+//! id is expected. Everything that goes to disk or the wire has a fixed width.
+
+use std::fmt;
+
+/// A volume's identifier, unique within a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct VolumeId(pub u64);
+
+/// The unit of placement and of storage: one block of one volume.
+///
+/// An object holds at most one store block (`block_bytes`, 128 KiB by default)
+/// of data. Ordering is by volume, then by block index, so a listing of a
+/// store groups each volume's objects together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ObjectId {
+    pub volume: VolumeId,
+    pub block: u64,
+}
+
+impl ObjectId {
+    pub const fn new(volume: u64, block: u64) -> Self {
+        ObjectId {
+            volume: VolumeId(volume),
+            block,
+        }
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:x}.{:x}", self.volume.0, self.block)
+    }
+}
+
+/// The smallest unit of a write: offsets and lengths are multiples of it.
+pub const SECTOR_BYTES: u32 = 512;
+/// The unit of a data checksum: crc32c is kept for every 4 KiB of data.
+pub const CSUM_CHUNK_BYTES: u32 = 4096;
+/// Smallest and largest store block size, fixed at format time.
+pub const BLOCK_BYTES_MIN: u32 = 4096;
+pub const BLOCK_BYTES_MAX: u32 = 4 << 20;
+/// The default store block size.
+pub const BLOCK_BYTES_DEFAULT: u32 = 128 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_ids_order_by_volume_then_block() {
+        let mut ids = vec![
+            ObjectId::new(2, 0),
+            ObjectId::new(1, 5),
+            ObjectId::new(1, 2),
+        ];
+        ids.sort();
+        assert_eq!(
+            ids,
+            vec![
+                ObjectId::new(1, 2),
+                ObjectId::new(1, 5),
+                ObjectId::new(2, 0)
+            ]
+        );
+        assert_eq!(ObjectId::new(10, 255).to_string(), "a.ff");
+    }
+}
