@@ -1,0 +1,32 @@
+//! One OSD's on-disk engine. See docs/internals/blockstore.md for the
+//! format and the crash argument; each module opens with its own part.
+//!
+//! ```text
+//! store       public API, shared state, write admission
+//! writer      journal writer: group commit, applying records
+//! read        read path and checksum verification
+//! checkpoint  folding overlays, shadow-paged table writes, journal trim
+//! replay      format, open, journal replay
+//! journal     batch encoding and checks
+//! format      on-disk structures and layout
+//! index       object → block map and overlays
+//! csum        checksum-table page cache
+//! alloc       block allocator
+//! ```
+
+mod alloc;
+mod checkpoint;
+mod csum;
+mod error;
+pub mod format;
+mod index;
+pub mod journal;
+mod read;
+mod replay;
+mod store;
+mod writer;
+
+pub use error::{Error, Result};
+pub use format::Geometry;
+pub use replay::uuid_string;
+pub use store::{FormatOptions, OpenReport, Space, Stats, Store, StoreOptions};

@@ -89,7 +89,11 @@ impl AlignedBuf {
 
     /// Changes the visible length; new bytes (if any) are unspecified.
     pub fn set_len(&mut self, len: usize) {
-        assert!(len <= self.cap, "set_len {len} beyond capacity {}", self.cap);
+        assert!(
+            len <= self.cap,
+            "set_len {len} beyond capacity {}",
+            self.cap
+        );
         self.len = len;
     }
 

@@ -21,8 +21,7 @@ pub trait BlockDev {
     /// Writes all of `buf` at `offset`. Not durable until [`BlockDev::sync`].
     async fn write_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf>;
     /// Writes the buffers back to back starting at `offset`, as one request.
-    async fn writev_at(&self, bufs: Vec<AlignedBuf>, offset: u64)
-        -> io::Result<Vec<AlignedBuf>>;
+    async fn writev_at(&self, bufs: Vec<AlignedBuf>, offset: u64) -> io::Result<Vec<AlignedBuf>>;
     /// Makes every write that completed before this call durable.
     async fn sync(&self) -> io::Result<()>;
     /// Tells the device a range no longer holds data (TRIM / hole punch).

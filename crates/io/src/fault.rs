@@ -160,7 +160,9 @@ impl FaultDev {
         }
         check_range(self.size_bytes(), self.0.align, offset, len)?;
         let hit = self.0.eio.borrow().iter().any(|r| {
-            (if write { r.writes } else { r.reads }) && offset < r.offset + r.len && r.offset < offset + len
+            (if write { r.writes } else { r.reads })
+                && offset < r.offset + r.len
+                && r.offset < offset + len
         });
         if hit {
             return Err(io::Error::from_raw_os_error(libc::EIO));
@@ -234,18 +236,28 @@ mod tests {
     fn power_cut_keeps_synced_and_decides_unsynced() {
         rt::block_on(async {
             let d = FaultDev::new(1 << 16, 512);
-            d.write_at(AlignedBuf::from_slice(&[1; 4096]), 0).await.unwrap();
+            d.write_at(AlignedBuf::from_slice(&[1; 4096]), 0)
+                .await
+                .unwrap();
             d.sync().await.unwrap();
             for i in 1..16u64 {
-                d.write_at(AlignedBuf::from_slice(&[2; 4096]), i * 4096).await.unwrap();
+                d.write_at(AlignedBuf::from_slice(&[2; 4096]), i * 4096)
+                    .await
+                    .unwrap();
             }
             let (after, rep) = d.power_cut(42);
             assert_eq!(rep.lost + rep.kept + rep.torn, 15);
-            assert!(d.read_at(AlignedBuf::new(512), 0).await.is_err(), "old device is dead");
+            assert!(
+                d.read_at(AlignedBuf::new(512), 0).await.is_err(),
+                "old device is dead"
+            );
             let r = after.read_at(AlignedBuf::new(4096), 0).await.unwrap();
             assert!(r.iter().all(|&b| b == 1), "synced data survives");
             for i in 1..16u64 {
-                let r = after.read_at(AlignedBuf::new(4096), i * 4096).await.unwrap();
+                let r = after
+                    .read_at(AlignedBuf::new(4096), i * 4096)
+                    .await
+                    .unwrap();
                 // A torn write leaves a prefix of new sectors, then old ones.
                 let first_old = r.iter().position(|&b| b == 0).unwrap_or(4096);
                 assert_eq!(first_old % TEAR_SECTOR_BYTES, 0);

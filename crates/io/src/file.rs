@@ -139,7 +139,12 @@ impl FileDev {
         types::Fd(self.file.as_raw_fd())
     }
 
-    async fn uring_rw(&self, mut buf: AlignedBuf, offset: u64, write: bool) -> io::Result<AlignedBuf> {
+    async fn uring_rw(
+        &self,
+        mut buf: AlignedBuf,
+        offset: u64,
+        write: bool,
+    ) -> io::Result<AlignedBuf> {
         let len = buf.len();
         let mut done = 0usize;
         while done < len {
@@ -161,7 +166,10 @@ impl FileDev {
                 return Err(io::Error::from_raw_os_error(-res));
             }
             if res == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short I/O at device end"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "short I/O at device end",
+                ));
             }
             done += res as usize;
         }
@@ -314,14 +322,20 @@ mod tests {
             let mut w = AlignedBuf::new(8192);
             w.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
             dev.write_at(w, 4096).await.unwrap();
-            let parts = vec![AlignedBuf::from_slice(&[7u8; 4096]), AlignedBuf::from_slice(&[9u8; 4096])];
+            let parts = vec![
+                AlignedBuf::from_slice(&[7u8; 4096]),
+                AlignedBuf::from_slice(&[9u8; 4096]),
+            ];
             dev.writev_at(parts, 65536).await.unwrap();
             dev.sync().await.unwrap();
             let r = dev.read_at(AlignedBuf::new(8192), 4096).await.unwrap();
             assert!(r.iter().enumerate().all(|(i, &b)| b == i as u8));
             let r = dev.read_at(AlignedBuf::new(8192), 65536).await.unwrap();
             assert!(r[..4096].iter().all(|&b| b == 7) && r[4096..].iter().all(|&b| b == 9));
-            let e = dev.read_at(AlignedBuf::new(4096), 1 << 20).await.unwrap_err();
+            let e = dev
+                .read_at(AlignedBuf::new(4096), 1 << 20)
+                .await
+                .unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
             let e = dev.write_at(AlignedBuf::new(100), 0).await.unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);

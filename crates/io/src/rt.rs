@@ -189,8 +189,12 @@ fn run<F: Future>(core: &Rc<Core>, f: F) -> F::Output {
 fn run_task(core: &Rc<Core>, id: usize) {
     let (mut fut, waker) = {
         let mut tasks = core.tasks.borrow_mut();
-        let Some(Some(task)) = tasks.get_mut(id) else { return };
-        let Some(fut) = task.future.take() else { return };
+        let Some(Some(task)) = tasks.get_mut(id) else {
+            return;
+        };
+        let Some(fut) = task.future.take() else {
+            return;
+        };
         task.waker.queued.store(false, Ordering::Release);
         (fut, task.waker.clone())
     };
@@ -438,10 +442,16 @@ impl Drop for Op {
         if self.finished {
             return;
         }
-        let Some(core) = CORE.with(|c| c.borrow().clone()) else { return };
-        let Some(r) = core.reactor.as_ref() else { return };
+        let Some(core) = CORE.with(|c| c.borrow().clone()) else {
+            return;
+        };
+        let Some(r) = core.reactor.as_ref() else {
+            return;
+        };
         let mut ops = r.ops.borrow_mut();
-        let Some(slot) = ops[self.id].as_mut() else { return };
+        let Some(slot) = ops[self.id].as_mut() else {
+            return;
+        };
         if matches!(slot.state, OpState::Done(_)) {
             ops[self.id] = None;
             r.free_ops.borrow_mut().push(self.id);

@@ -1,0 +1,483 @@
+//! On-disk formats: superblock, checkpoint slots, paged tables, journal
+//! batches. All little-endian, fixed-size `#[repr(C)]` records checked by
+//! crc32c; layouts are documented in docs/internals/blockstore.md and pinned
+//! by the golden tests below.
+//!
+//! Device layout (offsets in bytes, all multiples of 4 KiB):
+//!
+//! ```text
+//! 0       superblock            (4 KiB)
+//! 4096    superblock backup     (4 KiB)
+//! 8192    checkpoint slot 0     (header + page table)
+//!         checkpoint slot 1
+//!         object table          (2 shadow copies of every page)
+//!         checksum table        (2 shadow copies of every page)
+//!         journal ring
+//!         data blocks           (aligned to min(block size, 1 MiB))
+//! ```
+
+use nacre_types::{ObjectId, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, CSUM_CHUNK_BYTES};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::error::{Error, Result};
+
+pub const FORMAT_VERSION: u32 = 1;
+pub const SB_MAGIC: [u8; 8] = *b"NACREBS\0";
+pub const CKPT_MAGIC: [u8; 8] = *b"NACRECKP";
+pub const BATCH_MAGIC: u32 = 0x4e4a_524e; // "NRJN"
+pub const PAGE_BYTES: u64 = 4096;
+/// Object-table entries per 4 KiB page (170 × 24 = 4080; 16 bytes unused).
+pub const OBJ_ENTRIES_PER_PAGE: u32 = 170;
+/// Checksums per 4 KiB page of the checksum table.
+pub const CSUMS_PER_PAGE: u32 = 1024;
+/// A page-table crc of 0 means "never written: the page is all zeros";
+/// real crcs of 0 are stored as 1 (see [`page_crc`]).
+pub const PAGE_NEVER_WRITTEN: u32 = 0;
+
+/// Smallest journal that still fits a few full batches.
+pub const JOURNAL_BYTES_MIN: u64 = 4 << 20;
+pub const JOURNAL_BYTES_MAX: u64 = 16 << 30;
+/// Fewest data blocks a store may have.
+pub const DATA_BLOCKS_MIN: u64 = 16;
+
+/// crc32c of a table page as kept in the page table (never 0).
+pub fn page_crc(page: &[u8]) -> u32 {
+    crc32c::crc32c(page).max(1)
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Superblock {
+    pub magic: [u8; 8],
+    pub format_version: U32,
+    pub sb_bytes: U32,
+    pub uuid: [u8; 16],
+    pub block_bytes: U32,
+    pub sector_bytes: U32,
+    pub device_bytes: U64,
+    pub nblocks: U64,
+    pub slot_offset: U64,
+    pub slot_bytes: U64,
+    pub objtab_offset: U64,
+    pub objtab_pages: U32,
+    pub csumtab_pages: U32,
+    pub csumtab_offset: U64,
+    pub journal_offset: U64,
+    pub journal_bytes: U64,
+    pub data_offset: U64,
+    pub crc: U32,
+    pub pad: U32,
+}
+const _: () = assert!(std::mem::size_of::<Superblock>() == 128);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct CheckpointHeader {
+    pub magic: [u8; 8],
+    pub format_version: U32,
+    pub hdr_bytes: U32,
+    pub uuid: [u8; 16],
+    /// Checkpoint number; the valid slot with the higher one is current.
+    pub seq: U64,
+    /// Logical journal position where replay starts.
+    pub journal_start: U64,
+    /// Journal generation current when the checkpoint was taken.
+    pub gen: U64,
+    pub objtab_pages: U32,
+    pub csumtab_pages: U32,
+    pub pagetab_crc: U32,
+    pub crc: U32,
+}
+const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == 72);
+
+/// Where the current copy of one table page is, and its crc.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct PageMeta {
+    pub crc: U32,
+    pub copy: U32,
+}
+const _: () = assert!(std::mem::size_of::<PageMeta>() == 8);
+
+/// One object-table entry: which object owns a data block, at which version.
+/// `version == 0` marks a free block.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct BlockEntry {
+    pub volume: U64,
+    pub obj_block: U64,
+    pub version: U64,
+}
+const _: () = assert!(std::mem::size_of::<BlockEntry>() == 24);
+
+impl BlockEntry {
+    pub fn new(oid: ObjectId, version: u64) -> Self {
+        BlockEntry {
+            volume: U64::new(oid.volume.0),
+            obj_block: U64::new(oid.block),
+            version: U64::new(version),
+        }
+    }
+    pub fn oid(&self) -> ObjectId {
+        ObjectId::new(self.volume.get(), self.obj_block.get())
+    }
+    pub fn is_free(&self) -> bool {
+        self.version.get() == 0
+    }
+}
+
+pub const BATCH_FLAG_WRAP: u16 = 1;
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BatchHeader {
+    pub magic: U32,
+    pub version: U16,
+    pub flags: U16,
+    /// Bytes of header + record headers, a multiple of the sector size.
+    pub hdr_bytes: U32,
+    /// Bytes of the whole batch including data.
+    pub total_bytes: U32,
+    pub nrec: U32,
+    /// crc32c of the first `hdr_bytes` bytes with this field zeroed.
+    pub crc: U32,
+    /// Logical journal position of this batch (guards against stale laps).
+    pub pos: U64,
+    /// Journal generation: raised at every open, never lower than the
+    /// batch before (guards against batches left from before a restart).
+    pub gen: U64,
+    /// Every write before this logical position was durable when this batch
+    /// was written; data blocks of later full-block writes are verified at
+    /// replay.
+    pub synced_upto: U64,
+    pub uuid_lo: U64,
+}
+const _: () = assert!(std::mem::size_of::<BatchHeader>() == 56);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RecordKind {
+    /// Data inside the batch, to be folded into the object's block later.
+    Small = 1,
+    /// A whole block written to a fresh data block (`location`).
+    Big = 2,
+    Delete = 3,
+}
+
+impl RecordKind {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(RecordKind::Small),
+            2 => Some(RecordKind::Big),
+            3 => Some(RecordKind::Delete),
+            _ => None,
+        }
+    }
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct RecordHeader {
+    pub kind: U32,
+    pub len: U32,
+    pub volume: U64,
+    pub obj_block: U64,
+    pub version: U64,
+    pub offset: U32,
+    /// Small: offset of the data from the batch start. Big: data block number.
+    pub location: U32,
+    /// Number of crc32c values that follow this header.
+    pub ncsum: U32,
+    pub pad: U32,
+}
+const _: () = assert!(std::mem::size_of::<RecordHeader>() == 48);
+
+/// The store's geometry, derived from the superblock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub uuid: [u8; 16],
+    pub block_bytes: u32,
+    pub sector_bytes: u32,
+    pub device_bytes: u64,
+    pub nblocks: u32,
+    pub slot_offset: u64,
+    pub slot_bytes: u64,
+    pub objtab_offset: u64,
+    pub objtab_pages: u32,
+    pub csumtab_offset: u64,
+    pub csumtab_pages: u32,
+    pub journal_offset: u64,
+    pub journal_bytes: u64,
+    pub data_offset: u64,
+}
+
+fn round_up(v: u64, to: u64) -> u64 {
+    v.div_ceil(to) * to
+}
+
+impl Geometry {
+    /// Checksums per data block.
+    pub fn csums_per_block(&self) -> u32 {
+        self.block_bytes / CSUM_CHUNK_BYTES
+    }
+
+    pub fn block_offset(&self, block: u32) -> u64 {
+        self.data_offset + u64::from(block) * u64::from(self.block_bytes)
+    }
+
+    pub fn slot_pos(&self, slot: u32) -> u64 {
+        self.slot_offset + u64::from(slot) * self.slot_bytes
+    }
+
+    /// Device offset of copy `copy` of object-table page `page`.
+    pub fn objtab_page_pos(&self, page: u32, copy: u32) -> u64 {
+        self.objtab_offset
+            + (u64::from(copy) * u64::from(self.objtab_pages) + u64::from(page)) * PAGE_BYTES
+    }
+
+    pub fn csumtab_page_pos(&self, page: u32, copy: u32) -> u64 {
+        self.csumtab_offset
+            + (u64::from(copy) * u64::from(self.csumtab_pages) + u64::from(page)) * PAGE_BYTES
+    }
+
+    /// The checksum page holding block `block`'s checksums, and the index of
+    /// its first checksum inside that page.
+    pub fn csum_page_of(&self, block: u32) -> (u32, usize) {
+        let blocks_per_page = CSUMS_PER_PAGE / self.csums_per_block();
+        (
+            block / blocks_per_page,
+            ((block % blocks_per_page) * self.csums_per_block()) as usize,
+        )
+    }
+
+    pub fn obj_page_of(block: u32) -> u32 {
+        block / OBJ_ENTRIES_PER_PAGE
+    }
+
+    /// Lays out a store of `block_bytes` blocks on a device of `device_bytes`.
+    pub fn plan(
+        uuid: [u8; 16],
+        device_bytes: u64,
+        block_bytes: u32,
+        sector_bytes: u32,
+        journal_bytes: Option<u64>,
+    ) -> Result<Geometry> {
+        if !block_bytes.is_power_of_two()
+            || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
+        {
+            return Err(Error::Invalid(format!(
+                "block size {block_bytes} must be a power of two from {BLOCK_BYTES_MIN} to {BLOCK_BYTES_MAX}"
+            )));
+        }
+        if !sector_bytes.is_power_of_two() || !(512..=4096).contains(&sector_bytes) {
+            return Err(Error::Invalid(format!(
+                "device sector size {sector_bytes} is not 512..4096"
+            )));
+        }
+        let journal_min = JOURNAL_BYTES_MIN.max(4 * crate::journal::batch_bytes_max(block_bytes));
+        let journal = match journal_bytes {
+            Some(j) => {
+                if !(journal_min..=JOURNAL_BYTES_MAX).contains(&j) {
+                    return Err(Error::Invalid(format!(
+                        "journal size {j} must be from {journal_min} to {JOURNAL_BYTES_MAX} bytes"
+                    )));
+                }
+                round_up(j, PAGE_BYTES)
+            }
+            // 1/64 of the device, at least 64 MiB, at most 1 GiB: big enough
+            // to absorb bursts, small enough that replay stays short; on
+            // small devices at most a quarter of the device.
+            None => round_up(
+                (device_bytes / 64)
+                    .clamp(64 << 20, 1 << 30)
+                    .min(device_bytes / 4),
+                1 << 20,
+            )
+            .max(journal_min),
+        };
+        let layout = |nblocks: u64| -> Geometry {
+            let spb = u64::from(block_bytes / CSUM_CHUNK_BYTES);
+            let objtab_pages = nblocks.div_ceil(u64::from(OBJ_ENTRIES_PER_PAGE)).max(1);
+            let csumtab_pages = (nblocks * spb).div_ceil(u64::from(CSUMS_PER_PAGE)).max(1);
+            let slot_bytes = PAGE_BYTES + round_up((objtab_pages + csumtab_pages) * 8, PAGE_BYTES);
+            let slot_offset = 2 * PAGE_BYTES;
+            let objtab_offset = slot_offset + 2 * slot_bytes;
+            let csumtab_offset = objtab_offset + 2 * objtab_pages * PAGE_BYTES;
+            let journal_offset = csumtab_offset + 2 * csumtab_pages * PAGE_BYTES;
+            let data_offset = round_up(
+                journal_offset + journal,
+                u64::from(block_bytes).min(1 << 20),
+            );
+            Geometry {
+                uuid,
+                block_bytes,
+                sector_bytes,
+                device_bytes,
+                nblocks: nblocks as u32,
+                slot_offset,
+                slot_bytes,
+                objtab_offset,
+                objtab_pages: objtab_pages as u32,
+                csumtab_offset,
+                csumtab_pages: csumtab_pages as u32,
+                journal_offset,
+                journal_bytes: journal,
+                data_offset,
+            }
+        };
+        let fixed = layout(DATA_BLOCKS_MIN);
+        let need = fixed.data_offset + DATA_BLOCKS_MIN * u64::from(block_bytes);
+        if device_bytes < need {
+            return Err(Error::DeviceTooSmall {
+                have: device_bytes,
+                need,
+            });
+        }
+        let mut n = ((device_bytes - fixed.data_offset) / u64::from(block_bytes))
+            .min(u64::from(u32::MAX - 1));
+        loop {
+            let g = layout(n);
+            if g.data_offset + n * u64::from(block_bytes) <= device_bytes {
+                return Ok(g);
+            }
+            // Tables grew with n; shrink by what the overshoot costs.
+            let over = g.data_offset + n * u64::from(block_bytes) - device_bytes;
+            n -= over.div_ceil(u64::from(block_bytes)).max(1);
+        }
+    }
+
+    pub fn to_superblock(&self) -> Superblock {
+        let mut sb = Superblock {
+            magic: SB_MAGIC,
+            format_version: U32::new(FORMAT_VERSION),
+            sb_bytes: U32::new(std::mem::size_of::<Superblock>() as u32),
+            uuid: self.uuid,
+            block_bytes: U32::new(self.block_bytes),
+            sector_bytes: U32::new(self.sector_bytes),
+            device_bytes: U64::new(self.device_bytes),
+            nblocks: U64::new(u64::from(self.nblocks)),
+            slot_offset: U64::new(self.slot_offset),
+            slot_bytes: U64::new(self.slot_bytes),
+            objtab_offset: U64::new(self.objtab_offset),
+            objtab_pages: U32::new(self.objtab_pages),
+            csumtab_pages: U32::new(self.csumtab_pages),
+            csumtab_offset: U64::new(self.csumtab_offset),
+            journal_offset: U64::new(self.journal_offset),
+            journal_bytes: U64::new(self.journal_bytes),
+            data_offset: U64::new(self.data_offset),
+            crc: U32::new(0),
+            pad: U32::new(0),
+        };
+        sb.crc = U32::new(crc32c::crc32c(sb.as_bytes()));
+        sb
+    }
+
+    /// Parses and checks a superblock read from disk.
+    pub fn from_superblock(bytes: &[u8]) -> Result<Geometry> {
+        let (sb, _) = Superblock::read_from_prefix(bytes)
+            .map_err(|_| Error::NotAStore("superblock shorter than its header".into()))?;
+        if sb.magic != SB_MAGIC {
+            return Err(Error::NotAStore("no Nacre superblock magic".into()));
+        }
+        let mut check = sb;
+        check.crc = U32::new(0);
+        if crc32c::crc32c(check.as_bytes()) != sb.crc.get() {
+            return Err(Error::Corrupt("superblock checksum".into()));
+        }
+        if sb.format_version.get() != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: sb.format_version.get(),
+                supported: FORMAT_VERSION,
+            });
+        }
+        let g = Geometry::plan(
+            sb.uuid,
+            sb.device_bytes.get(),
+            sb.block_bytes.get(),
+            sb.sector_bytes.get(),
+            Some(sb.journal_bytes.get()),
+        )
+        .map_err(|e| Error::Corrupt(format!("superblock geometry: {e}")))?;
+        // The stored layout must be exactly what this build computes from
+        // the stored parameters: a crafted or damaged superblock cannot point
+        // tables outside the device or on top of each other.
+        if g.to_superblock().as_bytes() != sb.as_bytes() {
+            return Err(Error::Corrupt(
+                "superblock geometry does not match its parameters".into(),
+            ));
+        }
+        Ok(g)
+    }
+}
+
+/// Records per journal batch, at most.
+pub const RECORDS_PER_BATCH_MAX: u32 = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn golden_superblock_bytes() {
+        let g = Geometry::plan([7; 16], 1 << 30, 128 << 10, 512, Some(16 << 20)).unwrap();
+        let sb = g.to_superblock();
+        let b = sb.as_bytes();
+        assert_eq!(&b[..8], b"NACREBS\0");
+        assert_eq!(&b[8..12], &1u32.to_le_bytes());
+        assert_eq!(&b[32..36], &(128u32 << 10).to_le_bytes());
+        assert_eq!(Geometry::from_superblock(b).unwrap(), g);
+        // Any flipped bit is caught.
+        let mut bad = b.to_vec();
+        bad[40] ^= 1;
+        assert!(matches!(
+            Geometry::from_superblock(&bad),
+            Err(Error::Corrupt(_))
+        ));
+        let mut other = b.to_vec();
+        other[..8].copy_from_slice(b"XFSB\0\0\0\0");
+        assert!(matches!(
+            Geometry::from_superblock(&other),
+            Err(Error::NotAStore(_))
+        ));
+    }
+
+    #[test]
+    fn layouts_fit_and_do_not_overlap() {
+        for (dev, bs) in [
+            (64u64 << 20, 4096u32),
+            (1 << 30, 128 << 10),
+            (4 << 30, 4 << 20),
+            (100 << 20, 1 << 20),
+        ] {
+            let g = Geometry::plan([0; 16], dev, bs, 512, None).unwrap();
+            assert!(g.objtab_offset >= g.slot_pos(1) + g.slot_bytes);
+            assert!(g.csumtab_offset >= g.objtab_page_pos(g.objtab_pages - 1, 1) + PAGE_BYTES);
+            assert!(g.journal_offset >= g.csumtab_page_pos(g.csumtab_pages - 1, 1) + PAGE_BYTES);
+            assert!(g.data_offset >= g.journal_offset + g.journal_bytes);
+            assert!(g.block_offset(g.nblocks) <= dev);
+            assert!(
+                u64::from(g.objtab_pages) * u64::from(OBJ_ENTRIES_PER_PAGE) >= u64::from(g.nblocks)
+            );
+            let (last_page, idx) = g.csum_page_of(g.nblocks - 1);
+            assert!(last_page < g.csumtab_pages);
+            assert!(idx + g.csums_per_block() as usize <= CSUMS_PER_PAGE as usize);
+        }
+    }
+
+    #[test]
+    fn small_devices_and_bad_sizes_are_refused() {
+        assert!(matches!(
+            Geometry::plan([0; 16], 1 << 20, 128 << 10, 512, None),
+            Err(Error::DeviceTooSmall { .. })
+        ));
+        assert!(matches!(
+            Geometry::plan([0; 16], 1 << 30, 3000, 512, None),
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            Geometry::plan([0; 16], 1 << 30, 8 << 20, 512, None),
+            Err(Error::Invalid(_))
+        ));
+    }
+}

@@ -1,0 +1,231 @@
+//! The in-memory index: which block holds each object, at which version,
+//! and which journal records (overlays) are newer than the block.
+//!
+//! `blocks` is the object table itself — one 24-byte entry per data block,
+//! the same bytes that checkpoints write — so the index costs 24 bytes per
+//! block plus a 4-byte slot per object in `by_oid`. Objects with journal
+//! data not yet folded into their block also have a `pending` entry,
+//! bounded by the journal's size.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use hashbrown::HashTable;
+use nacre_types::ObjectId;
+
+use crate::format::{BlockEntry, Geometry};
+
+/// A multiply-mix hasher for object ids (no DoS concern: ids come from the
+/// cluster, not from untrusted clients).
+#[derive(Default)]
+pub struct OidHasher(u64);
+
+impl Hasher for OidHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(23) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn finish(&self) -> u64 {
+        let z = self.0;
+        (z ^ (z >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (z >> 29)
+    }
+}
+
+pub type OidMap<V> = HashMap<ObjectId, V, BuildHasherDefault<OidHasher>>;
+
+fn hash_oid(oid: &ObjectId) -> u64 {
+    let mut h = OidHasher::default();
+    h.write_u64(oid.volume.0);
+    h.write_u64(oid.block);
+    h.finish()
+}
+
+/// Journal data that is newer than the object's block.
+#[derive(Clone, Debug)]
+pub struct Overlay {
+    pub offset: u32,
+    pub len: u32,
+    /// Logical journal position of the data.
+    pub data_pos: u64,
+    pub version: u64,
+    /// crc32c of each 4 KiB of the overlay's own data.
+    pub csums: Box<[u32]>,
+}
+
+#[derive(Debug, Default)]
+pub struct Pending {
+    /// Newest version (the block entry holds the version of its content).
+    pub version: u64,
+    /// Oldest first.
+    pub overlays: Vec<Overlay>,
+}
+
+pub struct Index {
+    pub blocks: Vec<BlockEntry>,
+    by_oid: HashTable<u32>,
+    pub pending: OidMap<Pending>,
+    /// Object-table pages changed since the last checkpoint copied them.
+    dirty_pages: Vec<u64>,
+}
+
+impl Index {
+    pub fn new(g: &Geometry) -> Self {
+        Index {
+            blocks: vec![BlockEntry::default(); g.nblocks as usize],
+            by_oid: HashTable::new(),
+            pending: OidMap::default(),
+            dirty_pages: vec![0; (g.objtab_pages as usize).div_ceil(64)],
+        }
+    }
+
+    pub fn object_count(&self) -> usize {
+        self.by_oid.len()
+    }
+
+    pub fn block_of(&self, oid: &ObjectId) -> Option<u32> {
+        let blocks = &self.blocks;
+        self.by_oid
+            .find(hash_oid(oid), |&b| blocks[b as usize].oid() == *oid)
+            .copied()
+    }
+
+    /// The object's newest version, if it exists.
+    pub fn version(&self, oid: &ObjectId) -> Option<u64> {
+        if let Some(p) = self.pending.get(oid) {
+            return Some(p.version);
+        }
+        self.block_of(oid)
+            .map(|b| self.blocks[b as usize].version.get())
+    }
+
+    fn dirty(&mut self, block: u32) {
+        let p = Geometry::obj_page_of(block) as usize;
+        self.dirty_pages[p / 64] |= 1 << (p % 64);
+    }
+
+    /// Points `oid` at `block` (which must be free in the table).
+    pub fn set_block(&mut self, oid: ObjectId, block: u32, version: u64) {
+        debug_assert!(
+            self.blocks[block as usize].is_free(),
+            "block {block} in use"
+        );
+        debug_assert!(
+            self.block_of(&oid).is_none(),
+            "object {oid} already has a block"
+        );
+        self.blocks[block as usize] = BlockEntry::new(oid, version);
+        let blocks = &self.blocks;
+        self.by_oid.insert_unique(hash_oid(&oid), block, |&b| {
+            hash_oid(&blocks[b as usize].oid())
+        });
+        self.dirty(block);
+    }
+
+    /// Records that `block` now holds content of `version`.
+    pub fn set_version(&mut self, block: u32, version: u64) {
+        self.blocks[block as usize].version = version.into();
+        self.dirty(block);
+    }
+
+    /// Detaches `oid` from its block; returns the block.
+    pub fn clear_block(&mut self, oid: &ObjectId) -> Option<u32> {
+        let blocks = &self.blocks;
+        let entry = self
+            .by_oid
+            .find_entry(hash_oid(oid), |&b| blocks[b as usize].oid() == *oid)
+            .ok()?;
+        let (block, _) = entry.remove();
+        self.blocks[block as usize] = BlockEntry::default();
+        self.dirty(block);
+        Some(block)
+    }
+
+    /// Every object with its newest version.
+    pub fn list(&self) -> Vec<(ObjectId, u64)> {
+        let mut out: Vec<(ObjectId, u64)> = self
+            .by_oid
+            .iter()
+            .map(|&b| {
+                let e = &self.blocks[b as usize];
+                let oid = e.oid();
+                let v = self
+                    .pending
+                    .get(&oid)
+                    .map_or(e.version.get(), |p| p.version);
+                (oid, v)
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Takes the set of dirty object-table pages (clearing it).
+    pub fn take_dirty_pages(&mut self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (w, word) in self.dirty_pages.iter_mut().enumerate() {
+            let mut bits = std::mem::take(word);
+            while bits != 0 {
+                out.push((w * 64) as u32 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+
+    pub fn mark_page_dirty(&mut self, page: u32) {
+        self.dirty_pages[page as usize / 64] |= 1 << (page % 64);
+    }
+
+    /// Bytes of RAM the index uses (table, hash slots, pending entries).
+    pub fn memory_bytes(&self) -> u64 {
+        let table = self.blocks.capacity() * std::mem::size_of::<BlockEntry>();
+        // hashbrown: a 4-byte slot and a 1-byte tag per bucket, buckets a
+        // power of two at most 7/8 full.
+        let cap = self.by_oid.capacity();
+        let buckets = if cap == 0 {
+            0
+        } else {
+            (cap * 8 / 7).next_power_of_two()
+        };
+        let hash = buckets * 5;
+        let pending: usize = self
+            .pending
+            .values()
+            .map(|p| {
+                64 + p.overlays.capacity() * std::mem::size_of::<Overlay>()
+                    + p.overlays.iter().map(|o| o.csums.len() * 4).sum::<usize>()
+            })
+            .sum();
+        (table + hash + pending + self.dirty_pages.len() * 8) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_move_clear() {
+        let g = Geometry::plan([0; 16], 64 << 20, 4096, 512, Some(4 << 20)).unwrap();
+        let mut ix = Index::new(&g);
+        let a = ObjectId::new(1, 1);
+        ix.set_block(a, 7, 3);
+        assert_eq!(ix.block_of(&a), Some(7));
+        assert_eq!(ix.version(&a), Some(3));
+        assert_eq!(ix.take_dirty_pages(), vec![0]);
+        assert_eq!(ix.clear_block(&a), Some(7));
+        assert!(ix.blocks[7].is_free());
+        ix.set_block(a, 400, 4);
+        assert_eq!(ix.list(), vec![(a, 4)]);
+        assert_eq!(ix.take_dirty_pages(), vec![0, 2]);
+        for i in 0..1000 {
+            ix.set_block(ObjectId::new(2, i), 1000 + i as u32, 1);
+        }
+        assert_eq!(ix.object_count(), 1001);
+        assert_eq!(ix.block_of(&ObjectId::new(2, 999)), Some(1999));
+    }
+}

@@ -1,0 +1,400 @@
+//! The journal ring: batches of records, their encoding and their checks.
+//!
+//! A batch is one contiguous write: a header region (batch header, record
+//! headers with their crc32c lists, padded to the sector) followed by the
+//! data of its small writes, each padded to the sector. Positions are
+//! logical (they only grow); a batch never straddles the ring's end — the
+//! writer leaves a one-sector wrap marker and starts the next lap instead.
+//!
+//! A batch is valid only if its header crc, magic, store id, logical
+//! position and generation all match what replay expects at that point, and
+//! every small write's data matches its crc32c list. Replay applies whole
+//! batches and stops at the first one that is not valid: a torn or damaged
+//! batch ends the journal, and nothing after it is trusted.
+
+use nacre_io::AlignedBuf;
+use nacre_types::{ObjectId, CSUM_CHUNK_BYTES, SECTOR_BYTES};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::format::{
+    BatchHeader, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_MAGIC, FORMAT_VERSION,
+    RECORDS_PER_BATCH_MAX,
+};
+
+const HDR_BYTES: usize = std::mem::size_of::<BatchHeader>();
+const REC_BYTES: usize = std::mem::size_of::<RecordHeader>();
+/// Record-header region of one batch, at most.
+pub const BATCH_HDR_BYTES_MAX: u64 = 256 << 10;
+/// Small-write data in one batch, at most (unless one write is bigger):
+/// 128 queued 4 KiB writes fit in one batch.
+pub const BATCH_DATA_BYTES_MAX: u64 = 512 << 10;
+
+/// Largest batch (header region + data) for a store of `block_bytes` blocks.
+pub fn batch_bytes_max(block_bytes: u32) -> u64 {
+    u64::from(block_bytes).max(BATCH_DATA_BYTES_MAX) + BATCH_HDR_BYTES_MAX
+}
+
+/// crc32c of every 4 KiB chunk of `data` (the last may be shorter).
+pub fn chunk_csums(data: &[u8]) -> Vec<u32> {
+    data.chunks(CSUM_CHUNK_BYTES as usize)
+        .map(crc32c::crc32c)
+        .collect()
+}
+
+/// One journal record as the writer and replay see it.
+#[derive(Debug)]
+pub struct Record {
+    pub kind: RecordKind,
+    pub oid: ObjectId,
+    pub version: u64,
+    /// Byte offset inside the object (Small), 0 otherwise.
+    pub offset: u32,
+    /// Data bytes (Small), block bytes (Big), 0 (Delete).
+    pub len: u32,
+    /// Big: the data block holding the new content.
+    pub block: u32,
+    /// Small: crc32c per 4 KiB of the data; Big: the block's checksums.
+    pub csums: Vec<u32>,
+    /// Small: logical journal position of the data (set when encoded or parsed).
+    pub data_pos: u64,
+}
+
+/// Bytes the header region of a batch with these records takes, unpadded.
+pub fn header_bytes(records: &[&Record]) -> usize {
+    HDR_BYTES
+        + records
+            .iter()
+            .map(|r| REC_BYTES + 4 * r.csums.len())
+            .sum::<usize>()
+}
+
+fn pad(v: usize, to: usize) -> usize {
+    v.div_ceil(to) * to
+}
+
+/// Everything that identifies a batch besides its records.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchId {
+    pub pos: u64,
+    pub gen: u64,
+    pub synced_upto: u64,
+    pub uuid_lo: u64,
+}
+
+fn seal(hdr_region: &mut [u8]) {
+    let crc = crc32c::crc32c(hdr_region);
+    let (h, _) = BatchHeader::mut_from_prefix(hdr_region).expect("header region holds a header");
+    h.crc = U32::new(crc);
+}
+
+/// Encodes a batch: returns the header region and the total batch bytes.
+/// The data of small records follows the header region in record order,
+/// each padded to `sector`; `data_pos` of each small record is filled in.
+pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (AlignedBuf, u64) {
+    let sector = sector as usize;
+    let refs: Vec<&Record> = records.iter().map(|r| &**r).collect();
+    let hdr_bytes = pad(header_bytes(&refs), sector);
+    let mut data_off = hdr_bytes;
+    let mut buf = AlignedBuf::zeroed(hdr_bytes);
+    let mut at = HDR_BYTES;
+    for r in records.iter_mut() {
+        let location = match r.kind {
+            RecordKind::Small => {
+                r.data_pos = id.pos + data_off as u64;
+                let l = data_off as u32;
+                data_off += pad(r.len as usize, sector);
+                l
+            }
+            RecordKind::Big => r.block,
+            RecordKind::Delete => 0,
+        };
+        let rh = RecordHeader {
+            kind: U32::new(r.kind as u32),
+            len: U32::new(r.len),
+            volume: U64::new(r.oid.volume.0),
+            obj_block: U64::new(r.oid.block),
+            version: U64::new(r.version),
+            offset: U32::new(r.offset),
+            location: U32::new(location),
+            ncsum: U32::new(r.csums.len() as u32),
+            pad: U32::new(0),
+        };
+        buf[at..at + REC_BYTES].copy_from_slice(rh.as_bytes());
+        at += REC_BYTES;
+        for c in &r.csums {
+            buf[at..at + 4].copy_from_slice(&c.to_le_bytes());
+            at += 4;
+        }
+    }
+    let h = BatchHeader {
+        magic: U32::new(BATCH_MAGIC),
+        version: U16::new(FORMAT_VERSION as u16),
+        flags: U16::new(0),
+        hdr_bytes: U32::new(hdr_bytes as u32),
+        total_bytes: U32::new(data_off as u32),
+        nrec: U32::new(records.len() as u32),
+        crc: U32::new(0),
+        pos: U64::new(id.pos),
+        gen: U64::new(id.gen),
+        synced_upto: U64::new(id.synced_upto),
+        uuid_lo: U64::new(id.uuid_lo),
+    };
+    buf[..HDR_BYTES].copy_from_slice(h.as_bytes());
+    seal(&mut buf);
+    (buf, data_off as u64)
+}
+
+/// A one-sector marker telling replay to continue at the next lap.
+pub fn encode_wrap(id: BatchId, sector: u32) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(sector as usize);
+    let h = BatchHeader {
+        magic: U32::new(BATCH_MAGIC),
+        version: U16::new(FORMAT_VERSION as u16),
+        flags: U16::new(BATCH_FLAG_WRAP),
+        hdr_bytes: U32::new(sector),
+        total_bytes: U32::new(sector),
+        nrec: U32::new(0),
+        crc: U32::new(0),
+        pos: U64::new(id.pos),
+        gen: U64::new(id.gen),
+        synced_upto: U64::new(id.synced_upto),
+        uuid_lo: U64::new(id.uuid_lo),
+    };
+    buf[..HDR_BYTES].copy_from_slice(h.as_bytes());
+    seal(&mut buf);
+    buf
+}
+
+/// Why replay stopped where it did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BatchError {
+    /// Not a batch of this store at this position: the normal end of a
+    /// journal (never-written space, a previous lap, another generation).
+    End(String),
+    /// A batch of this store and position whose content does not check out:
+    /// a torn write or damage.
+    Damaged(String),
+}
+
+/// What the first sector of a batch says.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchStart {
+    pub wrap: bool,
+    pub hdr_bytes: u32,
+    pub total_bytes: u32,
+    pub gen: u64,
+    pub synced_upto: u64,
+}
+
+/// Checks the fixed header at the start of a batch, before the rest is read.
+pub fn parse_start(
+    first: &[u8],
+    expect: BatchId,
+    min_gen: u64,
+    sector: u32,
+    max_bytes: u64,
+) -> Result<BatchStart, BatchError> {
+    let (h, _) =
+        BatchHeader::read_from_prefix(first).map_err(|_| BatchError::End("short header".into()))?;
+    if h.magic.get() != BATCH_MAGIC
+        || h.uuid_lo.get() != expect.uuid_lo
+        || h.pos.get() != expect.pos
+    {
+        return Err(BatchError::End(
+            "no batch of this store at this position".into(),
+        ));
+    }
+    if h.gen.get() < min_gen {
+        return Err(BatchError::End(format!(
+            "batch from an older generation {}",
+            h.gen.get()
+        )));
+    }
+    let (hb, tb) = (h.hdr_bytes.get(), h.total_bytes.get());
+    let ok = h.version.get() == FORMAT_VERSION as u16
+        && hb as usize >= HDR_BYTES
+        && hb % sector == 0
+        && tb % sector == 0
+        && hb <= tb
+        && u64::from(tb) <= max_bytes
+        && u64::from(hb) <= BATCH_HDR_BYTES_MAX + sector as u64
+        && h.nrec.get() <= RECORDS_PER_BATCH_MAX;
+    if !ok {
+        return Err(BatchError::Damaged(format!(
+            "implausible batch header at {}",
+            expect.pos
+        )));
+    }
+    Ok(BatchStart {
+        wrap: h.flags.get() & BATCH_FLAG_WRAP != 0,
+        hdr_bytes: hb,
+        total_bytes: tb,
+        gen: h.gen.get(),
+        synced_upto: h.synced_upto.get(),
+    })
+}
+
+/// Parses and verifies a whole batch (`buf` holds `total_bytes` from its start).
+pub fn parse_batch(
+    buf: &[u8],
+    pos: u64,
+    block_bytes: u32,
+    nblocks: u32,
+) -> Result<Vec<Record>, BatchError> {
+    let damaged = |why: &str| BatchError::Damaged(format!("batch at {pos}: {why}"));
+    let (h, _) = BatchHeader::read_from_prefix(buf).map_err(|_| damaged("short"))?;
+    let hdr_bytes = h.hdr_bytes.get() as usize;
+    let total = h.total_bytes.get() as usize;
+    if buf.len() < total || hdr_bytes > total {
+        return Err(damaged("shorter than its header says"));
+    }
+    let mut region = buf[..hdr_bytes].to_vec();
+    BatchHeader::mut_from_prefix(&mut region[..])
+        .map_err(|_| damaged("short"))?
+        .0
+        .crc = U32::new(0);
+    if crc32c::crc32c(&region) != h.crc.get() {
+        return Err(damaged("header checksum"));
+    }
+    let spb = block_bytes / CSUM_CHUNK_BYTES;
+    let mut at = HDR_BYTES;
+    let mut out = Vec::with_capacity(h.nrec.get() as usize);
+    for _ in 0..h.nrec.get() {
+        let rh = buf
+            .get(at..at + REC_BYTES)
+            .and_then(|b| RecordHeader::read_from_bytes(b).ok())
+            .ok_or_else(|| damaged("record header past the header region"))?;
+        at += REC_BYTES;
+        let ncsum = rh.ncsum.get() as usize;
+        if at + 4 * ncsum > hdr_bytes {
+            return Err(damaged("checksum list past the header region"));
+        }
+        let csums: Vec<u32> = buf[at..at + 4 * ncsum]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        at += 4 * ncsum;
+        let kind =
+            RecordKind::from_u32(rh.kind.get()).ok_or_else(|| damaged("unknown record kind"))?;
+        let (len, offset, loc) = (rh.len.get(), rh.offset.get(), rh.location.get());
+        let valid = match kind {
+            RecordKind::Small => {
+                len > 0
+                    && len % SECTOR_BYTES == 0
+                    && offset % SECTOR_BYTES == 0
+                    && u64::from(offset) + u64::from(len) <= u64::from(block_bytes)
+                    && ncsum == len.div_ceil(CSUM_CHUNK_BYTES) as usize
+                    && loc as usize >= hdr_bytes
+                    && loc as usize + len as usize <= total
+            }
+            RecordKind::Big => {
+                offset == 0 && len == block_bytes && ncsum == spb as usize && loc < nblocks
+            }
+            RecordKind::Delete => len == 0 && ncsum == 0 && offset == 0,
+        };
+        if !valid || rh.version.get() == 0 {
+            return Err(damaged("record fields out of range"));
+        }
+        if kind == RecordKind::Small {
+            let data = &buf[loc as usize..loc as usize + len as usize];
+            if chunk_csums(data) != csums {
+                return Err(damaged("small-write data checksum"));
+            }
+        }
+        out.push(Record {
+            kind,
+            oid: ObjectId::new(rh.volume.get(), rh.obj_block.get()),
+            version: rh.version.get(),
+            offset,
+            len,
+            block: if kind == RecordKind::Big { loc } else { 0 },
+            csums,
+            data_pos: if kind == RecordKind::Small {
+                pos + u64::from(loc)
+            } else {
+                0
+            },
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(oid: ObjectId, v: u64, off: u32, data: &[u8]) -> Record {
+        Record {
+            kind: RecordKind::Small,
+            oid,
+            version: v,
+            offset: off,
+            len: data.len() as u32,
+            block: 0,
+            csums: chunk_csums(data),
+            data_pos: 0,
+        }
+    }
+
+    #[test]
+    fn batch_roundtrip_and_damage() {
+        let id = BatchId {
+            pos: 1 << 20,
+            gen: 3,
+            synced_upto: 1 << 20,
+            uuid_lo: 99,
+        };
+        let d1 = vec![1u8; 512];
+        let d2 = vec![2u8; 8192];
+        let mut r1 = small(ObjectId::new(1, 2), 5, 1024, &d1);
+        let mut r2 = small(ObjectId::new(1, 3), 6, 0, &d2);
+        let mut r3 = Record {
+            kind: RecordKind::Big,
+            oid: ObjectId::new(4, 4),
+            version: 9,
+            offset: 0,
+            len: 128 << 10,
+            block: 17,
+            csums: vec![7; 32],
+            data_pos: 0,
+        };
+        let (hdr, total) = encode_batch(&mut [&mut r1, &mut r2, &mut r3], id, 512);
+        let mut batch = hdr.to_vec();
+        batch.extend_from_slice(&d1);
+        batch.extend_from_slice(&d2);
+        assert_eq!(batch.len() as u64, total);
+        let st = parse_start(&batch, id, 3, 512, 8 << 20).unwrap();
+        assert_eq!((st.total_bytes as u64, st.wrap, st.gen), (total, false, 3));
+        let recs = parse_batch(&batch, id.pos, 128 << 10, 100).unwrap();
+        assert_eq!(recs.len(), 3);
+        assert_eq!(recs[0].data_pos, r1.data_pos);
+        assert_eq!(recs[1].csums, r2.csums);
+        assert_eq!(recs[2].block, 17);
+        // A different position or an older generation is the journal's end.
+        assert!(matches!(
+            parse_start(&batch, BatchId { pos: 0, ..id }, 3, 512, 8 << 20),
+            Err(BatchError::End(_))
+        ));
+        assert!(matches!(
+            parse_start(&batch, id, 4, 512, 8 << 20),
+            Err(BatchError::End(_))
+        ));
+        // Every flipped bit in the header region or the data is damage.
+        for i in [60usize, 100, hdr.len() + 3, batch.len() - 1] {
+            let mut bad = batch.clone();
+            bad[i] ^= 0x10;
+            assert!(
+                matches!(
+                    parse_batch(&bad, id.pos, 128 << 10, 100),
+                    Err(BatchError::Damaged(_))
+                ),
+                "flip at {i}"
+            );
+        }
+        // A block number outside the store is refused.
+        assert!(parse_batch(&batch, id.pos, 128 << 10, 10).is_err());
+        let w = encode_wrap(id, 512);
+        assert!(parse_start(&w, id, 0, 512, 8 << 20).unwrap().wrap);
+    }
+}

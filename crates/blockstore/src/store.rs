@@ -1,0 +1,668 @@
+//! The store: public API, shared state, and the tasks that run it.
+//!
+//! Write path (`// PERF-CRITICAL`): a partial write to an object that has a
+//! block becomes a Small journal record carrying its data; a whole-block
+//! write, or the first write to an object, goes to a freshly allocated block
+//! (Big record pointing at it; the data write and the journal write run in
+//! parallel and one fsync covers both). The journal writer task takes every
+//! queued record as one batch, writes it with one gathered write, waits for
+//! the Big data writes, fsyncs once, applies the batch to the index, and
+//! acknowledges every writer: group commit.
+//!
+//! Crash argument, in one place:
+//! - a write is acknowledged only after the fsync that follows both its
+//!   journal record and its data block; replay finds every such batch, since
+//!   batches are applied only in order and a batch is written only after the
+//!   previous one completed;
+//! - redo is idempotent (a record applies if its version is at least the
+//!   stored one), so a checkpoint may capture table pages at any moment
+//!   after the overlays before its journal position were folded in: replay
+//!   from that position repairs whatever it captured half-way ("fuzzy
+//!   checkpoint");
+//! - table pages are shadowed (two copies; a checkpoint writes the copy the
+//!   committed checkpoint does not use), the checkpoint header is written
+//!   after the pages are durable, and the journal tail advances only after
+//!   the header is durable;
+//! - a freed block is reused only after a checkpoint that no longer
+//!   references it committed (see `alloc`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use nacre_io::rt;
+use nacre_io::sync::{oneshot, Notify, Receiver, Sender};
+use nacre_io::{AlignedBuf, BlockDev};
+use nacre_types::{ObjectId, BLOCK_BYTES_DEFAULT, SECTOR_BYTES};
+use zerocopy::IntoBytes;
+
+use crate::alloc::Allocator;
+use crate::csum::CsumTable;
+use crate::error::{Error, Result};
+use crate::format::{Geometry, PageMeta, PAGE_BYTES};
+use crate::index::{Index, OidMap};
+use crate::journal::{chunk_csums, Record};
+
+/// Options fixed when a store is formatted.
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    pub block_bytes: u32,
+    /// Journal ring size; default 1/64 of the device within 64 MiB..1 GiB.
+    pub journal_bytes: Option<u64>,
+    /// Store id; random if not given.
+    pub uuid: Option<[u8; 16]>,
+    /// Write zeros over the journal at format, so that a file-backed store
+    /// has its journal allocated before the first fsync'd write.
+    pub zero_journal: bool,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            block_bytes: BLOCK_BYTES_DEFAULT,
+            journal_bytes: None,
+            uuid: None,
+            zero_journal: true,
+        }
+    }
+}
+
+/// Options chosen at every open.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// The device has no volatile write cache (or power-loss protection):
+    /// a completed write is durable, so the store never fsyncs.
+    pub immediate_commit: bool,
+    /// RAM for cached checksum-table pages.
+    pub csum_cache_bytes: u64,
+    /// Refuse to open a store with another id.
+    pub expect_uuid: Option<[u8; 16]>,
+    /// Discard (TRIM / punch) data blocks when they are freed.
+    pub discard_freed: bool,
+    /// Start a checkpoint when the journal is this full (percent).
+    pub checkpoint_at_percent: u8,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            immediate_commit: false,
+            csum_cache_bytes: 64 << 20,
+            expect_uuid: None,
+            discard_freed: false,
+            checkpoint_at_percent: 50,
+        }
+    }
+}
+
+/// Space in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Space {
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    /// Freed, returned to `free_bytes` at the next checkpoint.
+    pub pending_free_bytes: u64,
+}
+
+/// Counters since open.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub batches: u64,
+    pub records: u64,
+    pub small_writes: u64,
+    pub big_writes: u64,
+    pub syncs: u64,
+    pub checkpoints: u64,
+    pub flushed_overlays: u64,
+    pub read_retries: u64,
+}
+
+/// What open found and did.
+#[derive(Clone, Debug, Default)]
+pub struct OpenReport {
+    pub checkpoint_seq: u64,
+    pub objects_loaded: u64,
+    pub batches_replayed: u64,
+    pub records_replayed: u64,
+    pub journal_bytes_replayed: u64,
+    /// Why replay stopped before the end of what was written, if it did
+    /// (torn or damaged batch); `None` for a clean end of the journal.
+    pub replay_stopped: Option<String>,
+}
+
+pub(crate) struct Queued {
+    pub rec: Record,
+    pub data: Option<AlignedBuf>,
+    pub data_done: Option<Receiver<std::io::Result<()>>>,
+    pub durable: bool,
+    pub done: Sender<Result<()>>,
+}
+
+/// Ops admitted on one object and not yet applied.
+#[derive(Default)]
+pub(crate) struct Inflight {
+    pub max_version: u64,
+    /// Admitted and not yet finished.
+    pub count: u32,
+    /// Admitted and not yet in the journal queue.
+    pub preparing: u32,
+}
+
+#[derive(Clone, Copy)]
+enum Admit {
+    Full,
+    Partial,
+    Delete,
+}
+
+pub(crate) struct State {
+    pub index: Index,
+    pub alloc: Allocator,
+    pub csum: CsumTable,
+    pub obj_metas: Vec<PageMeta>,
+    pub queue: VecDeque<Queued>,
+    pub inflight: OidMap<Inflight>,
+    /// Next logical journal position to write.
+    pub head: u64,
+    /// End of the last batch applied to the index.
+    pub completed: u64,
+    /// Replay start of the committed checkpoint.
+    pub tail: u64,
+    pub gen: u64,
+    /// Everything written before this position is durable.
+    pub synced_upto: u64,
+    /// Batches were completed without an fsync since the last one.
+    pub unsynced: bool,
+    pub sync_waiters: Vec<Sender<Result<()>>>,
+    pub ckpt_seq: u64,
+    pub ckpt_slot: u32,
+    pub ckpt_wanted: bool,
+    pub failed: Option<String>,
+    pub closing: bool,
+    /// The object whose block the checkpointer is rewriting in place;
+    /// reads of it wait for `flush_done`.
+    pub flushing: Option<ObjectId>,
+    pub stats: Stats,
+}
+
+pub(crate) struct Inner<D: BlockDev> {
+    pub dev: D,
+    pub g: Geometry,
+    pub opts: StoreOptions,
+    pub st: RefCell<State>,
+    /// Wakes the journal writer.
+    pub journal_kick: Notify,
+    /// Wakes the checkpointer.
+    pub ckpt_kick: Notify,
+    /// A checkpoint finished (journal space and freed blocks returned).
+    pub ckpt_done: Notify,
+    /// A batch was applied to the index (or an op was queued or withdrawn).
+    pub applied: Notify,
+    /// The checkpointer finished rewriting an object's block.
+    pub flush_done: Notify,
+    /// Raised around every change that can invalidate a read in flight
+    /// (in-place folding, journal trimming, block release); reads that see
+    /// it move retry.
+    pub epoch: Cell<u64>,
+}
+
+/// One OSD's store. Cheap to clone; all clones share one state and must
+/// stay on the runtime thread that opened it.
+pub struct Store<D: BlockDev + 'static>(pub(crate) Rc<Inner<D>>);
+
+impl<D: BlockDev + 'static> Clone for Store<D> {
+    fn clone(&self) -> Self {
+        Store(self.0.clone())
+    }
+}
+
+/// Reads attempt at most this many times when concurrent maintenance moves
+/// the data under them.
+pub(crate) const READ_RETRY_MAX: u32 = 64;
+
+impl<D: BlockDev + 'static> Store<D> {
+    /// Formats `dev` as an empty store (destroying what it held).
+    pub async fn format(dev: &D, opts: &FormatOptions) -> Result<Geometry> {
+        crate::replay::format(dev, opts).await
+    }
+
+    /// Opens the store on `dev`: loads the newest checkpoint, replays the
+    /// journal after it, and starts the journal writer and checkpointer.
+    pub async fn open(dev: D, opts: StoreOptions) -> Result<(Store<D>, OpenReport)> {
+        let (inner, report) = crate::replay::open(dev, opts).await?;
+        let inner = Rc::new(inner);
+        rt::spawn(crate::writer::journal_task(inner.clone()));
+        rt::spawn(crate::checkpoint::checkpoint_task(inner.clone()));
+        Ok((Store(inner), report))
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.0.g
+    }
+
+    pub fn block_bytes(&self) -> u32 {
+        self.0.g.block_bytes
+    }
+
+    /// Writes `data` at `offset` inside object `oid` as `version`; returns
+    /// once the write is durable (group commit).
+    pub async fn write(
+        &self,
+        oid: ObjectId,
+        version: u64,
+        offset: u32,
+        data: AlignedBuf,
+    ) -> Result<()> {
+        self.0.write(oid, version, offset, data, true).await
+    }
+
+    /// Like [`Store::write`], but returns once the write is in the journal,
+    /// before it is durable; a later [`Store::sync`] makes it durable.
+    pub async fn write_unsynced(
+        &self,
+        oid: ObjectId,
+        version: u64,
+        offset: u32,
+        data: AlignedBuf,
+    ) -> Result<()> {
+        self.0.write(oid, version, offset, data, false).await
+    }
+
+    /// Deletes `oid` (durably); its block returns to free space at the next
+    /// checkpoint. `version` must be at least the stored one.
+    pub async fn delete(&self, oid: ObjectId, version: u64) -> Result<()> {
+        self.0.delete(oid, version).await
+    }
+
+    /// Barrier: every write acknowledged before this call is durable when it
+    /// returns.
+    pub async fn sync(&self) -> Result<()> {
+        self.0.sync().await
+    }
+
+    /// Reads `len` bytes at `offset` of `oid`. Never returns bytes that fail
+    /// their checksum: such a read is `Error::Corrupt`.
+    pub async fn read(&self, oid: ObjectId, offset: u32, len: u32) -> Result<AlignedBuf> {
+        self.0.read(oid, offset, len).await
+    }
+
+    /// The object's newest version, if it exists.
+    pub fn version(&self, oid: ObjectId) -> Option<u64> {
+        self.0.st.borrow().index.version(&oid)
+    }
+
+    /// Every object with its newest version, sorted by id.
+    pub fn list(&self) -> Vec<(ObjectId, u64)> {
+        self.0.st.borrow().index.list()
+    }
+
+    pub fn space(&self) -> Space {
+        let st = self.0.st.borrow();
+        let bb = u64::from(self.0.g.block_bytes);
+        let total = u64::from(self.0.g.nblocks) * bb;
+        let free = u64::from(st.alloc.free_count()) * bb;
+        Space {
+            total_bytes: total,
+            used_bytes: total - free,
+            free_bytes: free,
+            pending_free_bytes: st.alloc.deferred_count() as u64 * bb,
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.0.st.borrow().stats
+    }
+
+    /// RAM used by the index (object table, hash, pending overlays) and by
+    /// the checksum cache, in bytes.
+    pub fn memory_bytes(&self) -> (u64, u64) {
+        let st = self.0.st.borrow();
+        (st.index.memory_bytes(), st.csum.memory_bytes())
+    }
+
+    pub fn object_count(&self) -> usize {
+        self.0.st.borrow().index.object_count()
+    }
+
+    /// Journal bytes written since the last checkpoint.
+    pub fn journal_used_bytes(&self) -> u64 {
+        let st = self.0.st.borrow();
+        st.head - st.tail
+    }
+
+    /// Takes a checkpoint now and waits for it.
+    pub async fn checkpoint(&self) -> Result<()> {
+        self.0.request_checkpoint_and_wait().await
+    }
+
+    /// Stops accepting writes, finishes queued ones, takes a final
+    /// checkpoint (so the next open replays nothing) and stops the tasks.
+    pub async fn close(self) -> Result<()> {
+        self.0.request_checkpoint_and_wait().await?;
+        self.0.st.borrow_mut().closing = true;
+        self.0.journal_kick.notify();
+        self.0.ckpt_kick.notify();
+        Ok(())
+    }
+}
+
+impl<D: BlockDev + 'static> Inner<D> {
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        let st = self.st.borrow();
+        if let Some(why) = &st.failed {
+            return Err(Error::Failed(why.clone()));
+        }
+        if st.closing {
+            return Err(Error::Failed("store is closing".into()));
+        }
+        Ok(())
+    }
+
+    /// Marks the store failed after an I/O error on a write path: no more
+    /// writes, fsyncs or checkpoints; reads go on.
+    pub(crate) fn fail(&self, why: String) {
+        tracing::error!("blockstore stopped: {why}");
+        let mut st = self.st.borrow_mut();
+        if st.failed.is_none() {
+            st.failed = Some(why);
+        }
+        drop(st);
+        self.applied.notify();
+        self.ckpt_done.notify();
+    }
+
+    pub(crate) fn bump_epoch(&self) {
+        self.epoch.set(self.epoch.get() + 1);
+    }
+
+    pub(crate) fn check_range(&self, offset: u32, len: u32) -> Result<()> {
+        let bb = self.g.block_bytes;
+        if len == 0
+            || offset % SECTOR_BYTES != 0
+            || len % SECTOR_BYTES != 0
+            || u64::from(offset) + u64::from(len) > u64::from(bb)
+        {
+            return Err(Error::Invalid(format!(
+                "range {offset}+{len} must be non-empty, {SECTOR_BYTES}-byte aligned and inside a {bb}-byte block"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The newest version of `oid` counting writes still in flight.
+    fn current_version(&self, oid: &ObjectId) -> Option<u64> {
+        let st = self.st.borrow();
+        let stored = st.index.version(oid);
+        match st.inflight.get(oid) {
+            Some(f) => Some(stored.unwrap_or(0).max(f.max_version)),
+            None => stored,
+        }
+    }
+
+    /// Waits until no op on `oid` is in flight.
+    async fn wait_idle(&self, oid: &ObjectId) -> Result<()> {
+        loop {
+            if !self.st.borrow().inflight.contains_key(oid) {
+                return Ok(());
+            }
+            self.check_writable()?;
+            self.applied.wait().await;
+        }
+    }
+
+    /// Checks `version` against the object; `Ok(true)` means it is a repeat.
+    fn check_version(&self, oid: ObjectId, version: u64) -> Result<bool> {
+        if version == 0 {
+            return Err(Error::Invalid("version 0 is reserved".into()));
+        }
+        match self.current_version(&oid) {
+            Some(cur) if version < cur => Err(Error::StaleVersion {
+                object: oid,
+                given: version,
+                current: cur,
+            }),
+            Some(cur) => Ok(version == cur),
+            None => Ok(false),
+        }
+    }
+
+    /// A repeat of a version already taken: done once that op has finished
+    /// and, if asked, is durable.
+    async fn repeat(&self, oid: &ObjectId, durable: bool) -> Result<()> {
+        self.wait_idle(oid).await?;
+        if durable {
+            self.sync().await?;
+        }
+        Ok(())
+    }
+
+    /// Admits an op on `oid`: checks its version, waits while it must not
+    /// overtake ops already admitted, and registers it. Ops on one object
+    /// reach the journal in admission order. `Ok(None)` means a repeat.
+    async fn admit(&self, oid: ObjectId, version: u64, kind: Admit) -> Result<Option<bool>> {
+        loop {
+            self.check_writable()?;
+            // A delete at the version of the last write is still a delete.
+            if self.check_version(oid, version)? && !matches!(kind, Admit::Delete) {
+                return Ok(None);
+            }
+            let mut st = self.st.borrow_mut();
+            let has_block = st.index.block_of(&oid).is_some();
+            let busy = st.inflight.get(&oid).is_some_and(|f| match kind {
+                // Everything before a delete must be applied first.
+                Admit::Delete => true,
+                // A partial write needs the object's block to be known.
+                Admit::Partial => f.preparing > 0 || !has_block,
+                Admit::Full => f.preparing > 0,
+            });
+            if !busy {
+                let f = st.inflight.entry(oid).or_default();
+                f.max_version = f.max_version.max(version);
+                f.count += 1;
+                f.preparing += 1;
+                return Ok(Some(has_block));
+            }
+            drop(st);
+            self.applied.wait().await;
+        }
+    }
+
+    /// Withdraws an admitted op that never reached the queue.
+    fn withdraw(&self, oid: &ObjectId) {
+        let mut st = self.st.borrow_mut();
+        if let Some(f) = st.inflight.get_mut(oid) {
+            f.preparing -= 1;
+            f.count -= 1;
+            if f.count == 0 {
+                st.inflight.remove(oid);
+            }
+        }
+        drop(st);
+        self.applied.notify();
+    }
+
+    fn enqueue(&self, q: Queued) {
+        let mut st = self.st.borrow_mut();
+        if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
+            f.preparing -= 1;
+        }
+        st.queue.push_back(q);
+        drop(st);
+        self.journal_kick.notify();
+        self.applied.notify();
+    }
+
+    pub(crate) async fn write(
+        self: &Rc<Self>,
+        oid: ObjectId,
+        version: u64,
+        offset: u32,
+        data: AlignedBuf,
+        durable: bool,
+    ) -> Result<()> {
+        self.check_range(offset, data.len().min(u32::MAX as usize) as u32)?;
+        let len = data.len() as u32;
+        let full = offset == 0 && len == self.g.block_bytes;
+        let kind = if full { Admit::Full } else { Admit::Partial };
+        let Some(has_block) = self.admit(oid, version, kind).await? else {
+            return self.repeat(&oid, durable).await;
+        };
+        let (tx, rx) = oneshot();
+        if full || !has_block {
+            let block_buf = if full {
+                data
+            } else {
+                let mut b = AlignedBuf::zeroed(self.g.block_bytes as usize);
+                b[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+                b
+            };
+            let csums = chunk_csums(&block_buf);
+            let block = match self.alloc_block().await {
+                Ok(b) => b,
+                Err(e) => {
+                    self.withdraw(&oid);
+                    return Err(e);
+                }
+            };
+            // The data write runs as its own task so it overlaps the journal
+            // write; the writer waits for it before the fsync that covers both.
+            let (dtx, drx) = oneshot();
+            let this = self.clone();
+            let pos = self.g.block_offset(block);
+            rt::spawn(async move {
+                let r = this.dev.write_at(block_buf, pos).await.map(drop);
+                dtx.send(r);
+            });
+            self.st.borrow_mut().stats.big_writes += 1;
+            self.enqueue(Queued {
+                rec: Record {
+                    kind: crate::format::RecordKind::Big,
+                    oid,
+                    version,
+                    offset: 0,
+                    len: self.g.block_bytes,
+                    block,
+                    csums,
+                    data_pos: 0,
+                },
+                data: None,
+                data_done: Some(drx),
+                durable,
+                done: tx,
+            });
+        } else {
+            let csums = chunk_csums(&data);
+            self.st.borrow_mut().stats.small_writes += 1;
+            self.enqueue(Queued {
+                rec: Record {
+                    kind: crate::format::RecordKind::Small,
+                    oid,
+                    version,
+                    offset,
+                    len,
+                    block: 0,
+                    csums,
+                    data_pos: 0,
+                },
+                data: Some(data),
+                data_done: None,
+                durable,
+                done: tx,
+            });
+        }
+        rx.await
+            .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
+    }
+
+    pub(crate) async fn delete(&self, oid: ObjectId, version: u64) -> Result<()> {
+        if self.current_version(&oid).is_none() {
+            return Err(Error::NotFound(oid));
+        }
+        if self.admit(oid, version, Admit::Delete).await?.is_none() {
+            return self.repeat(&oid, true).await;
+        }
+        if self.st.borrow().index.version(&oid).is_none() {
+            self.withdraw(&oid);
+            return Err(Error::NotFound(oid));
+        }
+        let (tx, rx) = oneshot();
+        self.enqueue(Queued {
+            rec: Record {
+                kind: crate::format::RecordKind::Delete,
+                oid,
+                version,
+                offset: 0,
+                len: 0,
+                block: 0,
+                csums: Vec::new(),
+                data_pos: 0,
+            },
+            data: None,
+            data_done: None,
+            durable: true,
+            done: tx,
+        });
+        rx.await
+            .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
+    }
+
+    pub(crate) async fn sync(&self) -> Result<()> {
+        self.check_writable()?;
+        let (tx, rx) = oneshot();
+        self.st.borrow_mut().sync_waiters.push(tx);
+        self.journal_kick.notify();
+        rx.await
+            .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
+    }
+
+    /// A free block; when none is free but some wait for a checkpoint, takes
+    /// one and tries again.
+    async fn alloc_block(&self) -> Result<u32> {
+        for _ in 0..2 {
+            {
+                let mut st = self.st.borrow_mut();
+                if let Some(b) = st.alloc.alloc() {
+                    return Ok(b);
+                }
+                if st.alloc.deferred_count() == 0 {
+                    return Err(Error::NoSpace);
+                }
+            }
+            self.request_checkpoint_and_wait().await?;
+        }
+        Err(Error::NoSpace)
+    }
+
+    pub(crate) async fn request_checkpoint_and_wait(&self) -> Result<()> {
+        let seq = self.st.borrow().ckpt_seq;
+        loop {
+            {
+                let mut st = self.st.borrow_mut();
+                if let Some(why) = &st.failed {
+                    return Err(Error::Failed(why.clone()));
+                }
+                // Two checkpoints complete the request: the one running now
+                // may have started before the caller's changes.
+                if st.ckpt_seq >= seq + 2 || (st.ckpt_seq > seq && !st.ckpt_wanted) {
+                    return Ok(());
+                }
+                st.ckpt_wanted = true;
+            }
+            self.ckpt_kick.notify();
+            self.ckpt_done.wait().await;
+        }
+    }
+
+    /// Bytes of a table page, for writing.
+    pub(crate) fn obj_page_bytes(&self, page: u32) -> AlignedBuf {
+        let st = self.st.borrow();
+        let per = crate::format::OBJ_ENTRIES_PER_PAGE as usize;
+        let start = page as usize * per;
+        let end = (start + per).min(st.index.blocks.len());
+        let mut buf = AlignedBuf::zeroed(PAGE_BYTES as usize);
+        let bytes = st.index.blocks[start..end].as_bytes();
+        buf[..bytes.len()].copy_from_slice(bytes);
+        buf
+    }
+}

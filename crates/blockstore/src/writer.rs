@@ -1,0 +1,319 @@
+//! The journal writer: group commit, and applying records to the index.
+//!
+//! PERF-CRITICAL. One task owns the journal's head. Each turn it takes every
+//! queued record (up to the batch limits), writes them as one batch with one
+//! gathered write, waits for the data blocks of its full-block writes,
+//! issues one fsync (unless the device commits immediately, or no writer in
+//! the batch asked for durability), applies the batch to the index in
+//! order, and answers every writer. While it waits, new writers queue up and
+//! form the next batch, so the fsync cost is shared by everyone who arrived
+//! during the previous one.
+
+use std::rc::Rc;
+
+use nacre_io::BlockDev;
+
+use crate::error::{Error, Result};
+use crate::format::{RecordKind, RECORDS_PER_BATCH_MAX};
+use crate::index::Overlay;
+use crate::journal::{self, batch_bytes_max, BatchId, Record, BATCH_HDR_BYTES_MAX};
+use crate::store::{Inner, Queued, State};
+
+fn pad(v: u64, to: u64) -> u64 {
+    v.div_ceil(to) * to
+}
+
+/// Applies one record to the index. During replay nothing is freed (the
+/// allocator is rebuilt from the index afterwards).
+pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
+    let cur = st.index.version(&rec.oid);
+    if cur.is_some_and(|c| rec.version < c) {
+        if !replay && rec.kind == RecordKind::Big {
+            st.alloc.defer(rec.block);
+        }
+        return;
+    }
+    match rec.kind {
+        RecordKind::Small => {
+            if st.index.block_of(&rec.oid).is_none() {
+                // Only in replay: a small write to an object a later record
+                // (already captured by the checkpoint) deleted.
+                debug_assert!(replay, "small write to {} without a block", rec.oid);
+                return;
+            }
+            let p = st.index.pending.entry(rec.oid).or_default();
+            p.version = rec.version;
+            p.overlays.push(Overlay {
+                offset: rec.offset,
+                len: rec.len,
+                data_pos: rec.data_pos,
+                version: rec.version,
+                csums: rec.csums.clone().into_boxed_slice(),
+            });
+        }
+        RecordKind::Big => {
+            let old = st.index.clear_block(&rec.oid);
+            if replay && !st.index.blocks[rec.block as usize].is_free() {
+                // A stale table entry from a fuzzy checkpoint: the journal
+                // is authoritative.
+                let stale = st.index.blocks[rec.block as usize].oid();
+                tracing::warn!(
+                    "replay: block {} moves from {stale} to {}",
+                    rec.block,
+                    rec.oid
+                );
+                st.index.clear_block(&stale);
+            }
+            st.index.set_block(rec.oid, rec.block, rec.version);
+            st.index.pending.remove(&rec.oid);
+            st.csum.set(rec.block, rec.csums.clone().into_boxed_slice());
+            if let Some(old) = old.filter(|&o| o != rec.block) {
+                if !replay {
+                    st.alloc.defer(old);
+                }
+            }
+        }
+        RecordKind::Delete => {
+            if cur.is_none() {
+                return;
+            }
+            let old = st.index.clear_block(&rec.oid);
+            st.index.pending.remove(&rec.oid);
+            if let (Some(old), false) = (old, replay) {
+                st.alloc.defer(old);
+            }
+        }
+    }
+}
+
+/// Spawns nothing itself: takes the next batch off the queue.
+fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> Vec<Queued> {
+    let max_total = batch_bytes_max(block_bytes);
+    let mut hdr = std::mem::size_of::<crate::format::BatchHeader>() as u64;
+    let mut data = 0u64;
+    let mut out = Vec::new();
+    while let Some(q) = st.queue.front() {
+        let h = 48 + 4 * q.rec.csums.len() as u64;
+        let d = if q.rec.kind == RecordKind::Small {
+            pad(u64::from(q.rec.len), sector)
+        } else {
+            0
+        };
+        let fits = out.len() < RECORDS_PER_BATCH_MAX as usize
+            && hdr + h <= BATCH_HDR_BYTES_MAX
+            && pad(hdr + h, sector) + data + d <= max_total;
+        if !fits && !out.is_empty() {
+            break;
+        }
+        hdr += h;
+        data += d;
+        out.push(st.queue.pop_front().expect("front exists"));
+    }
+    out
+}
+
+pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
+    loop {
+        let (mut batch, waiters) = loop {
+            {
+                let mut st = inner.st.borrow_mut();
+                if !st.queue.is_empty() || !st.sync_waiters.is_empty() {
+                    let sector = u64::from(inner.g.sector_bytes);
+                    let b = take_batch(&mut st, inner.g.block_bytes, sector);
+                    let w = std::mem::take(&mut st.sync_waiters);
+                    break (b, w);
+                }
+                if st.closing {
+                    return;
+                }
+            }
+            inner.journal_kick.wait().await;
+        };
+        let result = write_batch(&inner, &mut batch, !waiters.is_empty()).await;
+        finish_batch(&inner, batch, waiters, result);
+    }
+}
+
+/// Writes, waits for, and fsyncs one batch; applies it on success.
+async fn write_batch<D: BlockDev + 'static>(
+    inner: &Rc<Inner<D>>,
+    batch: &mut [Queued],
+    sync_asked: bool,
+) -> Result<()> {
+    if let Some(why) = &inner.st.borrow().failed {
+        return Err(Error::Failed(why.clone()));
+    }
+    let g = &inner.g;
+    let sector = u64::from(g.sector_bytes);
+    let wants_durable = sync_asked || batch.iter().any(|q| q.durable);
+    if !batch.is_empty() {
+        let refs: Vec<&Record> = batch.iter().map(|q| &q.rec).collect();
+        let data_bytes: u64 = refs
+            .iter()
+            .filter(|r| r.kind == RecordKind::Small)
+            .map(|r| pad(u64::from(r.len), sector))
+            .sum();
+        let total = pad(journal::header_bytes(&refs) as u64, sector) + data_bytes;
+        let pos = reserve_journal(inner, total).await?;
+        let (gen, synced_upto, uuid_lo) = {
+            let st = inner.st.borrow();
+            (
+                st.gen,
+                st.synced_upto,
+                u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
+            )
+        };
+        let id = BatchId {
+            pos,
+            gen,
+            synced_upto,
+            uuid_lo,
+        };
+        let mut recs: Vec<&mut Record> = batch.iter_mut().map(|q| &mut q.rec).collect();
+        let (hdr, written) = journal::encode_batch(&mut recs, id, g.sector_bytes);
+        debug_assert_eq!(written, total);
+        let mut bufs = Vec::with_capacity(batch.len() + 1);
+        bufs.push(hdr);
+        for q in batch.iter_mut() {
+            if let Some(mut d) = q.data.take() {
+                let l = d.len();
+                let padded = pad(l as u64, sector) as usize;
+                if padded != l {
+                    d.set_len(padded);
+                    d[l..].fill(0);
+                }
+                bufs.push(d);
+            }
+        }
+        let phys = g.journal_offset + pos % g.journal_bytes;
+        let res = inner.dev.writev_at(bufs, phys).await;
+        // The data blocks of full-block writes must be written before the
+        // fsync that makes the batch durable.
+        let mut data_err = None;
+        for q in batch.iter_mut() {
+            if let Some(rx) = q.data_done.take() {
+                match rx.await {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => data_err = Some(e.to_string()),
+                    None => data_err = Some("data write task vanished".into()),
+                }
+            }
+        }
+        if let Err(e) = res {
+            inner.fail(format!("journal write at {pos}: {e}"));
+            return Err(Error::Failed(format!("journal write: {e}")));
+        }
+        if let Some(e) = data_err {
+            inner.fail(format!("data block write: {e}"));
+            return Err(Error::Failed(format!("data block write: {e}")));
+        }
+        let mut st = inner.st.borrow_mut();
+        st.head = pos + total;
+        st.stats.batches += 1;
+        st.stats.records += batch.len() as u64;
+    }
+    let needs_fsync = wants_durable && (inner.st.borrow().unsynced || !batch.is_empty());
+    if needs_fsync && !inner.opts.immediate_commit {
+        if let Err(e) = inner.dev.sync().await {
+            inner.fail(format!("journal fsync: {e}"));
+            return Err(Error::Failed(format!("fsync: {e}")));
+        }
+        inner.st.borrow_mut().stats.syncs += 1;
+    }
+    let mut st = inner.st.borrow_mut();
+    if wants_durable || inner.opts.immediate_commit {
+        st.synced_upto = st.head;
+        st.unsynced = false;
+    } else if !batch.is_empty() {
+        st.unsynced = true;
+    }
+    for q in batch.iter() {
+        apply_record(&mut st, &q.rec, false);
+    }
+    st.completed = st.head;
+    Ok(())
+}
+
+/// Finds room for `total` bytes at the journal head (writing a wrap marker
+/// if the batch would cross the ring's end); waits for checkpoints to free
+/// room. Returns the batch's logical position.
+async fn reserve_journal<D: BlockDev + 'static>(inner: &Rc<Inner<D>>, total: u64) -> Result<u64> {
+    let g = &inner.g;
+    loop {
+        let (head, tail, gen, synced) = {
+            let st = inner.st.borrow();
+            if let Some(why) = &st.failed {
+                return Err(Error::Failed(why.clone()));
+            }
+            (st.head, st.tail, st.gen, st.synced_upto)
+        };
+        let lap_left = g.journal_bytes - head % g.journal_bytes;
+        let need = if total > lap_left {
+            lap_left + total
+        } else {
+            total
+        };
+        if head + need - tail <= g.journal_bytes {
+            if total > lap_left {
+                let id = BatchId {
+                    pos: head,
+                    gen,
+                    synced_upto: synced,
+                    uuid_lo: u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
+                };
+                let marker = journal::encode_wrap(id, g.sector_bytes);
+                if let Err(e) = inner
+                    .dev
+                    .write_at(marker, g.journal_offset + head % g.journal_bytes)
+                    .await
+                {
+                    inner.fail(format!("journal wrap marker: {e}"));
+                    return Err(Error::Failed(e.to_string()));
+                }
+                let mut st = inner.st.borrow_mut();
+                st.head = head + lap_left;
+                return Ok(st.head);
+            }
+            return Ok(head);
+        }
+        inner.request_checkpoint_and_wait().await?;
+    }
+}
+
+fn finish_batch<D: BlockDev + 'static>(
+    inner: &Rc<Inner<D>>,
+    batch: Vec<Queued>,
+    waiters: Vec<nacre_io::sync::Sender<Result<()>>>,
+    result: Result<()>,
+) {
+    {
+        let mut st = inner.st.borrow_mut();
+        for q in &batch {
+            if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
+                f.count -= 1;
+                if f.count == 0 {
+                    st.inflight.remove(&q.rec.oid);
+                }
+            }
+        }
+        let used = st.head - st.tail;
+        if used * 100 >= inner.g.journal_bytes * u64::from(inner.opts.checkpoint_at_percent) {
+            st.ckpt_wanted = true;
+            inner.ckpt_kick.notify();
+        }
+    }
+    let err = |e: &Error| Error::Failed(e.to_string());
+    for q in batch {
+        q.done.send(match &result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(err(e)),
+        });
+    }
+    for w in waiters {
+        w.send(match &result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(err(e)),
+        });
+    }
+    inner.applied.notify();
+}

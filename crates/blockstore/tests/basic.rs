@@ -1,0 +1,355 @@
+//! Behaviour of one store on the in-memory and fault devices.
+
+use nacre_blockstore::{Error, FormatOptions, Store, StoreOptions};
+use nacre_io::rt::block_on;
+use nacre_io::{AlignedBuf, BlockDev, FaultDev, MemDev};
+use nacre_types::ObjectId;
+
+const MIB: u64 = 1 << 20;
+
+fn fmt(block: u32) -> FormatOptions {
+    FormatOptions {
+        block_bytes: block,
+        journal_bytes: Some(4 * MIB),
+        ..FormatOptions::default()
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> AlignedBuf {
+    let mut b = AlignedBuf::new(len);
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = seed.wrapping_mul(31).wrapping_add((i / 512) as u8) ^ (i as u8);
+    }
+    b
+}
+
+async fn fresh<D: BlockDev + Clone + 'static>(dev: &D, block: u32) -> Store<D> {
+    Store::format(dev, &fmt(block)).await.unwrap();
+    Store::open(dev.clone(), StoreOptions::default())
+        .await
+        .unwrap()
+        .0
+}
+
+#[test]
+fn write_read_partial_and_full() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let a = ObjectId::new(1, 0);
+        assert!(matches!(s.read(a, 0, 4096).await, Err(Error::NotFound(_))));
+        // First write to an object: the rest reads as zeros.
+        s.write(a, 1, 4096, pattern(1, 8192)).await.unwrap();
+        let r = s.read(a, 0, 64 << 10).await.unwrap();
+        assert!(r[..4096].iter().all(|&b| b == 0));
+        assert_eq!(&r[4096..12288], &pattern(1, 8192)[..]);
+        assert!(r[12288..].iter().all(|&b| b == 0));
+        // Small overlapping writes through the journal, 512-byte granular.
+        s.write(a, 2, 4096 + 512, pattern(2, 1024)).await.unwrap();
+        s.write(a, 3, 0, pattern(3, 512)).await.unwrap();
+        let r = s.read(a, 4096, 2048).await.unwrap();
+        assert_eq!(&r[..512], &pattern(1, 8192)[..512]);
+        assert_eq!(&r[512..1536], &pattern(2, 1024)[..]);
+        assert_eq!(&r[1536..], &pattern(1, 8192)[1536..2048]);
+        assert_eq!(&s.read(a, 0, 512).await.unwrap()[..], &pattern(3, 512)[..]);
+        assert_eq!(s.version(a), Some(3));
+        // A full-block write replaces everything.
+        s.write(a, 4, 0, pattern(4, 64 << 10)).await.unwrap();
+        assert_eq!(
+            &s.read(a, 0, 64 << 10).await.unwrap()[..],
+            &pattern(4, 64 << 10)[..]
+        );
+        // Fold the journal into blocks and read again.
+        s.write(a, 5, 8192, pattern(5, 4096)).await.unwrap();
+        s.checkpoint().await.unwrap();
+        let r = s.read(a, 0, 64 << 10).await.unwrap();
+        let mut want = pattern(4, 64 << 10).to_vec();
+        want[8192..12288].copy_from_slice(&pattern(5, 4096));
+        assert_eq!(&r[..], &want[..]);
+        assert_eq!(s.list(), vec![(a, 5)]);
+    });
+}
+
+#[test]
+fn versions_are_monotonic_and_repeats_idempotent() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let a = ObjectId::new(7, 7);
+        s.write(a, 10, 0, pattern(1, 4096)).await.unwrap();
+        let e = s.write(a, 9, 0, pattern(2, 4096)).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::StaleVersion {
+                    given: 9,
+                    current: 10,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // Same version again: accepted, not applied twice.
+        s.write(a, 10, 0, pattern(3, 4096)).await.unwrap();
+        assert_eq!(
+            &s.read(a, 0, 4096).await.unwrap()[..],
+            &pattern(1, 4096)[..]
+        );
+        assert!(matches!(
+            s.write(a, 0, 0, pattern(1, 512)).await,
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            s.delete(a, 9).await,
+            Err(Error::StaleVersion { .. })
+        ));
+        s.delete(a, 11).await.unwrap();
+        assert_eq!(s.version(a), None);
+        assert!(matches!(s.delete(a, 12).await, Err(Error::NotFound(_))));
+    });
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let a = ObjectId::new(1, 1);
+        for (off, len) in [
+            (1u32, 512usize),
+            (0, 100),
+            (64 << 10, 512),
+            ((64 << 10) - 512, 1024),
+        ] {
+            let e = s
+                .write(a, 1, off, AlignedBuf::zeroed(len))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, Error::Invalid(_)), "{off}+{len}: {e}");
+        }
+        s.write(a, 1, 0, pattern(1, 512)).await.unwrap();
+        for (off, len) in [(0u32, 0u32), (3, 512), (0, (64 << 10) + 512)] {
+            assert!(matches!(s.read(a, off, len).await, Err(Error::Invalid(_))));
+        }
+    });
+}
+
+#[test]
+fn reopen_keeps_everything() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 16 << 10).await;
+        for i in 0..200u64 {
+            let oid = ObjectId::new(2, i);
+            s.write(oid, i + 1, 0, pattern(i as u8, 16 << 10))
+                .await
+                .unwrap();
+            s.write(oid, i + 2, 1024, pattern(i as u8 + 1, 2048))
+                .await
+                .unwrap();
+            if i % 3 == 0 {
+                s.checkpoint().await.unwrap();
+            }
+        }
+        s.delete(ObjectId::new(2, 5), 100).await.unwrap();
+        let before = s.list();
+        drop(s); // no close: replay does the work
+        let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert!(rep.records_replayed > 0);
+        assert_eq!(rep.replay_stopped, None);
+        assert_eq!(s.list(), before);
+        for i in (0..200u64).filter(|&i| i != 5) {
+            let mut want = pattern(i as u8, 16 << 10).to_vec();
+            want[1024..3072].copy_from_slice(&pattern(i as u8 + 1, 2048));
+            assert_eq!(
+                &s.read(ObjectId::new(2, i), 0, 16 << 10).await.unwrap()[..],
+                &want[..],
+                "object {i}"
+            );
+        }
+        // A clean close leaves nothing to replay.
+        s.close().await.unwrap();
+        let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(rep.records_replayed, 0);
+        assert_eq!(s.list(), before);
+    });
+}
+
+#[test]
+fn full_store_reports_no_space_and_recovers_after_deletes() {
+    block_on(async {
+        let dev = MemDev::new(16 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let mut n = 0u64;
+        loop {
+            match s
+                .write(ObjectId::new(3, n), 1, 0, pattern(n as u8, 64 << 10))
+                .await
+            {
+                Ok(()) => n += 1,
+                Err(Error::NoSpace) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(n >= 16);
+        assert_eq!(s.space().free_bytes, 0);
+        // Still readable, and small writes to existing objects still work.
+        assert_eq!(
+            &s.read(ObjectId::new(3, 0), 0, 4096).await.unwrap()[..],
+            &pattern(0, 4096)[..]
+        );
+        s.write(ObjectId::new(3, 0), 2, 0, pattern(9, 4096))
+            .await
+            .unwrap();
+        for i in 0..4 {
+            s.delete(ObjectId::new(3, i), 5).await.unwrap();
+        }
+        // Space returns (after the checkpoint the store takes by itself).
+        for i in 0..4 {
+            s.write(ObjectId::new(4, i), 1, 0, pattern(1, 64 << 10))
+                .await
+                .unwrap();
+        }
+        assert!(matches!(
+            s.write(ObjectId::new(4, 99), 1, 0, pattern(1, 4096)).await,
+            Err(Error::NoSpace)
+        ));
+        assert_eq!(
+            &s.read(ObjectId::new(3, 5), 0, 4096).await.unwrap()[..],
+            &pattern(5, 4096)[..]
+        );
+    });
+}
+
+#[test]
+fn journal_wraps_many_times() {
+    block_on(async {
+        let dev = MemDev::new(32 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let objs = 40u64;
+        for i in 0..objs {
+            s.write(ObjectId::new(5, i), 1, 0, pattern(0, 64 << 10))
+                .await
+                .unwrap();
+        }
+        // ~24 MiB of small writes through a 4 MiB journal.
+        let mut v = 1;
+        let mut last = vec![0u8; objs as usize];
+        for round in 0..150u64 {
+            v += 1;
+            let mut hs = Vec::new();
+            for i in 0..objs {
+                let s = s.clone();
+                let seed = (round * 7 + i) as u8;
+                last[i as usize] = seed;
+                hs.push(nacre_io::rt::spawn(async move {
+                    s.write(ObjectId::new(5, i), v, 4096, pattern(seed, 4096))
+                        .await
+                }));
+            }
+            for h in hs {
+                h.await.unwrap();
+            }
+        }
+        assert!(s.stats().checkpoints >= 4, "{:?}", s.stats());
+        for i in 0..objs {
+            assert_eq!(
+                &s.read(ObjectId::new(5, i), 4096, 4096).await.unwrap()[..],
+                &pattern(last[i as usize], 4096)[..]
+            );
+        }
+        drop(s);
+        let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(rep.replay_stopped, None);
+        for i in 0..objs {
+            assert_eq!(
+                &s.read(ObjectId::new(5, i), 4096, 4096).await.unwrap()[..],
+                &pattern(last[i as usize], 4096)[..]
+            );
+        }
+    });
+}
+
+#[test]
+fn group_commit_shares_fsyncs() {
+    block_on(async {
+        let dev = FaultDev::new(64 * MIB, 512);
+        dev.set_latency(Some(std::time::Duration::from_micros(200)));
+        let s = fresh(&dev, 64 << 10).await;
+        for i in 0..64 {
+            s.write(ObjectId::new(6, i), 1, 0, pattern(1, 64 << 10))
+                .await
+                .unwrap();
+        }
+        let syncs0 = dev.sync_count();
+        let mut hs = Vec::new();
+        for i in 0..64u64 {
+            let s = s.clone();
+            hs.push(nacre_io::rt::spawn(async move {
+                s.write(ObjectId::new(6, i), 2, 0, pattern(2, 4096)).await
+            }));
+        }
+        for h in hs {
+            h.await.unwrap();
+        }
+        let used = dev.sync_count() - syncs0;
+        assert!(used <= 8, "64 concurrent writes used {used} fsyncs");
+    });
+}
+
+#[test]
+fn unsynced_writes_and_barrier() {
+    block_on(async {
+        let dev = FaultDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let a = ObjectId::new(8, 0);
+        s.write(a, 1, 0, pattern(1, 64 << 10)).await.unwrap();
+        let syncs = dev.sync_count();
+        s.write_unsynced(a, 2, 0, pattern(2, 4096)).await.unwrap();
+        assert_eq!(dev.sync_count(), syncs, "an unsynced write does not fsync");
+        assert_eq!(
+            &s.read(a, 0, 4096).await.unwrap()[..],
+            &pattern(2, 4096)[..]
+        );
+        s.sync().await.unwrap();
+        assert_eq!(dev.sync_count(), syncs + 1);
+        s.sync().await.unwrap();
+        assert_eq!(dev.sync_count(), syncs + 1, "nothing new to make durable");
+        let (dev2, _) = dev.power_cut(1);
+        let (s2, _) = Store::open(dev2, StoreOptions::default()).await.unwrap();
+        assert_eq!(
+            &s2.read(a, 0, 4096).await.unwrap()[..],
+            &pattern(2, 4096)[..]
+        );
+    });
+}
+
+#[test]
+fn immediate_commit_never_fsyncs() {
+    block_on(async {
+        let dev = FaultDev::new(64 * MIB, 512);
+        Store::format(&dev, &fmt(64 << 10)).await.unwrap();
+        let opts = StoreOptions {
+            immediate_commit: true,
+            ..StoreOptions::default()
+        };
+        let (s, _) = Store::open(dev.clone(), opts).await.unwrap();
+        let syncs = dev.sync_count();
+        for i in 0..50 {
+            s.write(ObjectId::new(9, i), 1, 0, pattern(1, 8192))
+                .await
+                .unwrap();
+            s.write(ObjectId::new(9, i), 2, 0, pattern(2, 4096))
+                .await
+                .unwrap();
+        }
+        s.checkpoint().await.unwrap();
+        assert_eq!(dev.sync_count(), syncs);
+    });
+}
