@@ -25,13 +25,22 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
+use crate::format::RecordKind;
 use crate::format::{
     page_crc, CheckpointHeader, Geometry, PageMeta, CKPT_MAGIC, FORMAT_VERSION, PAGE_BYTES,
 };
+use crate::index::Overlay;
+use crate::journal::Record;
 use crate::store::Inner;
+use crate::store::Queued;
+use nacre_io::sync::oneshot;
 
-/// Table-page writes in flight at once during a checkpoint.
+/// Table-page and fold writes in flight at once during a checkpoint.
 const PAGE_WRITES_INFLIGHT_MAX: usize = 64;
+/// Objects, and bytes of new chunk content, planned before one group of
+/// folds is journaled and written.
+const FOLD_GROUP_OBJECTS_MAX: usize = 256;
+const FOLD_GROUP_BYTES_MAX: usize = 16 << 20;
 /// XOR-ed into the checksum of a chunk whose old content failed its check
 /// while an overlay was folded into part of it: the chunk keeps failing
 /// reads instead of getting a fresh checksum over damaged bytes.
@@ -56,6 +65,7 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
             inner.fail(format!("checkpoint: {e}"));
         }
         inner.ckpt_done.notify();
+        inner.journal_kick.notify();
     }
 }
 
@@ -122,9 +132,10 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         let fold: Vec<ObjectId> = st.index.pending.keys().copied().collect();
         (st.completed, st.alloc.take_deferred(), fold)
     };
-    for oid in to_fold {
-        fold_object(inner, oid, j).await?;
-    }
+    // Folding rewrites blocks that full-block records before J point at;
+    // replay must know those records are durable and not check their blocks.
+    inner.sync_barrier(true).await?;
+    fold_all(inner, to_fold, j).await?;
     // Merge checksum changes into their pages (loading pages as needed).
     let blocks = inner.st.borrow().csum.delta_blocks();
     for b in blocks {
@@ -209,30 +220,75 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     Ok(())
 }
 
-/// Writes the overlays of `oid` from before `j` into its block.
-async fn fold_object<D: BlockDev + 'static>(
+/// Which overlays of an object a fold takes.
+#[derive(Clone, Copy)]
+pub(crate) enum Bound {
+    /// Journal data before this position (a live checkpoint).
+    Before(u64),
+    /// Versions up to this one (redoing a fold found at replay).
+    UpTo(u64),
+}
+
+impl Bound {
+    fn takes(self, o: &Overlay) -> bool {
+        match self {
+            Bound::Before(j) => o.data_pos < j,
+            Bound::UpTo(v) => o.version <= v,
+        }
+    }
+}
+
+/// A computed fold: the new content of an object's dirty chunks.
+pub(crate) struct FoldPlan {
+    oid: ObjectId,
+    block: u32,
+    top: u64,
+    bound: Bound,
+    /// (device offset, bytes) of each run of dirty chunks.
+    runs: Vec<(u64, AlignedBuf)>,
+    csums: Vec<u32>,
+    /// (chunk, crc32c) of every changed chunk, for the Fold record.
+    pairs: Vec<u32>,
+}
+
+impl FoldPlan {
+    fn bytes(&self) -> usize {
+        self.runs.iter().map(|(_, b)| b.len()).sum()
+    }
+}
+
+/// Computes the fold of `oid`'s overlays within `bound`: reads what it
+/// needs and checks it, touching nothing on disk.
+///
+/// A chunk only partly covered by overlays keeps its other sectors. Its old
+/// bytes must match the chunk's checksum — either as read (not folded yet)
+/// or with the overlays laid over them (already folded, or torn half-way:
+/// sectors outside the overlays are the same before and after, so the
+/// patched chunk is the folded one in every case). A chunk that matches
+/// neither is damaged and gets a poisoned checksum, so it keeps failing
+/// reads instead of being blessed with a fresh one.
+pub(crate) async fn plan_fold<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
     oid: ObjectId,
-    j: u64,
-) -> Result<()> {
+    bound: Bound,
+) -> Result<Option<FoldPlan>> {
     let g = &inner.g;
     let (block, ovs) = {
         let st = inner.st.borrow();
         let (Some(p), Some(b)) = (st.index.pending.get(&oid), st.index.block_of(&oid)) else {
-            return Ok(());
+            return Ok(None);
         };
-        let ovs: Vec<_> = p
+        let ovs: Vec<Overlay> = p
             .overlays
             .iter()
-            .filter(|o| o.data_pos < j)
+            .filter(|o| bound.takes(o))
             .cloned()
             .collect();
         (b, ovs)
     };
     if ovs.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
-    // Everything that can fail a check is read before the block is touched.
     let mut datas = Vec::with_capacity(ovs.len());
     for o in &ovs {
         datas.push(inner.read_overlay(o, 0, o.len).await?.0);
@@ -247,75 +303,191 @@ async fn fold_object<D: BlockDev + 'static>(
     }
     let nchunks = csums.len();
     let dirty = |c: usize| covered[c * spc..(c + 1) * spc].iter().any(|&x| x);
-    // Readers of this object wait while its block changes under them.
-    inner.st.borrow_mut().flushing = Some(oid);
-    inner.bump_epoch();
-    let result = async {
-        let mut c = 0;
-        while c < nchunks {
-            if !dirty(c) {
-                c += 1;
-                continue;
-            }
-            let c0 = c;
-            while c < nchunks && dirty(c) {
-                c += 1;
-            }
-            let (off, len) = (c0 * chunk, (c - c0) * chunk);
-            let whole = covered[c0 * spc..c * spc].iter().all(|&x| x);
-            let mut buf = if whole {
-                AlignedBuf::new(len)
-            } else {
-                let pos = g.block_offset(block) + off as u64;
-                inner.dev.read_at(AlignedBuf::new(len), pos).await?
-            };
-            let mut poisoned = vec![false; c - c0];
-            if !whole {
-                for (i, p) in poisoned.iter_mut().enumerate() {
-                    let cc = c0 + i;
-                    let full = covered[cc * spc..(cc + 1) * spc].iter().all(|&x| x);
-                    *p = !full && crc32c::crc32c(&buf[i * chunk..(i + 1) * chunk]) != csums[cc];
-                }
-            }
-            for (o, d) in ovs.iter().zip(&datas) {
-                let (o0, o1) = (o.offset as usize, (o.offset + o.len) as usize);
-                let (r0, r1) = (o0.max(off), o1.min(off + len));
-                if r0 < r1 {
-                    buf[r0 - off..r1 - off].copy_from_slice(&d[r0 - o0..r1 - o0]);
-                }
-            }
-            for (i, &p) in poisoned.iter().enumerate() {
-                let crc = crc32c::crc32c(&buf[i * chunk..(i + 1) * chunk]);
-                csums[c0 + i] = if p { crc ^ POISON } else { crc };
-            }
-            if poisoned.iter().any(|&p| p) {
-                tracing::error!("object {oid}: block {block} had damaged chunks under a partial overwrite; they stay unreadable");
-            }
-            inner.dev.write_at(buf, g.block_offset(block) + off as u64).await?;
+    let full = |c: usize| covered[c * spc..(c + 1) * spc].iter().all(|&x| x);
+    let mut runs = Vec::new();
+    let mut pairs = Vec::new();
+    let mut c = 0;
+    while c < nchunks {
+        if !dirty(c) {
+            c += 1;
+            continue;
         }
-        Ok::<(), Error>(())
+        let c0 = c;
+        while c < nchunks && dirty(c) {
+            c += 1;
+        }
+        let (off, len) = (c0 * chunk, (c - c0) * chunk);
+        let pos = g.block_offset(block) + off as u64;
+        let mut buf = if (c0..c).all(full) {
+            AlignedBuf::new(len)
+        } else {
+            inner.dev.read_at(AlignedBuf::new(len), pos).await?
+        };
+        let raw_ok: Vec<bool> = (c0..c)
+            .map(|cc| {
+                full(cc)
+                    || crc32c::crc32c(&buf[(cc - c0) * chunk..(cc - c0 + 1) * chunk]) == csums[cc]
+            })
+            .collect();
+        for (o, d) in ovs.iter().zip(&datas) {
+            let (o0, o1) = (o.offset as usize, (o.offset + o.len) as usize);
+            let (r0, r1) = (o0.max(off), o1.min(off + len));
+            if r0 < r1 {
+                buf[r0 - off..r1 - off].copy_from_slice(&d[r0 - o0..r1 - o0]);
+            }
+        }
+        for cc in c0..c {
+            let crc = crc32c::crc32c(&buf[(cc - c0) * chunk..(cc - c0 + 1) * chunk]);
+            let ok = raw_ok[cc - c0] || crc == csums[cc];
+            if !ok {
+                tracing::error!("object {oid}: block {block} chunk {cc} was damaged under a partial overwrite; it stays unreadable");
+            }
+            csums[cc] = if ok { crc } else { crc ^ POISON };
+            pairs.extend_from_slice(&[cc as u32, csums[cc]]);
+        }
+        runs.push((pos, buf));
     }
-    .await;
+    let top = ovs.iter().map(|o| o.version).max().expect("non-empty");
+    Ok(Some(FoldPlan {
+        oid,
+        block,
+        top,
+        bound,
+        runs,
+        csums,
+        pairs,
+    }))
+}
+
+/// Writes planned folds in place and records them in the index. Readers of
+/// these objects wait meanwhile (their blocks change under them).
+pub(crate) async fn apply_folds<D: BlockDev + 'static>(
+    inner: &Rc<Inner<D>>,
+    plans: Vec<FoldPlan>,
+) -> Result<()> {
+    {
+        let mut st = inner.st.borrow_mut();
+        st.flushing.extend(plans.iter().map(|p| p.oid));
+    }
+    inner.bump_epoch();
+    let mut plans = plans;
+    let writes: Vec<(u64, AlignedBuf)> = plans
+        .iter_mut()
+        .flat_map(|p| std::mem::take(&mut p.runs))
+        .collect();
+    let result = write_pages(inner, writes).await;
     let mut st = inner.st.borrow_mut();
     if result.is_ok() {
-        st.csum.set(block, csums.into_boxed_slice());
-        let top = ovs.iter().map(|o| o.version).max().expect("non-empty");
-        if let Some(p) = st.index.pending.get_mut(&oid) {
-            p.overlays.retain(|o| o.data_pos >= j);
-            if p.overlays.is_empty() {
-                st.index.pending.remove(&oid);
+        for p in plans {
+            st.csum.set(p.block, p.csums.into_boxed_slice());
+            let n_before = st.index.pending.get(&p.oid).map_or(0, |x| x.overlays.len());
+            if let Some(pend) = st.index.pending.get_mut(&p.oid) {
+                pend.overlays.retain(|o| !p.bound.takes(o));
+                if pend.overlays.is_empty() {
+                    st.index.pending.remove(&p.oid);
+                }
             }
+            let n_after = st.index.pending.get(&p.oid).map_or(0, |x| x.overlays.len());
+            if st.index.block_of(&p.oid) == Some(p.block)
+                && st.index.blocks[p.block as usize].version.get() < p.top
+            {
+                st.index.set_version(p.block, p.top);
+            }
+            st.stats.flushed_overlays += (n_before - n_after) as u64;
         }
-        if st.index.block_of(&oid) == Some(block)
-            && st.index.blocks[block as usize].version.get() < top
-        {
-            st.index.set_version(block, top);
-        }
-        st.stats.flushed_overlays += ovs.len() as u64;
     }
-    st.flushing = None;
+    st.flushing.clear();
     drop(st);
     inner.bump_epoch();
     inner.flush_done.notify();
     result
+}
+
+/// Folds every object's overlays before `j`, journaling each group of folds
+/// (durably) before writing it in place.
+async fn fold_all<D: BlockDev + 'static>(
+    inner: &Rc<Inner<D>>,
+    oids: Vec<ObjectId>,
+    j: u64,
+) -> Result<()> {
+    let mut oids = oids.into_iter().peekable();
+    while oids.peek().is_some() {
+        let mut plans = Vec::new();
+        let mut bytes = 0;
+        for oid in oids.by_ref() {
+            if let Some(p) = plan_fold(inner, oid, Bound::Before(j)).await? {
+                bytes += p.bytes();
+                plans.push(p);
+            }
+            if plans.len() >= FOLD_GROUP_OBJECTS_MAX || bytes >= FOLD_GROUP_BYTES_MAX {
+                break;
+            }
+        }
+        if plans.is_empty() {
+            continue;
+        }
+        let mut acks = Vec::with_capacity(plans.len());
+        for p in &plans {
+            let (tx, rx) = oneshot();
+            inner.enqueue(Queued {
+                rec: Record {
+                    kind: RecordKind::Fold,
+                    oid: p.oid,
+                    version: p.top,
+                    offset: 0,
+                    len: 0,
+                    block: p.block,
+                    csums: p.pairs.clone(),
+                    data_pos: 0,
+                },
+                data: None,
+                data_done: None,
+                durable: true,
+                checkpoint: true,
+                done: tx,
+            });
+            acks.push(rx);
+        }
+        for rx in acks {
+            rx.await
+                .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))?;
+        }
+        apply_folds(inner, plans).await?;
+    }
+    Ok(())
+}
+
+/// Redoes the folds replay found in the journal (their in-place writes may
+/// be missing or torn), before the store serves anything.
+pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<()> {
+    let folds = std::mem::take(&mut inner.st.borrow_mut().replay_folds);
+    let mut last: Vec<(ObjectId, u64)> = Vec::new();
+    for f in folds {
+        if inner.st.borrow().index.block_of(&f.oid) != Some(f.block) {
+            continue;
+        }
+        let mut cs = inner.block_csums(f.block).await?;
+        for p in f.pairs.chunks_exact(2) {
+            cs[p[0] as usize] = p[1];
+        }
+        inner
+            .st
+            .borrow_mut()
+            .csum
+            .set(f.block, cs.into_boxed_slice());
+        match last.iter_mut().find(|(o, _)| *o == f.oid) {
+            Some(e) => e.1 = e.1.max(f.version),
+            None => last.push((f.oid, f.version)),
+        }
+    }
+    let mut plans = Vec::new();
+    for (oid, v) in last {
+        if let Some(p) = plan_fold(inner, oid, Bound::UpTo(v)).await? {
+            plans.push(p);
+        }
+    }
+    if !plans.is_empty() {
+        apply_folds(inner, plans).await?;
+    }
+    Ok(())
 }

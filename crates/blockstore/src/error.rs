@@ -29,6 +29,9 @@ pub enum Error {
     DeviceTooSmall { have: u64, need: u64 },
     #[error("store stopped after an I/O error and accepts no more writes: {0}")]
     Failed(String),
+    /// Internal: the journal has no room for a batch until a checkpoint.
+    #[error("journal full")]
+    JournalFull,
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }

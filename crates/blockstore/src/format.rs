@@ -36,7 +36,7 @@ pub const CSUMS_PER_PAGE: u32 = 1024;
 pub const PAGE_NEVER_WRITTEN: u32 = 0;
 
 /// Smallest journal that still fits a few full batches.
-pub const JOURNAL_BYTES_MIN: u64 = 4 << 20;
+pub const JOURNAL_BYTES_MIN: u64 = 2 << 20;
 pub const JOURNAL_BYTES_MAX: u64 = 16 << 30;
 /// Fewest data blocks a store may have.
 pub const DATA_BLOCKS_MIN: u64 = 16;
@@ -163,6 +163,10 @@ pub enum RecordKind {
     /// A whole block written to a fresh data block (`location`).
     Big = 2,
     Delete = 3,
+    /// The checkpointer is about to fold the object's overlays up to
+    /// `version` into block `location`; the checksum list holds
+    /// (chunk index, new crc32c) pairs of the chunks that change.
+    Fold = 4,
 }
 
 impl RecordKind {
@@ -171,6 +175,7 @@ impl RecordKind {
             1 => Some(RecordKind::Small),
             2 => Some(RecordKind::Big),
             3 => Some(RecordKind::Delete),
+            4 => Some(RecordKind::Fold),
             _ => None,
         }
     }

@@ -36,6 +36,7 @@ impl Hasher for OidHasher {
 }
 
 pub type OidMap<V> = HashMap<ObjectId, V, BuildHasherDefault<OidHasher>>;
+pub type OidSet = std::collections::HashSet<ObjectId, BuildHasherDefault<OidHasher>>;
 
 fn hash_oid(oid: &ObjectId) -> u64 {
     let mut h = OidHasher::default();

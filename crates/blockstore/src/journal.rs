@@ -25,7 +25,7 @@ use crate::format::{
 const HDR_BYTES: usize = std::mem::size_of::<BatchHeader>();
 const REC_BYTES: usize = std::mem::size_of::<RecordHeader>();
 /// Record-header region of one batch, at most.
-pub const BATCH_HDR_BYTES_MAX: u64 = 256 << 10;
+pub const BATCH_HDR_BYTES_MAX: u64 = 64 << 10;
 /// Small-write data in one batch, at most (unless one write is bigger):
 /// 128 queued 4 KiB writes fit in one batch.
 pub const BATCH_DATA_BYTES_MAX: u64 = 512 << 10;
@@ -54,7 +54,8 @@ pub struct Record {
     pub len: u32,
     /// Big: the data block holding the new content.
     pub block: u32,
-    /// Small: crc32c per 4 KiB of the data; Big: the block's checksums.
+    /// Small: crc32c per 4 KiB of the data; Big: the block's checksums;
+    /// Fold: (chunk index, new crc32c) pairs.
     pub csums: Vec<u32>,
     /// Small: logical journal position of the data (set when encoded or parsed).
     pub data_pos: u64,
@@ -106,7 +107,7 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
                 data_off += pad(r.len as usize, sector);
                 l
             }
-            RecordKind::Big => r.block,
+            RecordKind::Big | RecordKind::Fold => r.block,
             RecordKind::Delete => 0,
         };
         let rh = RecordHeader {
@@ -292,6 +293,15 @@ pub fn parse_batch(
                 offset == 0 && len == block_bytes && ncsum == spb as usize && loc < nblocks
             }
             RecordKind::Delete => len == 0 && ncsum == 0 && offset == 0,
+            RecordKind::Fold => {
+                len == 0
+                    && offset == 0
+                    && loc < nblocks
+                    && ncsum >= 2
+                    && ncsum % 2 == 0
+                    && ncsum <= 2 * spb as usize
+                    && csums.chunks_exact(2).all(|p| p[0] < spb)
+            }
         };
         if !valid || rh.version.get() == 0 {
             return Err(damaged("record fields out of range"));
@@ -308,7 +318,11 @@ pub fn parse_batch(
             version: rh.version.get(),
             offset,
             len,
-            block: if kind == RecordKind::Big { loc } else { 0 },
+            block: if matches!(kind, RecordKind::Big | RecordKind::Fold) {
+                loc
+            } else {
+                0
+            },
             csums,
             data_pos: if kind == RecordKind::Small {
                 pos + u64::from(loc)

@@ -33,7 +33,7 @@ impl<D: BlockDev + 'static> Inner<D> {
             let epoch = self.epoch.get();
             let plan = {
                 let st = self.st.borrow();
-                if st.flushing == Some(oid) {
+                if st.flushing.contains(&oid) {
                     None
                 } else {
                     let block = st.index.block_of(&oid).ok_or(Error::NotFound(oid))?;

@@ -136,7 +136,18 @@ pub(crate) struct Queued {
     pub data: Option<AlignedBuf>,
     pub data_done: Option<Receiver<std::io::Result<()>>>,
     pub durable: bool,
+    /// Written for the checkpointer (not an admitted client op); may use
+    /// the journal space kept back from client writes.
+    pub checkpoint: bool,
     pub done: Sender<Result<()>>,
+}
+
+/// A fold found in the journal at replay: redone before the store opens.
+pub(crate) struct ReplayFold {
+    pub oid: ObjectId,
+    pub block: u32,
+    pub version: u64,
+    pub pairs: Vec<u32>,
 }
 
 /// Ops admitted on one object and not yet applied.
@@ -162,6 +173,8 @@ pub(crate) struct State {
     pub csum: CsumTable,
     pub obj_metas: Vec<PageMeta>,
     pub queue: VecDeque<Queued>,
+    /// Records of the checkpointer, written before any client record.
+    pub ckpt_queue: VecDeque<Queued>,
     pub inflight: OidMap<Inflight>,
     /// Next logical journal position to write.
     pub head: u64,
@@ -174,15 +187,22 @@ pub(crate) struct State {
     pub synced_upto: u64,
     /// Batches were completed without an fsync since the last one.
     pub unsynced: bool,
-    pub sync_waiters: Vec<Sender<Result<()>>>,
+    /// The `synced_upto` carried by the newest batch header on disk: what
+    /// replay will know is durable.
+    pub recorded_synced: u64,
+    /// Sync barriers waiting; `true` asks for a durable header recording the
+    /// sync (a marker), which the checkpointer needs before folding.
+    pub sync_waiters: Vec<(Sender<Result<()>>, bool)>,
     pub ckpt_seq: u64,
     pub ckpt_slot: u32,
     pub ckpt_wanted: bool,
     pub failed: Option<String>,
     pub closing: bool,
-    /// The object whose block the checkpointer is rewriting in place;
-    /// reads of it wait for `flush_done`.
-    pub flushing: Option<ObjectId>,
+    /// Objects whose blocks the checkpointer is rewriting in place; reads
+    /// of them wait for `flush_done`.
+    pub flushing: crate::index::OidSet,
+    /// Folds met during replay, in journal order (empty once open).
+    pub replay_folds: Vec<ReplayFold>,
     pub stats: Stats,
 }
 
@@ -234,6 +254,12 @@ impl<D: BlockDev + 'static> Store<D> {
         let inner = Rc::new(inner);
         rt::spawn(crate::writer::journal_task(inner.clone()));
         rt::spawn(crate::checkpoint::checkpoint_task(inner.clone()));
+        // Replay made everything it applied durable; a header must say so
+        // before any block it freed is reused or any fold rewrites a block
+        // (else a later replay would check old full-block records against
+        // the new content and stop there).
+        inner.sync_barrier(true).await?;
+        crate::checkpoint::redo_replay_folds(&inner).await?;
         Ok((Store(inner), report))
     }
 
@@ -339,6 +365,9 @@ impl<D: BlockDev + 'static> Store<D> {
     /// Stops accepting writes, finishes queued ones, takes a final
     /// checkpoint (so the next open replays nothing) and stops the tasks.
     pub async fn close(self) -> Result<()> {
+        // The first checkpoint folds and journals its folds; the second
+        // trims those records too.
+        self.0.request_checkpoint_and_wait().await?;
         self.0.request_checkpoint_and_wait().await?;
         self.0.st.borrow_mut().closing = true;
         self.0.journal_kick.notify();
@@ -370,6 +399,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         drop(st);
         self.applied.notify();
         self.ckpt_done.notify();
+        self.journal_kick.notify();
     }
 
     pub(crate) fn bump_epoch(&self) {
@@ -482,12 +512,18 @@ impl<D: BlockDev + 'static> Inner<D> {
         self.applied.notify();
     }
 
-    fn enqueue(&self, q: Queued) {
+    pub(crate) fn enqueue(&self, q: Queued) {
         let mut st = self.st.borrow_mut();
-        if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
-            f.preparing -= 1;
+        if !q.checkpoint {
+            if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
+                f.preparing -= 1;
+            }
         }
-        st.queue.push_back(q);
+        if q.checkpoint {
+            st.ckpt_queue.push_back(q);
+        } else {
+            st.queue.push_back(q);
+        }
         drop(st);
         self.journal_kick.notify();
         self.applied.notify();
@@ -549,6 +585,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                 data: None,
                 data_done: Some(drx),
                 durable,
+                checkpoint: false,
                 done: tx,
             });
         } else {
@@ -568,6 +605,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                 data: Some(data),
                 data_done: None,
                 durable,
+                checkpoint: false,
                 done: tx,
             });
         }
@@ -601,6 +639,7 @@ impl<D: BlockDev + 'static> Inner<D> {
             data: None,
             data_done: None,
             durable: true,
+            checkpoint: false,
             done: tx,
         });
         rx.await
@@ -608,9 +647,18 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     pub(crate) async fn sync(&self) -> Result<()> {
-        self.check_writable()?;
+        self.sync_barrier(false).await
+    }
+
+    /// Makes everything applied so far durable, and, with `marker`, makes a
+    /// journal header on disk say so (replay then skips checking the data
+    /// blocks of those records, which folding may change).
+    pub(crate) async fn sync_barrier(&self, marker: bool) -> Result<()> {
+        if let Some(why) = &self.st.borrow().failed {
+            return Err(Error::Failed(why.clone()));
+        }
         let (tx, rx) = oneshot();
-        self.st.borrow_mut().sync_waiters.push(tx);
+        self.st.borrow_mut().sync_waiters.push((tx, marker));
         self.journal_kick.notify();
         rx.await
             .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))

@@ -26,6 +26,19 @@ fn pad(v: u64, to: u64) -> u64 {
 /// Applies one record to the index. During replay nothing is freed (the
 /// allocator is rebuilt from the index afterwards).
 pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
+    if rec.kind == RecordKind::Fold {
+        // Live, the checkpointer applies its own folds; at replay they are
+        // redone once the journal is read.
+        if replay && st.index.block_of(&rec.oid) == Some(rec.block) {
+            st.replay_folds.push(crate::store::ReplayFold {
+                oid: rec.oid,
+                block: rec.block,
+                version: rec.version,
+                pairs: rec.csums.clone(),
+            });
+        }
+        return;
+    }
     let cur = st.index.version(&rec.oid);
     if cur.is_some_and(|c| rec.version < c) {
         if !replay && rec.kind == RecordKind::Big {
@@ -52,6 +65,10 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
             });
         }
         RecordKind::Big => {
+            // Folds met earlier were for the content this write replaces.
+            if replay {
+                st.replay_folds.retain(|f| f.oid != rec.oid);
+            }
             let old = st.index.clear_block(&rec.oid);
             if replay && !st.index.blocks[rec.block as usize].is_free() {
                 // A stale table entry from a fuzzy checkpoint: the journal
@@ -73,9 +90,13 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
                 }
             }
         }
+        RecordKind::Fold => unreachable!("handled above"),
         RecordKind::Delete => {
             if cur.is_none() {
                 return;
+            }
+            if replay {
+                st.replay_folds.retain(|f| f.oid != rec.oid);
             }
             let old = st.index.clear_block(&rec.oid);
             st.index.pending.remove(&rec.oid);
@@ -86,13 +107,20 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
     }
 }
 
-/// Spawns nothing itself: takes the next batch off the queue.
-fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> Vec<Queued> {
+/// Takes the next batch: checkpoint records first (never mixed with client
+/// writes, so they can use the reserved journal space), else client writes.
+fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> (Vec<Queued>, bool) {
+    let exempt = !st.ckpt_queue.is_empty();
+    let queue = if exempt {
+        &mut st.ckpt_queue
+    } else {
+        &mut st.queue
+    };
     let max_total = batch_bytes_max(block_bytes);
     let mut hdr = std::mem::size_of::<crate::format::BatchHeader>() as u64;
     let mut data = 0u64;
     let mut out = Vec::new();
-    while let Some(q) = st.queue.front() {
+    while let Some(q) = queue.front() {
         let h = 48 + 4 * q.rec.csums.len() as u64;
         let d = if q.rec.kind == RecordKind::Small {
             pad(u64::from(q.rec.len), sector)
@@ -107,21 +135,24 @@ fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> Vec<Queued> {
         }
         hdr += h;
         data += d;
-        out.push(st.queue.pop_front().expect("front exists"));
+        out.push(queue.pop_front().expect("front exists"));
     }
-    out
+    (out, exempt)
 }
 
 pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
     loop {
-        let (mut batch, waiters) = loop {
+        let (mut batch, exempt, waiters) = loop {
             {
                 let mut st = inner.st.borrow_mut();
-                if !st.queue.is_empty() || !st.sync_waiters.is_empty() {
+                let work = !st.queue.is_empty()
+                    || !st.ckpt_queue.is_empty()
+                    || !st.sync_waiters.is_empty();
+                if work {
                     let sector = u64::from(inner.g.sector_bytes);
-                    let b = take_batch(&mut st, inner.g.block_bytes, sector);
+                    let (b, exempt) = take_batch(&mut st, inner.g.block_bytes, sector);
                     let w = std::mem::take(&mut st.sync_waiters);
-                    break (b, w);
+                    break (b, exempt, w);
                 }
                 if st.closing {
                     return;
@@ -129,16 +160,39 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
             }
             inner.journal_kick.wait().await;
         };
-        let result = write_batch(&inner, &mut batch, !waiters.is_empty()).await;
+        let mut result = write_batch(&inner, &mut batch, exempt, !waiters.is_empty(), false).await;
+        if let Err(Error::JournalFull) = result {
+            // Put everything back and wait for a checkpoint to trim the
+            // journal; checkpoint records jump the queue meanwhile.
+            let mut st = inner.st.borrow_mut();
+            for q in batch.into_iter().rev() {
+                st.queue.push_front(q);
+            }
+            let mut w = waiters;
+            w.append(&mut st.sync_waiters);
+            st.sync_waiters = w;
+            st.ckpt_wanted = true;
+            drop(st);
+            inner.ckpt_kick.notify();
+            inner.journal_kick.wait().await;
+            continue;
+        }
+        if result.is_ok() && waiters.iter().any(|(_, marker)| *marker) {
+            result = write_marker(&inner).await;
+        }
         finish_batch(&inner, batch, waiters, result);
     }
 }
 
-/// Writes, waits for, and fsyncs one batch; applies it on success.
+/// Writes, waits for, and fsyncs one batch; applies it on success. An
+/// empty batch is written only as a `marker` (a header recording the sync).
+/// `Err(JournalFull)` means nothing was written: the batch must wait.
 async fn write_batch<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
     batch: &mut [Queued],
+    exempt: bool,
     sync_asked: bool,
+    marker: bool,
 ) -> Result<()> {
     if let Some(why) = &inner.st.borrow().failed {
         return Err(Error::Failed(why.clone()));
@@ -146,7 +200,8 @@ async fn write_batch<D: BlockDev + 'static>(
     let g = &inner.g;
     let sector = u64::from(g.sector_bytes);
     let wants_durable = sync_asked || batch.iter().any(|q| q.durable);
-    if !batch.is_empty() {
+    let writes = !batch.is_empty() || marker;
+    if writes {
         let refs: Vec<&Record> = batch.iter().map(|q| &q.rec).collect();
         let data_bytes: u64 = refs
             .iter()
@@ -154,7 +209,15 @@ async fn write_batch<D: BlockDev + 'static>(
             .map(|r| pad(u64::from(r.len), sector))
             .sum();
         let total = pad(journal::header_bytes(&refs) as u64, sector) + data_bytes;
-        let pos = reserve_journal(inner, total).await?;
+        let Some(pos) = reserve_journal(inner, total, exempt || marker).await? else {
+            if exempt || marker {
+                inner.fail("journal too full for checkpoint records".into());
+                return Err(Error::Failed(
+                    "journal too full for checkpoint records".into(),
+                ));
+            }
+            return Err(Error::JournalFull);
+        };
         let (gen, synced_upto, uuid_lo) = {
             let st = inner.st.borrow();
             (
@@ -209,10 +272,11 @@ async fn write_batch<D: BlockDev + 'static>(
         }
         let mut st = inner.st.borrow_mut();
         st.head = pos + total;
+        st.recorded_synced = st.recorded_synced.max(synced_upto);
         st.stats.batches += 1;
         st.stats.records += batch.len() as u64;
     }
-    let needs_fsync = wants_durable && (inner.st.borrow().unsynced || !batch.is_empty());
+    let needs_fsync = wants_durable && (inner.st.borrow().unsynced || writes);
     if needs_fsync && !inner.opts.immediate_commit {
         if let Err(e) = inner.dev.sync().await {
             inner.fail(format!("journal fsync: {e}"));
@@ -224,7 +288,7 @@ async fn write_batch<D: BlockDev + 'static>(
     if wants_durable || inner.opts.immediate_commit {
         st.synced_upto = st.head;
         st.unsynced = false;
-    } else if !batch.is_empty() {
+    } else if writes {
         st.unsynced = true;
     }
     for q in batch.iter() {
@@ -234,61 +298,81 @@ async fn write_batch<D: BlockDev + 'static>(
     Ok(())
 }
 
-/// Finds room for `total` bytes at the journal head (writing a wrap marker
-/// if the batch would cross the ring's end); waits for checkpoints to free
-/// room. Returns the batch's logical position.
-async fn reserve_journal<D: BlockDev + 'static>(inner: &Rc<Inner<D>>, total: u64) -> Result<u64> {
-    let g = &inner.g;
-    loop {
-        let (head, tail, gen, synced) = {
-            let st = inner.st.borrow();
-            if let Some(why) = &st.failed {
-                return Err(Error::Failed(why.clone()));
-            }
-            (st.head, st.tail, st.gen, st.synced_upto)
-        };
-        let lap_left = g.journal_bytes - head % g.journal_bytes;
-        let need = if total > lap_left {
-            lap_left + total
-        } else {
-            total
-        };
-        if head + need - tail <= g.journal_bytes {
-            if total > lap_left {
-                let id = BatchId {
-                    pos: head,
-                    gen,
-                    synced_upto: synced,
-                    uuid_lo: u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
-                };
-                let marker = journal::encode_wrap(id, g.sector_bytes);
-                if let Err(e) = inner
-                    .dev
-                    .write_at(marker, g.journal_offset + head % g.journal_bytes)
-                    .await
-                {
-                    inner.fail(format!("journal wrap marker: {e}"));
-                    return Err(Error::Failed(e.to_string()));
-                }
-                let mut st = inner.st.borrow_mut();
-                st.head = head + lap_left;
-                return Ok(st.head);
-            }
-            return Ok(head);
-        }
-        inner.request_checkpoint_and_wait().await?;
+/// Writes an empty batch whose header records `synced_upto`, if the newest
+/// header on disk records less, and makes it durable.
+async fn write_marker<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<()> {
+    let (synced, recorded) = {
+        let st = inner.st.borrow();
+        (st.synced_upto, st.recorded_synced)
+    };
+    if recorded >= synced {
+        return Ok(());
     }
+    write_batch(inner, &mut [], true, true, true).await
+}
+
+/// Finds room for `total` bytes at the journal head (writing a wrap marker
+/// if the batch would cross the ring's end). Returns the batch's logical
+/// position, or `None` when the journal is too full.
+async fn reserve_journal<D: BlockDev + 'static>(
+    inner: &Rc<Inner<D>>,
+    total: u64,
+    exempt: bool,
+) -> Result<Option<u64>> {
+    let g = &inner.g;
+    // Client writes leave a fifth of the ring (at least two batches) to the
+    // checkpointer, whose fold records must always fit: they are far
+    // smaller than the writes they fold, so the reserve never runs out.
+    let limit = if exempt {
+        g.journal_bytes
+    } else {
+        g.journal_bytes - (g.journal_bytes / 5).max(2 * batch_bytes_max(g.block_bytes))
+    };
+    let (head, tail, gen, synced) = {
+        let st = inner.st.borrow();
+        (st.head, st.tail, st.gen, st.synced_upto)
+    };
+    let lap_left = g.journal_bytes - head % g.journal_bytes;
+    let need = if total > lap_left {
+        lap_left + total
+    } else {
+        total
+    };
+    if head + need - tail > limit {
+        return Ok(None);
+    }
+    if total <= lap_left {
+        return Ok(Some(head));
+    }
+    let id = BatchId {
+        pos: head,
+        gen,
+        synced_upto: synced,
+        uuid_lo: u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
+    };
+    let marker = journal::encode_wrap(id, g.sector_bytes);
+    if let Err(e) = inner
+        .dev
+        .write_at(marker, g.journal_offset + head % g.journal_bytes)
+        .await
+    {
+        inner.fail(format!("journal wrap marker: {e}"));
+        return Err(Error::Failed(e.to_string()));
+    }
+    let mut st = inner.st.borrow_mut();
+    st.head = head + lap_left;
+    Ok(Some(st.head))
 }
 
 fn finish_batch<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
     batch: Vec<Queued>,
-    waiters: Vec<nacre_io::sync::Sender<Result<()>>>,
+    waiters: Vec<(nacre_io::sync::Sender<Result<()>>, bool)>,
     result: Result<()>,
 ) {
     {
         let mut st = inner.st.borrow_mut();
-        for q in &batch {
+        for q in batch.iter().filter(|q| !q.checkpoint) {
             if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
                 f.count -= 1;
                 if f.count == 0 {
@@ -309,7 +393,7 @@ fn finish_batch<D: BlockDev + 'static>(
             Err(e) => Err(err(e)),
         });
     }
-    for w in waiters {
+    for (w, _) in waiters {
         w.send(match &result {
             Ok(()) => Ok(()),
             Err(e) => Err(err(e)),

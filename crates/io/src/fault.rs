@@ -33,6 +33,7 @@ struct State {
     unsynced: RefCell<Vec<(u64, Vec<u8>)>>,
     eio: RefCell<Vec<EioRange>>,
     latency: Cell<Option<Duration>>,
+    yields: Cell<u32>,
     dead: Cell<bool>,
     align: u32,
     syncs: Cell<u64>,
@@ -78,6 +79,7 @@ impl FaultDev {
             unsynced: RefCell::new(Vec::new()),
             eio: RefCell::new(Vec::new()),
             latency: Cell::new(None),
+            yields: Cell::new(0),
             dead: Cell::new(false),
             align,
             syncs: Cell::new(0),
@@ -131,6 +133,12 @@ impl FaultDev {
         self.0.latency.set(d);
     }
 
+    /// Makes every op give way to other tasks `n` times before it runs:
+    /// concurrent ops interleave, deterministically and without wall time.
+    pub fn set_yields(&self, n: u32) {
+        self.0.yields.set(n);
+    }
+
     /// XORs `mask` into the byte at `offset`, now and in the durable image:
     /// media corruption that no write caused.
     pub fn flip(&self, offset: u64, mask: u8) {
@@ -151,10 +159,17 @@ impl FaultDev {
         self.0.writes.get()
     }
 
-    async fn gate(&self, offset: u64, len: u64, write: bool) -> io::Result<()> {
+    async fn delay(&self) {
         if let Some(d) = self.0.latency.get() {
             rt::sleep(d).await;
         }
+        for _ in 0..self.0.yields.get() {
+            rt::yield_now().await;
+        }
+    }
+
+    async fn gate(&self, offset: u64, len: u64, write: bool) -> io::Result<()> {
+        self.delay().await;
         if self.0.dead.get() {
             return Err(io::Error::other("device lost power"));
         }
@@ -205,9 +220,7 @@ impl BlockDev for FaultDev {
         Ok(bufs)
     }
     async fn sync(&self) -> io::Result<()> {
-        if let Some(d) = self.0.latency.get() {
-            rt::sleep(d).await;
-        }
+        self.delay().await;
         if self.0.dead.get() {
             return Err(io::Error::other("device lost power"));
         }

@@ -141,10 +141,17 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
         assert!(c.is_none(), "nacre runtime: block_on cannot nest");
         *c = Some(core.clone());
     });
-    let out = run(&core, f);
-    shutdown(&core);
-    CORE.with(|c| c.borrow_mut().take());
-    out
+    // Tears the runtime down on return and on unwind alike, so a panicking
+    // task leaves no kernel op pointing at freed memory.
+    struct Teardown(Rc<Core>);
+    impl Drop for Teardown {
+        fn drop(&mut self) {
+            shutdown(&self.0);
+            CORE.with(|c| c.borrow_mut().take());
+        }
+    }
+    let _teardown = Teardown(core.clone());
+    run(&core, f)
 }
 
 fn run<F: Future>(core: &Rc<Core>, f: F) -> F::Output {

@@ -1,0 +1,465 @@
+//! Crash consistency against a model: random sequences of writes, deletes,
+//! syncs, checkpoints and reads, with concurrent ops and power cuts at
+//! random points (the fault device drops, keeps or tears every write not
+//! yet synced). After every reopen:
+//! - every write that was acknowledged durable before the cut reads back;
+//! - every object is in a state some sequence of its issued ops produced
+//!   (no byte that was never written, no mix of two versions);
+//! - versions never go back past an acknowledged one.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use nacre_blockstore::{Error, FormatOptions, Store, StoreOptions};
+use nacre_io::rt::{block_on, spawn, yield_now};
+use nacre_io::{AlignedBuf, FaultDev};
+use nacre_types::ObjectId;
+use proptest::prelude::*;
+
+const BLOCK: u32 = 16 << 10;
+const SECTORS: u16 = (BLOCK / 512) as u16;
+const OBJECTS: u8 = 12;
+const DEV_BYTES: u64 = 8 << 20;
+const JOURNAL_BYTES: u64 = 2_359_296; // the smallest journal for 16 KiB blocks
+const INFLIGHT_MAX: usize = 6;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write {
+        obj: u8,
+        sector: u16,
+        sectors: u16,
+        seed: u8,
+        durable: bool,
+    },
+    Full {
+        obj: u8,
+        seed: u8,
+        durable: bool,
+    },
+    Delete {
+        obj: u8,
+    },
+    Sync,
+    Checkpoint,
+    Read {
+        obj: u8,
+    },
+    Cut {
+        after: u8,
+        seed: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..OBJECTS, 0..SECTORS, 1..=16u16, any::<u8>(), prop::bool::weighted(0.75)).prop_map(
+            |(obj, sector, n, seed, durable)| Op::Write { obj, sector, sectors: n.min(SECTORS - sector), seed, durable }
+        ),
+        2 => (0..OBJECTS, any::<u8>(), prop::bool::weighted(0.75)).prop_map(|(obj, seed, durable)| Op::Full { obj, seed, durable }),
+        1 => (0..OBJECTS).prop_map(|obj| Op::Delete { obj }),
+        1 => Just(Op::Sync),
+        1 => Just(Op::Checkpoint),
+        2 => (0..OBJECTS).prop_map(|obj| Op::Read { obj }),
+        1 => (0..24u8, any::<u64>()).prop_map(|(after, seed)| Op::Cut { after, seed }),
+    ]
+}
+
+fn data(seed: u8, at_sector: u16, sectors: u16) -> Vec<u8> {
+    let mut v = vec![0u8; sectors as usize * 512];
+    for (i, b) in v.iter_mut().enumerate() {
+        let s = at_sector as usize + i / 512;
+        *b = seed ^ (s as u8).wrapping_mul(37) ^ ((i % 512) as u8).wrapping_mul(3);
+    }
+    v
+}
+
+#[derive(Clone, Debug)]
+struct ObjState {
+    version: u64,
+    content: Option<Vec<u8>>,
+}
+
+/// One object's possible states: every op issued appends one. States before
+/// `durable` can no longer be the outcome of a crash.
+struct ObjModel {
+    states: Vec<ObjState>,
+    durable: usize,
+    completed: usize,
+    busy: bool,
+}
+
+type Done = Rc<RefCell<Option<Result<(), String>>>>;
+
+struct Pending {
+    obj: Option<u8>,
+    state: usize,
+    durable: bool,
+    done: Done,
+    sync_snapshot: Option<BTreeMap<u8, usize>>,
+}
+
+fn oid(obj: u8) -> ObjectId {
+    ObjectId::new(77, u64::from(obj))
+}
+
+struct Harness {
+    dev: FaultDev,
+    store: Store<FaultDev>,
+    model: BTreeMap<u8, ObjModel>,
+    pending: Vec<Pending>,
+    version: u64,
+    cuts: u32,
+}
+
+impl Harness {
+    fn settle(&mut self, p: Pending, result: Result<(), String>) {
+        match (&result, p.obj) {
+            (Ok(()), Some(obj)) => {
+                let m = self.model.get_mut(&obj).expect("model");
+                m.completed = m.completed.max(p.state);
+                if p.durable {
+                    m.durable = m.durable.max(p.state);
+                }
+                m.busy = false;
+            }
+            (Ok(()), None) => {
+                if let Some(snap) = p.sync_snapshot {
+                    for (obj, idx) in snap {
+                        let m = self.model.get_mut(&obj).expect("model");
+                        m.durable = m.durable.max(idx);
+                    }
+                }
+            }
+            (Err(e), _) => panic!("op failed without a power cut: {e}"),
+        }
+    }
+
+    async fn drain(&mut self) {
+        while !self.pending.is_empty() {
+            let p = self.pending.remove(0);
+            loop {
+                let r = p.done.borrow_mut().take();
+                if let Some(r) = r {
+                    self.settle(p, r);
+                    break;
+                }
+                yield_now().await;
+            }
+        }
+    }
+
+    fn issue(
+        &mut self,
+        obj: Option<u8>,
+        state: usize,
+        durable: bool,
+        fut: impl std::future::Future<Output = Result<(), Error>> + 'static,
+    ) {
+        let done: Done = Rc::new(RefCell::new(None));
+        let d = done.clone();
+        spawn(async move {
+            let r = fut.await.map_err(|e| e.to_string());
+            *d.borrow_mut() = Some(r);
+        });
+        if let Some(o) = obj {
+            self.model.get_mut(&o).expect("model").busy = true;
+        }
+        self.pending.push(Pending {
+            obj,
+            state,
+            durable,
+            done,
+            sync_snapshot: None,
+        });
+    }
+
+    async fn make_room(&mut self, obj: Option<u8>) {
+        let busy = obj.is_some_and(|o| self.model[&o].busy);
+        if busy || self.pending.len() >= INFLIGHT_MAX {
+            self.drain().await;
+        }
+    }
+
+    fn push_state(&mut self, obj: u8, content: Option<Vec<u8>>) -> (usize, u64) {
+        self.version += 1;
+        let m = self.model.get_mut(&obj).expect("model");
+        m.states.push(ObjState {
+            version: self.version,
+            content,
+        });
+        (m.states.len() - 1, self.version)
+    }
+
+    async fn cut(&mut self, after: u8, seed: u64) {
+        for _ in 0..after {
+            yield_now().await;
+        }
+        let (dev, _report) = self.dev.power_cut(seed);
+        // Ops that finished before the cut count; the rest may or may not
+        // have happened.
+        for p in std::mem::take(&mut self.pending) {
+            let r = p.done.borrow_mut().take();
+            match r {
+                Some(Ok(())) => self.settle(p, Ok(())),
+                Some(Err(e)) => panic!("op failed before the cut: {e}"),
+                None => {}
+            }
+        }
+        self.dev = dev;
+        self.dev.set_yields(2);
+        let (store, report) = Store::open(self.dev.clone(), StoreOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("reopen after cut {}: {e}", self.cuts));
+        if std::env::var_os("NACRE_CRASH_DEBUG").is_some() {
+            eprintln!("cut {}: {_report:?}; open: {report:?}", self.cuts);
+        }
+        self.store = store;
+        self.cuts += 1;
+        self.check_after_crash().await;
+    }
+
+    async fn check_after_crash(&mut self) {
+        let listed: BTreeMap<ObjectId, u64> = self.store.list().into_iter().collect();
+        for (&obj, m) in self.model.iter_mut() {
+            let found = listed.get(&oid(obj)).copied();
+            let k = (m.durable..m.states.len())
+                .rev()
+                .find(|&k| match (&m.states[k].content, found) {
+                    (Some(_), Some(v)) => m.states[k].version == v,
+                    (None, None) => true,
+                    _ => false,
+                })
+                .unwrap_or_else(|| {
+                    panic!(
+                        "object {obj}: store has version {found:?}, which is none of the states since the last durable one {:?}",
+                        m.states[m.durable..].iter().map(|s| (s.version, s.content.is_some())).collect::<Vec<_>>()
+                    )
+                });
+            if let Some(want) = &m.states[k].content {
+                let got = self
+                    .store
+                    .read(oid(obj), 0, BLOCK)
+                    .await
+                    .unwrap_or_else(|e| panic!("object {obj}: {e}"));
+                assert!(
+                    &got[..] == &want[..],
+                    "object {obj} version {}: content differs",
+                    m.states[k].version
+                );
+            }
+            let s = m.states[k].clone();
+            m.states = vec![s];
+            m.durable = 0;
+            m.completed = 0;
+            m.busy = false;
+        }
+        assert_eq!(
+            listed.len(),
+            self.model
+                .values()
+                .filter(|m| m.states[0].content.is_some())
+                .count()
+        );
+    }
+
+    async fn run(&mut self, ops: Vec<Op>) {
+        for op in ops {
+            match op {
+                Op::Write {
+                    obj,
+                    sector,
+                    sectors,
+                    seed,
+                    durable,
+                } => {
+                    self.make_room(Some(obj)).await;
+                    let m = &self.model[&obj];
+                    let mut content = m
+                        .states
+                        .last()
+                        .expect("state")
+                        .content
+                        .clone()
+                        .unwrap_or_else(|| vec![0; BLOCK as usize]);
+                    let d = data(seed, sector, sectors);
+                    let off = sector as usize * 512;
+                    content[off..off + d.len()].copy_from_slice(&d);
+                    let (idx, v) = self.push_state(obj, Some(content));
+                    let s = self.store.clone();
+                    let buf = AlignedBuf::from_slice(&d);
+                    self.issue(Some(obj), idx, durable, async move {
+                        if durable {
+                            s.write(oid(obj), v, off as u32, buf).await
+                        } else {
+                            s.write_unsynced(oid(obj), v, off as u32, buf).await
+                        }
+                    });
+                }
+                Op::Full { obj, seed, durable } => {
+                    self.make_room(Some(obj)).await;
+                    let d = data(seed, 0, SECTORS);
+                    let (idx, v) = self.push_state(obj, Some(d.clone()));
+                    let s = self.store.clone();
+                    let buf = AlignedBuf::from_slice(&d);
+                    self.issue(Some(obj), idx, durable, async move {
+                        if durable {
+                            s.write(oid(obj), v, 0, buf).await
+                        } else {
+                            s.write_unsynced(oid(obj), v, 0, buf).await
+                        }
+                    });
+                }
+                Op::Delete { obj } => {
+                    self.make_room(Some(obj)).await;
+                    if self.model[&obj]
+                        .states
+                        .last()
+                        .expect("state")
+                        .content
+                        .is_none()
+                    {
+                        continue;
+                    }
+                    let (idx, v) = self.push_state(obj, None);
+                    let s = self.store.clone();
+                    self.issue(
+                        Some(obj),
+                        idx,
+                        true,
+                        async move { s.delete(oid(obj), v).await },
+                    );
+                }
+                Op::Sync => {
+                    self.make_room(None).await;
+                    let snap: BTreeMap<u8, usize> =
+                        self.model.iter().map(|(&o, m)| (o, m.completed)).collect();
+                    let s = self.store.clone();
+                    self.issue(None, 0, true, async move { s.sync().await });
+                    self.pending.last_mut().expect("just pushed").sync_snapshot = Some(snap);
+                }
+                Op::Checkpoint => {
+                    self.make_room(None).await;
+                    let s = self.store.clone();
+                    self.issue(None, 0, false, async move { s.checkpoint().await });
+                }
+                Op::Read { obj } => {
+                    if self.model[&obj].busy {
+                        continue;
+                    }
+                    let m = &self.model[&obj];
+                    let want = m.states[m.completed.max(m.states.len() - 1)]
+                        .content
+                        .clone();
+                    match (want, self.store.read(oid(obj), 0, BLOCK).await) {
+                        (Some(w), Ok(got)) => {
+                            assert!(&got[..] == &w[..], "live read of object {obj}")
+                        }
+                        (None, Err(Error::NotFound(_))) => {}
+                        (w, r) => panic!(
+                            "live read of object {obj}: model {:?}, store {:?}",
+                            w.is_some(),
+                            r.map(|_| ())
+                        ),
+                    }
+                }
+                Op::Cut { after, seed } => self.cut(after, seed).await,
+            }
+        }
+        self.drain().await;
+        self.cut(0, 1).await;
+    }
+}
+
+fn run_case(ops: Vec<Op>) {
+    block_on(async {
+        let dev = FaultDev::new(DEV_BYTES, 512);
+        let fmt = FormatOptions {
+            block_bytes: BLOCK,
+            journal_bytes: Some(JOURNAL_BYTES),
+            zero_journal: false,
+            ..FormatOptions::default()
+        };
+        Store::format(&dev, &fmt).await.unwrap();
+        dev.set_yields(2);
+        let (store, _) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        let model = (0..OBJECTS)
+            .map(|o| {
+                (
+                    o,
+                    ObjModel {
+                        states: vec![ObjState {
+                            version: 0,
+                            content: None,
+                        }],
+                        durable: 0,
+                        completed: 0,
+                        busy: false,
+                    },
+                )
+            })
+            .collect();
+        let mut h = Harness {
+            dev,
+            store,
+            model,
+            pending: Vec::new(),
+            version: 0,
+            cuts: 0,
+        };
+        h.run(ops).await;
+    });
+}
+
+fn cases() -> u32 {
+    std::env::var("NACRE_CRASH_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn acknowledged_writes_survive_power_cuts(ops in prop::collection::vec(op(), 1..220)) {
+        run_case(ops);
+    }
+}
+
+#[test]
+fn regression_checkpoint_cut() {
+    let w = |obj, seed, durable| Op::Write {
+        obj,
+        sector: 0,
+        sectors: 1,
+        seed,
+        durable,
+    };
+    let ops = vec![
+        w(0, 0, false),
+        Op::Full {
+            obj: 7,
+            seed: 0,
+            durable: false,
+        },
+        w(7, 0, true),
+        Op::Cut { after: 6, seed: 0 },
+        Op::Checkpoint,
+        Op::Cut {
+            after: 15,
+            seed: 4558793306598448228,
+        },
+        Op::Delete { obj: 7 },
+        Op::Cut {
+            after: 4,
+            seed: 8955983295970897578,
+        },
+        w(7, 0, true),
+        Op::Read { obj: 0 },
+    ];
+    run_case(ops);
+}
