@@ -39,8 +39,10 @@ use nacre_io::sync::oneshot;
 const PAGE_WRITES_INFLIGHT_MAX: usize = 64;
 /// Objects, and bytes of new chunk content, planned before one group of
 /// folds is journaled and written.
-const FOLD_GROUP_OBJECTS_MAX: usize = 256;
+const FOLD_GROUP_OBJECTS_MAX: usize = 1024;
 const FOLD_GROUP_BYTES_MAX: usize = 16 << 20;
+/// Fold plans computed at once.
+const FOLD_PLANS_INFLIGHT_MAX: usize = 64;
 /// XOR-ed into the checksum of a chunk whose old content failed its check
 /// while an overlay was folded into part of it: the chunk keeps failing
 /// reads instead of getting a fresh checksum over damaged bytes.
@@ -95,10 +97,10 @@ pub(crate) fn encode_slot(
         gen: U64::new(gen),
         objtab_pages: U32::new(g.objtab_pages),
         csumtab_pages: U32::new(g.csumtab_pages),
-        pagetab_crc: U32::new(crc32c::crc32c(&buf[table_at..at])),
+        pagetab_crc: U32::new(nacre_types::crc32c(&buf[table_at..at])),
         crc: U32::new(0),
     };
-    h.crc = U32::new(crc32c::crc32c(h.as_bytes()));
+    h.crc = U32::new(nacre_types::crc32c(h.as_bytes()));
     buf[..std::mem::size_of::<CheckpointHeader>()].copy_from_slice(h.as_bytes());
     buf
 }
@@ -130,7 +132,9 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     let (j, releasing, to_fold) = {
         let mut st = inner.st.borrow_mut();
         let fold: Vec<ObjectId> = st.index.pending.keys().copied().collect();
-        (st.completed, st.alloc.take_deferred(), fold)
+        let releasing = st.alloc.take_deferred();
+        st.releasing = releasing.len();
+        (st.completed, releasing, fold)
     };
     // Folding rewrites blocks that full-block records before J point at;
     // replay must know those records are durable and not check their blocks.
@@ -214,6 +218,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     st.csum.commit(csum_metas, &csum_pages);
     st.tail = j;
     st.alloc.release(&releasing);
+    st.releasing = 0;
     st.stats.checkpoints += 1;
     drop(st);
     inner.bump_epoch();
@@ -289,9 +294,12 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
     if ovs.is_empty() {
         return Ok(None);
     }
-    let mut datas = Vec::with_capacity(ovs.len());
+    let mut datas: Vec<Rc<AlignedBuf>> = Vec::with_capacity(ovs.len());
     for o in &ovs {
-        datas.push(inner.read_overlay(o, 0, o.len).await?.0);
+        match &o.data {
+            Some(d) => datas.push(d.clone()),
+            None => datas.push(Rc::new(inner.read_overlay(o, 0, o.len).await?.0)),
+        }
     }
     let mut csums = inner.block_csums(block).await?;
     let chunk = CSUM_CHUNK_BYTES as usize;
@@ -326,7 +334,8 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
         let raw_ok: Vec<bool> = (c0..c)
             .map(|cc| {
                 full(cc)
-                    || crc32c::crc32c(&buf[(cc - c0) * chunk..(cc - c0 + 1) * chunk]) == csums[cc]
+                    || nacre_types::crc32c(&buf[(cc - c0) * chunk..(cc - c0 + 1) * chunk])
+                        == csums[cc]
             })
             .collect();
         for (o, d) in ovs.iter().zip(&datas) {
@@ -337,7 +346,7 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
             }
         }
         for cc in c0..c {
-            let crc = crc32c::crc32c(&buf[(cc - c0) * chunk..(cc - c0 + 1) * chunk]);
+            let crc = nacre_types::crc32c(&buf[(cc - c0) * chunk..(cc - c0 + 1) * chunk]);
             let ok = raw_ok[cc - c0] || crc == csums[cc];
             if !ok {
                 tracing::error!("object {oid}: block {block} chunk {cc} was damaged under a partial overwrite; it stays unreadable");
@@ -380,20 +389,13 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
     if result.is_ok() {
         for p in plans {
             st.csum.set(p.block, p.csums.into_boxed_slice());
-            let n_before = st.index.pending.get(&p.oid).map_or(0, |x| x.overlays.len());
-            if let Some(pend) = st.index.pending.get_mut(&p.oid) {
-                pend.overlays.retain(|o| !p.bound.takes(o));
-                if pend.overlays.is_empty() {
-                    st.index.pending.remove(&p.oid);
-                }
-            }
-            let n_after = st.index.pending.get(&p.oid).map_or(0, |x| x.overlays.len());
+            let folded = st.index.retain_overlays(&p.oid, |o| !p.bound.takes(o));
             if st.index.block_of(&p.oid) == Some(p.block)
                 && st.index.blocks[p.block as usize].version.get() < p.top
             {
                 st.index.set_version(p.block, p.top);
             }
-            st.stats.flushed_overlays += (n_before - n_after) as u64;
+            st.stats.flushed_overlays += folded as u64;
         }
     }
     st.flushing.clear();
@@ -412,15 +414,30 @@ async fn fold_all<D: BlockDev + 'static>(
 ) -> Result<()> {
     let mut oids = oids.into_iter().peekable();
     while oids.peek().is_some() {
+        // Plan a group concurrently (each plan may read from the disk).
         let mut plans = Vec::new();
         let mut bytes = 0;
+        let mut planning = Vec::new();
         for oid in oids.by_ref() {
-            if let Some(p) = plan_fold(inner, oid, Bound::Before(j)).await? {
-                bytes += p.bytes();
-                plans.push(p);
+            let this = inner.clone();
+            planning.push(rt::spawn(async move {
+                plan_fold(&this, oid, Bound::Before(j)).await
+            }));
+            if planning.len() >= FOLD_PLANS_INFLIGHT_MAX {
+                for h in planning.drain(..) {
+                    if let Some(p) = h.await? {
+                        bytes += p.bytes();
+                        plans.push(p);
+                    }
+                }
+                if plans.len() >= FOLD_GROUP_OBJECTS_MAX || bytes >= FOLD_GROUP_BYTES_MAX {
+                    break;
+                }
             }
-            if plans.len() >= FOLD_GROUP_OBJECTS_MAX || bytes >= FOLD_GROUP_BYTES_MAX {
-                break;
+        }
+        for h in planning {
+            if let Some(p) = h.await? {
+                plans.push(p);
             }
         }
         if plans.is_empty() {

@@ -43,7 +43,7 @@ pub const DATA_BLOCKS_MIN: u64 = 16;
 
 /// crc32c of a table page as kept in the page table (never 0).
 pub fn page_crc(page: &[u8]) -> u32 {
-    crc32c::crc32c(page).max(1)
+    nacre_types::crc32c(page).max(1)
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
@@ -374,7 +374,7 @@ impl Geometry {
             crc: U32::new(0),
             pad: U32::new(0),
         };
-        sb.crc = U32::new(crc32c::crc32c(sb.as_bytes()));
+        sb.crc = U32::new(nacre_types::crc32c(sb.as_bytes()));
         sb
     }
 
@@ -387,7 +387,7 @@ impl Geometry {
         }
         let mut check = sb;
         check.crc = U32::new(0);
-        if crc32c::crc32c(check.as_bytes()) != sb.crc.get() {
+        if nacre_types::crc32c(check.as_bytes()) != sb.crc.get() {
             return Err(Error::Corrupt("superblock checksum".into()));
         }
         if sb.format_version.get() != FORMAT_VERSION {

@@ -10,7 +10,10 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use std::rc::Rc;
+
 use hashbrown::HashTable;
+use nacre_io::AlignedBuf;
 use nacre_types::ObjectId;
 
 use crate::format::{BlockEntry, Geometry};
@@ -55,6 +58,9 @@ pub struct Overlay {
     pub version: u64,
     /// crc32c of each 4 KiB of the overlay's own data.
     pub csums: Box<[u32]>,
+    /// The data itself while it fits the overlay cache: folds and reads
+    /// then need no journal read.
+    pub data: Option<Rc<AlignedBuf>>,
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +77,8 @@ pub struct Index {
     pub pending: OidMap<Pending>,
     /// Object-table pages changed since the last checkpoint copied them.
     dirty_pages: Vec<u64>,
+    /// Bytes of overlay data held in memory.
+    pub overlay_data_bytes: u64,
 }
 
 impl Index {
@@ -80,7 +88,40 @@ impl Index {
             by_oid: HashTable::new(),
             pending: OidMap::default(),
             dirty_pages: vec![0; (g.objtab_pages as usize).div_ceil(64)],
+            overlay_data_bytes: 0,
         }
+    }
+
+    /// Adds journal data newer than the object's block.
+    pub fn add_overlay(&mut self, oid: ObjectId, version: u64, o: Overlay) {
+        if o.data.is_some() {
+            self.overlay_data_bytes += u64::from(o.len);
+        }
+        let p = self.pending.entry(oid).or_default();
+        p.version = version;
+        p.overlays.push(o);
+    }
+
+    /// Forgets the object's overlays (its block was replaced or deleted).
+    pub fn drop_pending(&mut self, oid: &ObjectId) {
+        if let Some(p) = self.pending.remove(oid) {
+            self.overlay_data_bytes -= cached_bytes(&p.overlays);
+        }
+    }
+
+    /// Keeps only the overlays `keep` accepts; returns how many went.
+    pub fn retain_overlays(&mut self, oid: &ObjectId, keep: impl Fn(&Overlay) -> bool) -> usize {
+        let Some(p) = self.pending.get_mut(oid) else {
+            return 0;
+        };
+        let before = (p.overlays.len(), cached_bytes(&p.overlays));
+        p.overlays.retain(|o| keep(o));
+        let after = (p.overlays.len(), cached_bytes(&p.overlays));
+        self.overlay_data_bytes -= before.1 - after.1;
+        if p.overlays.is_empty() {
+            self.pending.remove(oid);
+        }
+        before.0 - after.0
     }
 
     pub fn object_count(&self) -> usize {
@@ -203,6 +244,18 @@ impl Index {
             .sum();
         (table + hash + pending + self.dirty_pages.len() * 8) as u64
     }
+
+    /// Bytes of small-write data held for folding (bounded by the cache).
+    pub fn overlay_cache_bytes(&self) -> u64 {
+        self.overlay_data_bytes
+    }
+}
+
+fn cached_bytes(ovs: &[Overlay]) -> u64 {
+    ovs.iter()
+        .filter(|o| o.data.is_some())
+        .map(|o| u64::from(o.len))
+        .sum()
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub fn batch_bytes_max(block_bytes: u32) -> u64 {
 /// crc32c of every 4 KiB chunk of `data` (the last may be shorter).
 pub fn chunk_csums(data: &[u8]) -> Vec<u32> {
     data.chunks(CSUM_CHUNK_BYTES as usize)
-        .map(crc32c::crc32c)
+        .map(nacre_types::crc32c)
         .collect()
 }
 
@@ -84,7 +84,7 @@ pub struct BatchId {
 }
 
 fn seal(hdr_region: &mut [u8]) {
-    let crc = crc32c::crc32c(hdr_region);
+    let crc = nacre_types::crc32c(hdr_region);
     let (h, _) = BatchHeader::mut_from_prefix(hdr_region).expect("header region holds a header");
     h.crc = U32::new(crc);
 }
@@ -255,7 +255,7 @@ pub fn parse_batch(
         .map_err(|_| damaged("short"))?
         .0
         .crc = U32::new(0);
-    if crc32c::crc32c(&region) != h.crc.get() {
+    if nacre_types::crc32c(&region) != h.crc.get() {
         return Err(damaged("header checksum"));
     }
     let spb = block_bytes / CSUM_CHUNK_BYTES;
@@ -298,7 +298,7 @@ pub fn parse_batch(
                     && offset == 0
                     && loc < nblocks
                     && ncsum >= 2
-                    && ncsum % 2 == 0
+                    && ncsum.is_multiple_of(2)
                     && ncsum <= 2 * spb as usize
                     && csums.chunks_exact(2).all(|p| p[0] < spb)
             }

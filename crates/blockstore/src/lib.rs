@@ -29,4 +29,4 @@ mod writer;
 pub use error::{Error, Result};
 pub use format::Geometry;
 pub use replay::uuid_string;
-pub use store::{FormatOptions, OpenReport, Space, Stats, Store, StoreOptions};
+pub use store::{FormatOptions, Memory, OpenReport, Space, Stats, Store, StoreOptions};

@@ -138,7 +138,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         let csums = self.block_csums(block).await?;
         for (i, chunk) in buf.chunks(CHUNK as usize).enumerate() {
             let c = (off / CHUNK) as usize + i;
-            if crc32c::crc32c(chunk) != csums[c] {
+            if nacre_types::crc32c(chunk) != csums[c] {
                 return Err(Error::Corrupt(format!(
                     "data block {block}, bytes {}..{}",
                     c as u32 * CHUNK,
@@ -171,7 +171,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         buf.set_len((to - from) as usize);
         for (i, chunk) in buf.chunks(CHUNK as usize).enumerate() {
             let c = (from / CHUNK) as usize + i;
-            if crc32c::crc32c(chunk) != o.csums[c] {
+            if nacre_types::crc32c(chunk) != o.csums[c] {
                 return Err(Error::Corrupt(format!(
                     "journal data at {}, overlay bytes {}..",
                     o.data_pos,

@@ -143,12 +143,12 @@ async fn read_checkpoint<D: BlockDev>(dev: &D, g: &Geometry) -> Result<Checkpoin
         check.crc = 0.into();
         let npages = (g.objtab_pages + g.csumtab_pages) as usize;
         let table = &buf[PAGE_BYTES as usize..PAGE_BYTES as usize + 8 * npages];
-        let valid = crc32c::crc32c(zerocopy::IntoBytes::as_bytes(&check)) == h.crc.get()
+        let valid = nacre_types::crc32c(zerocopy::IntoBytes::as_bytes(&check)) == h.crc.get()
             && h.format_version.get() == FORMAT_VERSION
             && h.uuid == g.uuid
             && h.objtab_pages.get() == g.objtab_pages
             && h.csumtab_pages.get() == g.csumtab_pages
-            && crc32c::crc32c(table) == h.pagetab_crc.get();
+            && nacre_types::crc32c(table) == h.pagetab_crc.get();
         if !valid {
             tracing::warn!("checkpoint slot {slot} is damaged or torn; ignoring it");
             continue;
@@ -356,6 +356,9 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         ckpt_seq: ck.seq,
         ckpt_slot: ck.slot,
         ckpt_wanted: false,
+        releasing: 0,
+        overlay_cache_max: opts.overlay_cache_bytes,
+        big_inflight: 0,
         failed: None,
         closing: false,
         flushing: Default::default(),
@@ -372,7 +375,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
             }
         }
         for r in &p.records {
-            apply_record(&mut st, r, true);
+            apply_record(&mut st, r, None, true);
         }
         max_gen = max_gen.max(p.gen);
         report.batches_replayed += 1;

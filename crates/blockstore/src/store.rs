@@ -75,6 +75,9 @@ pub struct StoreOptions {
     pub immediate_commit: bool,
     /// RAM for cached checksum-table pages.
     pub csum_cache_bytes: u64,
+    /// RAM for small-write data waiting to be folded into blocks (beyond
+    /// it, folds and reads fetch the data from the journal).
+    pub overlay_cache_bytes: u64,
     /// Refuse to open a store with another id.
     pub expect_uuid: Option<[u8; 16]>,
     /// Discard (TRIM / punch) data blocks when they are freed.
@@ -88,6 +91,7 @@ impl Default for StoreOptions {
         StoreOptions {
             immediate_commit: false,
             csum_cache_bytes: 64 << 20,
+            overlay_cache_bytes: 128 << 20,
             expect_uuid: None,
             discard_freed: false,
             checkpoint_at_percent: 50,
@@ -103,6 +107,17 @@ pub struct Space {
     pub free_bytes: u64,
     /// Freed, returned to `free_bytes` at the next checkpoint.
     pub pending_free_bytes: u64,
+}
+
+/// RAM in use, in bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Memory {
+    /// Object table, hash slots and overlay bookkeeping.
+    pub index_bytes: u64,
+    /// Cached checksum-table pages and unmerged checksum changes.
+    pub csum_cache_bytes: u64,
+    /// Small-write data kept until folded.
+    pub overlay_cache_bytes: u64,
 }
 
 /// Counters since open.
@@ -196,6 +211,11 @@ pub(crate) struct State {
     pub ckpt_seq: u64,
     pub ckpt_slot: u32,
     pub ckpt_wanted: bool,
+    /// Blocks the running checkpoint will return to the allocator.
+    pub releasing: usize,
+    pub overlay_cache_max: u64,
+    /// Whole-block writes holding a new block, not yet applied.
+    pub big_inflight: usize,
     pub failed: Option<String>,
     pub closing: bool,
     /// Objects whose blocks the checkpointer is rewriting in place; reads
@@ -332,7 +352,7 @@ impl<D: BlockDev + 'static> Store<D> {
             total_bytes: total,
             used_bytes: total - free,
             free_bytes: free,
-            pending_free_bytes: st.alloc.deferred_count() as u64 * bb,
+            pending_free_bytes: (st.alloc.deferred_count() + st.releasing) as u64 * bb,
         }
     }
 
@@ -340,11 +360,14 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.st.borrow().stats
     }
 
-    /// RAM used by the index (object table, hash, pending overlays) and by
-    /// the checksum cache, in bytes.
-    pub fn memory_bytes(&self) -> (u64, u64) {
+    /// RAM the store uses, by purpose.
+    pub fn memory(&self) -> Memory {
         let st = self.0.st.borrow();
-        (st.index.memory_bytes(), st.csum.memory_bytes())
+        Memory {
+            index_bytes: st.index.memory_bytes(),
+            csum_cache_bytes: st.csum.memory_bytes(),
+            overlay_cache_bytes: st.index.overlay_cache_bytes(),
+        }
     }
 
     pub fn object_count(&self) -> usize {
@@ -409,8 +432,8 @@ impl<D: BlockDev + 'static> Inner<D> {
     pub(crate) fn check_range(&self, offset: u32, len: u32) -> Result<()> {
         let bb = self.g.block_bytes;
         if len == 0
-            || offset % SECTOR_BYTES != 0
-            || len % SECTOR_BYTES != 0
+            || !offset.is_multiple_of(SECTOR_BYTES)
+            || !len.is_multiple_of(SECTOR_BYTES)
             || u64::from(offset) + u64::from(len) > u64::from(bb)
         {
             return Err(Error::Invalid(format!(
@@ -477,23 +500,24 @@ impl<D: BlockDev + 'static> Inner<D> {
             if self.check_version(oid, version)? && !matches!(kind, Admit::Delete) {
                 return Ok(None);
             }
-            let mut st = self.st.borrow_mut();
-            let has_block = st.index.block_of(&oid).is_some();
-            let busy = st.inflight.get(&oid).is_some_and(|f| match kind {
-                // Everything before a delete must be applied first.
-                Admit::Delete => true,
-                // A partial write needs the object's block to be known.
-                Admit::Partial => f.preparing > 0 || !has_block,
-                Admit::Full => f.preparing > 0,
-            });
-            if !busy {
-                let f = st.inflight.entry(oid).or_default();
-                f.max_version = f.max_version.max(version);
-                f.count += 1;
-                f.preparing += 1;
-                return Ok(Some(has_block));
+            {
+                let mut st = self.st.borrow_mut();
+                let has_block = st.index.block_of(&oid).is_some();
+                let busy = st.inflight.get(&oid).is_some_and(|f| match kind {
+                    // Everything before a delete must be applied first.
+                    Admit::Delete => true,
+                    // A partial write needs the object's block to be known.
+                    Admit::Partial => f.preparing > 0 || !has_block,
+                    Admit::Full => f.preparing > 0,
+                });
+                if !busy {
+                    let f = st.inflight.entry(oid).or_default();
+                    f.max_version = f.max_version.max(version);
+                    f.count += 1;
+                    f.preparing += 1;
+                    return Ok(Some(has_block));
+                }
             }
-            drop(st);
             self.applied.wait().await;
         }
     }
@@ -555,7 +579,10 @@ impl<D: BlockDev + 'static> Inner<D> {
             };
             let csums = chunk_csums(&block_buf);
             let block = match self.alloc_block().await {
-                Ok(b) => b,
+                Ok(b) => {
+                    self.st.borrow_mut().big_inflight += 1;
+                    b
+                }
                 Err(e) => {
                     self.withdraw(&oid);
                     return Err(e);
@@ -664,22 +691,29 @@ impl<D: BlockDev + 'static> Inner<D> {
             .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
     }
 
-    /// A free block; when none is free but some wait for a checkpoint, takes
-    /// one and tries again.
+    /// A free block; when none is free but some wait for a checkpoint (or
+    /// are being returned by the running one), waits for it and tries
+    /// again. `NoSpace` only when no block can come back.
     async fn alloc_block(&self) -> Result<u32> {
-        for _ in 0..2 {
-            {
+        loop {
+            let wait_for_applied = {
                 let mut st = self.st.borrow_mut();
                 if let Some(b) = st.alloc.alloc() {
                     return Ok(b);
                 }
-                if st.alloc.deferred_count() == 0 {
+                if st.alloc.deferred_count() == 0 && st.releasing == 0 && st.big_inflight == 0 {
                     return Err(Error::NoSpace);
                 }
+                // Whole-block writes in flight free their old blocks when
+                // applied; blocks already freed come back at a checkpoint.
+                st.alloc.deferred_count() == 0 && st.releasing == 0
+            };
+            if wait_for_applied {
+                self.applied.wait().await;
+            } else {
+                self.request_checkpoint_and_wait().await?;
             }
-            self.request_checkpoint_and_wait().await?;
         }
-        Err(Error::NoSpace)
     }
 
     pub(crate) async fn request_checkpoint_and_wait(&self) -> Result<()> {

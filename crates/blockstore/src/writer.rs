@@ -11,7 +11,8 @@
 
 use std::rc::Rc;
 
-use nacre_io::BlockDev;
+use nacre_io::{AlignedBuf, BlockDev};
+use std::rc::Rc as StdRc;
 
 use crate::error::{Error, Result};
 use crate::format::{RecordKind, RECORDS_PER_BATCH_MAX};
@@ -25,7 +26,7 @@ fn pad(v: u64, to: u64) -> u64 {
 
 /// Applies one record to the index. During replay nothing is freed (the
 /// allocator is rebuilt from the index afterwards).
-pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
+pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf>, replay: bool) {
     if rec.kind == RecordKind::Fold {
         // Live, the checkpointer applies its own folds; at replay they are
         // redone once the journal is read.
@@ -54,15 +55,21 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
                 debug_assert!(replay, "small write to {} without a block", rec.oid);
                 return;
             }
-            let p = st.index.pending.entry(rec.oid).or_default();
-            p.version = rec.version;
-            p.overlays.push(Overlay {
-                offset: rec.offset,
-                len: rec.len,
-                data_pos: rec.data_pos,
-                version: rec.version,
-                csums: rec.csums.clone().into_boxed_slice(),
+            let cache = data.filter(|_| {
+                st.index.overlay_data_bytes + u64::from(rec.len) <= st.overlay_cache_max
             });
+            st.index.add_overlay(
+                rec.oid,
+                rec.version,
+                Overlay {
+                    offset: rec.offset,
+                    len: rec.len,
+                    data_pos: rec.data_pos,
+                    version: rec.version,
+                    csums: rec.csums.clone().into_boxed_slice(),
+                    data: cache.map(StdRc::new),
+                },
+            );
         }
         RecordKind::Big => {
             // Folds met earlier were for the content this write replaces.
@@ -82,7 +89,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
                 st.index.clear_block(&stale);
             }
             st.index.set_block(rec.oid, rec.block, rec.version);
-            st.index.pending.remove(&rec.oid);
+            st.index.drop_pending(&rec.oid);
             st.csum.set(rec.block, rec.csums.clone().into_boxed_slice());
             if let Some(old) = old.filter(|&o| o != rec.block) {
                 if !replay {
@@ -99,7 +106,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, replay: bool) {
                 st.replay_folds.retain(|f| f.oid != rec.oid);
             }
             let old = st.index.clear_block(&rec.oid);
-            st.index.pending.remove(&rec.oid);
+            st.index.drop_pending(&rec.oid);
             if let (Some(old), false) = (old, replay) {
                 st.alloc.defer(old);
             }
@@ -164,15 +171,16 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         if let Err(Error::JournalFull) = result {
             // Put everything back and wait for a checkpoint to trim the
             // journal; checkpoint records jump the queue meanwhile.
-            let mut st = inner.st.borrow_mut();
-            for q in batch.into_iter().rev() {
-                st.queue.push_front(q);
+            {
+                let mut st = inner.st.borrow_mut();
+                for q in batch.into_iter().rev() {
+                    st.queue.push_front(q);
+                }
+                let mut w = waiters;
+                w.append(&mut st.sync_waiters);
+                st.sync_waiters = w;
+                st.ckpt_wanted = true;
             }
-            let mut w = waiters;
-            w.append(&mut st.sync_waiters);
-            st.sync_waiters = w;
-            st.ckpt_wanted = true;
-            drop(st);
             inner.ckpt_kick.notify();
             inner.journal_kick.wait().await;
             continue;
@@ -250,6 +258,17 @@ async fn write_batch<D: BlockDev + 'static>(
         }
         let phys = g.journal_offset + pos % g.journal_bytes;
         let res = inner.dev.writev_at(bufs, phys).await;
+        // Hand each small write's buffer back to its record: the index may
+        // keep it for folding and reads.
+        let res = res.map(|bufs| {
+            let mut it = bufs.into_iter().skip(1);
+            for q in batch.iter_mut().filter(|q| q.rec.kind == RecordKind::Small) {
+                if let Some(mut b) = it.next() {
+                    b.set_len(q.rec.len as usize);
+                    q.data = Some(b);
+                }
+            }
+        });
         // The data blocks of full-block writes must be written before the
         // fsync that makes the batch durable.
         let mut data_err = None;
@@ -291,8 +310,9 @@ async fn write_batch<D: BlockDev + 'static>(
     } else if writes {
         st.unsynced = true;
     }
-    for q in batch.iter() {
-        apply_record(&mut st, &q.rec, false);
+    for q in batch.iter_mut() {
+        let data = q.data.take();
+        apply_record(&mut st, &q.rec, data, false);
     }
     st.completed = st.head;
     Ok(())
@@ -373,6 +393,9 @@ fn finish_batch<D: BlockDev + 'static>(
     {
         let mut st = inner.st.borrow_mut();
         for q in batch.iter().filter(|q| !q.checkpoint) {
+            if q.rec.kind == RecordKind::Big {
+                st.big_inflight -= 1;
+            }
             if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
                 f.count -= 1;
                 if f.count == 0 {
@@ -381,7 +404,13 @@ fn finish_batch<D: BlockDev + 'static>(
             }
         }
         let used = st.head - st.tail;
-        if used * 100 >= inner.g.journal_bytes * u64::from(inner.opts.checkpoint_at_percent) {
+        // Checkpoint when the journal fills, or when freed blocks waiting
+        // for one make up a good part of what is left.
+        let deferred = st.alloc.deferred_count() as u64;
+        let blocks_waiting = deferred >= 64 && deferred * 4 >= u64::from(st.alloc.free_count());
+        if blocks_waiting
+            || used * 100 >= inner.g.journal_bytes * u64::from(inner.opts.checkpoint_at_percent)
+        {
             st.ckpt_wanted = true;
             inner.ckpt_kick.notify();
         }

@@ -237,10 +237,9 @@ fn journal_wraps_many_times() {
                 .unwrap();
         }
         // ~24 MiB of small writes through a 4 MiB journal.
-        let mut v = 1;
         let mut last = vec![0u8; objs as usize];
         for round in 0..150u64 {
-            v += 1;
+            let v = round + 2;
             let mut hs = Vec::new();
             for i in 0..objs {
                 let s = s.clone();

@@ -244,7 +244,7 @@ impl Harness {
                     .await
                     .unwrap_or_else(|e| panic!("object {obj}: {e}"));
                 assert!(
-                    &got[..] == &want[..],
+                    got[..] == want[..],
                     "object {obj} version {}: content differs",
                     m.states[k].version
                 );
@@ -354,7 +354,7 @@ impl Harness {
                         .clone();
                     match (want, self.store.read(oid(obj), 0, BLOCK).await) {
                         (Some(w), Ok(got)) => {
-                            assert!(&got[..] == &w[..], "live read of object {obj}")
+                            assert!(got[..] == w[..], "live read of object {obj}")
                         }
                         (None, Err(Error::NotFound(_))) => {}
                         (w, r) => panic!(

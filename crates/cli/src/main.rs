@@ -1,1 +1,220 @@
-fn main() {}
+//! The `nacre` command: parses, wires, prints. Logic lives in the crates.
+
+mod args;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use nacre_bench::store_bench::{self, StoreBenchOpts};
+use nacre_blockstore::{uuid_string, FormatOptions, Store, StoreOptions};
+use nacre_io::{rt, FileDev, OpenFlags};
+
+#[derive(Parser)]
+#[command(
+    name = "nacre",
+    version,
+    about = "Nacre: distributed software-defined storage"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One OSD's blockstore: format, inspect, benchmark.
+    Store {
+        #[command(subcommand)]
+        cmd: StoreCmd,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum StoreCmd {
+    /// Benchmark a fresh store over FILE against the same I/O issued raw to
+    /// FILE (destroys FILE's contents).
+    Bench {
+        #[arg(long)]
+        path: PathBuf,
+        /// Size of FILE (created or resized to this).
+        #[arg(long, value_parser = args::parse_size, default_value = "4G")]
+        size: u64,
+        /// Time per test (12 tests: 6 raw, 6 on the store).
+        #[arg(long, value_parser = args::parse_duration, default_value = "10s")]
+        runtime: Duration,
+        #[arg(long, value_parser = args::parse_size, default_value = "128K")]
+        block_size: u64,
+        #[arg(long, value_parser = args::parse_size)]
+        journal_size: Option<u64>,
+        /// Skip fsyncs: only for devices without a volatile write cache.
+        #[arg(long)]
+        immediate_commit: bool,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Format FILE (or a block device) as an empty store.
+    Format {
+        #[arg(long)]
+        path: PathBuf,
+        /// Create or grow FILE to this size.
+        #[arg(long, value_parser = args::parse_size)]
+        size: Option<u64>,
+        #[arg(long, value_parser = args::parse_size, default_value = "128K")]
+        block_size: u64,
+        #[arg(long, value_parser = args::parse_size)]
+        journal_size: Option<u64>,
+    },
+    /// Open a store (replaying its journal) and print what it holds.
+    Info {
+        #[arg(long)]
+        path: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+}
+
+fn block_bytes(v: u64) -> anyhow::Result<u32> {
+    u32::try_from(v).context("block size too large")
+}
+
+fn main() {
+    let level = std::env::var("NACRE_LOG").unwrap_or_else(|_| "warn".into());
+    let level = level.parse().unwrap_or(tracing::Level::WARN);
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("nacre: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Store { cmd } => store(cmd),
+    }
+}
+
+fn store(cmd: StoreCmd) -> anyhow::Result<()> {
+    match cmd {
+        StoreCmd::Bench {
+            path,
+            size,
+            runtime,
+            block_size,
+            journal_size,
+            immediate_commit,
+            format,
+        } => {
+            let opts = StoreBenchOpts {
+                path,
+                size_bytes: size,
+                runtime,
+                block_bytes: block_bytes(block_size)?,
+                journal_bytes: journal_size,
+                immediate_commit,
+                progress: format == Format::Table,
+            };
+            let report = store_bench::run(&opts)?;
+            match format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                Format::Table => print!("{}", store_bench::table(&report)),
+            }
+            Ok(())
+        }
+        StoreCmd::Format {
+            path,
+            size,
+            block_size,
+            journal_size,
+        } => rt::block_on(async {
+            let flags = OpenFlags {
+                create_bytes: size,
+                ..OpenFlags::default()
+            };
+            let dev = FileDev::open(&path, &flags)?;
+            let opts = FormatOptions {
+                block_bytes: block_bytes(block_size)?,
+                journal_bytes: journal_size,
+                ..FormatOptions::default()
+            };
+            let g = Store::format(&dev, &opts).await?;
+            println!(
+                "formatted {}: store {}, {} blocks of {} KiB, journal {} MiB",
+                path.display(),
+                uuid_string(&g.uuid),
+                g.nblocks,
+                g.block_bytes >> 10,
+                g.journal_bytes >> 20
+            );
+            Ok(())
+        }),
+        StoreCmd::Info { path, format } => rt::block_on(async {
+            let dev = FileDev::open(&path, &OpenFlags::default())?;
+            let (s, report) = Store::open(dev, StoreOptions::default()).await?;
+            let g = s.geometry().clone();
+            let space = s.space();
+            let mem = s.memory();
+            let info = serde_json::json!({
+                "uuid": uuid_string(&g.uuid),
+                "block_bytes": g.block_bytes,
+                "blocks": g.nblocks,
+                "journal_bytes": g.journal_bytes,
+                "objects": s.object_count(),
+                "space": {
+                    "total_bytes": space.total_bytes,
+                    "used_bytes": space.used_bytes,
+                    "free_bytes": space.free_bytes,
+                    "pending_free_bytes": space.pending_free_bytes,
+                },
+                "open": {
+                    "checkpoint_seq": report.checkpoint_seq,
+                    "batches_replayed": report.batches_replayed,
+                    "records_replayed": report.records_replayed,
+                    "journal_bytes_replayed": report.journal_bytes_replayed,
+                    "replay_stopped": report.replay_stopped,
+                },
+                "memory": {
+                    "index_bytes": mem.index_bytes,
+                    "csum_cache_bytes": mem.csum_cache_bytes,
+                    "overlay_cache_bytes": mem.overlay_cache_bytes,
+                },
+            });
+            s.close().await?;
+            match format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&info)?),
+                Format::Table => {
+                    println!("store        {}", uuid_string(&g.uuid));
+                    println!("blocks       {} × {} KiB", g.nblocks, g.block_bytes >> 10);
+                    println!("journal      {} MiB", g.journal_bytes >> 20);
+                    println!("objects      {}", info["objects"]);
+                    println!(
+                        "space        {} MiB used, {} MiB free, {} MiB freed pending a checkpoint",
+                        space.used_bytes >> 20,
+                        space.free_bytes >> 20,
+                        space.pending_free_bytes >> 20
+                    );
+                    println!(
+                        "replayed     {} records in {} batches ({} KiB)",
+                        report.records_replayed,
+                        report.batches_replayed,
+                        report.journal_bytes_replayed >> 10
+                    );
+                    if let Some(why) = &report.replay_stopped {
+                        println!("WARNING      journal replay stopped early: {why}");
+                    }
+                }
+            }
+            Ok(())
+        }),
+    }
+}

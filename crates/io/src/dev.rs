@@ -31,7 +31,7 @@ pub trait BlockDev {
 /// Checks that `[offset, offset + len)` is aligned and inside the device.
 pub fn check_range(size: u64, align: u32, offset: u64, len: u64) -> io::Result<()> {
     let a = u64::from(align);
-    if offset % a != 0 || len % a != 0 {
+    if !offset.is_multiple_of(a) || !len.is_multiple_of(a) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("I/O at {offset}+{len} is not aligned to {align} bytes"),
@@ -49,4 +49,30 @@ pub fn check_range(size: u64, align: u32, offset: u64, len: u64) -> io::Result<(
 /// Total length of a gathered write.
 pub fn total_len(bufs: &[AlignedBuf]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
+}
+
+/// A shared device is a device (the store and a benchmark's raw load can
+/// use one open file).
+impl<D: BlockDev> BlockDev for std::rc::Rc<D> {
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+    fn align_bytes(&self) -> u32 {
+        (**self).align_bytes()
+    }
+    async fn read_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf> {
+        (**self).read_at(buf, offset).await
+    }
+    async fn write_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf> {
+        (**self).write_at(buf, offset).await
+    }
+    async fn writev_at(&self, bufs: Vec<AlignedBuf>, offset: u64) -> io::Result<Vec<AlignedBuf>> {
+        (**self).writev_at(bufs, offset).await
+    }
+    async fn sync(&self) -> io::Result<()> {
+        (**self).sync().await
+    }
+    async fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).discard(offset, len).await
+    }
 }
