@@ -333,6 +333,11 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.read(oid, offset, len).await
     }
 
+    /// The data block holding the object (for scrub tools and tests).
+    pub fn block_of(&self, oid: ObjectId) -> Option<u32> {
+        self.0.st.borrow().index.block_of(&oid)
+    }
+
     /// The object's newest version, if it exists.
     pub fn version(&self, oid: ObjectId) -> Option<u64> {
         self.0.st.borrow().index.version(&oid)
