@@ -68,7 +68,7 @@ impl CsumTable {
 
     /// Records new checksums for a block.
     pub fn set(&mut self, block: u32, csums: Box<[u32]>) {
-        debug_assert_eq!(csums.len(), self.spb);
+        crate::strict_assert!(csums.len() == self.spb);
         self.delta.insert(block, csums);
     }
 
@@ -82,7 +82,7 @@ impl CsumTable {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        debug_assert_eq!(csums.len(), CSUMS_PER_PAGE as usize);
+        crate::strict_assert!(csums.len() == CSUMS_PER_PAGE as usize);
         self.pages.insert(
             page,
             Page {

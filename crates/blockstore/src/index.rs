@@ -151,11 +151,11 @@ impl Index {
 
     /// Points `oid` at `block` (which must be free in the table).
     pub fn set_block(&mut self, oid: ObjectId, block: u32, version: u64) {
-        debug_assert!(
+        crate::strict_assert!(
             self.blocks[block as usize].is_free(),
             "block {block} in use"
         );
-        debug_assert!(
+        crate::strict_assert!(
             self.block_of(&oid).is_none(),
             "object {oid} already has a block"
         );

@@ -14,6 +14,19 @@
 //! alloc       block allocator
 //! ```
 
+/// A check on a hot path: `assert!` with the `strict` feature (on in CI
+/// and tests), `debug_assert!` otherwise.
+macro_rules! strict_assert {
+    ($($t:tt)*) => {
+        if cfg!(feature = "strict") {
+            assert!($($t)*)
+        } else {
+            debug_assert!($($t)*)
+        }
+    };
+}
+pub(crate) use strict_assert;
+
 mod alloc;
 mod checkpoint;
 mod csum;

@@ -52,7 +52,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             if st.index.block_of(&rec.oid).is_none() {
                 // Only in replay: a small write to an object a later record
                 // (already captured by the checkpoint) deleted.
-                debug_assert!(replay, "small write to {} without a block", rec.oid);
+                crate::strict_assert!(replay, "small write to {} without a block", rec.oid);
                 return;
             }
             let cache = data.filter(|_| {
@@ -242,7 +242,7 @@ async fn write_batch<D: BlockDev + 'static>(
         };
         let mut recs: Vec<&mut Record> = batch.iter_mut().map(|q| &mut q.rec).collect();
         let (hdr, written) = journal::encode_batch(&mut recs, id, g.sector_bytes);
-        debug_assert_eq!(written, total);
+        crate::strict_assert!(written == total);
         let mut bufs = Vec::with_capacity(batch.len() + 1);
         bufs.push(hdr);
         for q in batch.iter_mut() {
