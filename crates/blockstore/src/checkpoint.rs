@@ -35,8 +35,11 @@ use crate::store::Inner;
 use crate::store::Queued;
 use nacre_io::sync::oneshot;
 
-/// Table-page and fold writes in flight at once during a checkpoint.
+/// Table-page and fold writes in flight at once during a checkpoint: when
+/// the journal is past `URGENT_JOURNAL_PERCENT` full, and otherwise.
 const PAGE_WRITES_INFLIGHT_MAX: usize = 64;
+const PAGE_WRITES_GENTLE_MAX: usize = 4;
+const URGENT_JOURNAL_PERCENT: u64 = 65;
 /// Objects, and bytes of new chunk content, planned before one group of
 /// folds is journaled and written.
 const FOLD_GROUP_OBJECTS_MAX: usize = 1024;
@@ -105,23 +108,35 @@ pub(crate) fn encode_slot(
     buf
 }
 
+/// Writes pages (or folded chunks), keeping a sliding window in flight.
 async fn write_pages<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
     writes: Vec<(u64, AlignedBuf)>,
 ) -> Result<()> {
-    let mut handles = Vec::new();
+    let mut inflight = std::collections::VecDeque::with_capacity(PAGE_WRITES_INFLIGHT_MAX);
     for (pos, buf) in writes {
+        // Gentle while the journal has room (client I/O keeps its latency),
+        // all-out when writers are about to wait for this checkpoint.
+        let urgent = {
+            let st = inner.st.borrow();
+            (st.head - st.tail) * 100 >= inner.g.journal_bytes * URGENT_JOURNAL_PERCENT
+        };
+        let window = if urgent {
+            PAGE_WRITES_INFLIGHT_MAX
+        } else {
+            PAGE_WRITES_GENTLE_MAX
+        };
+        while inflight.len() >= window {
+            let h: rt::JoinHandle<std::io::Result<()>> =
+                inflight.pop_front().expect("window is full");
+            h.await?;
+        }
         let this = inner.clone();
-        handles.push(rt::spawn(async move {
+        inflight.push_back(rt::spawn(async move {
             this.dev.write_at(buf, pos).await.map(drop)
         }));
-        if handles.len() >= PAGE_WRITES_INFLIGHT_MAX {
-            for h in handles.drain(..) {
-                h.await?;
-            }
-        }
     }
-    for h in handles {
+    for h in inflight {
         h.await?;
     }
     Ok(())
