@@ -301,6 +301,9 @@ async fn run_async(opts: &StoreBenchOpts) -> anyhow::Result<StoreBenchReport> {
     // Leave 1/16 of the blocks free: whole-block rewrites go to fresh
     // blocks, and the old ones return only at the next checkpoint.
     let objects = u64::from(g.nblocks) - u64::from(g.nblocks) / 16;
+    // Whole 4 MiB ops only, so the linear fill covers every object.
+    let per = (LINEAR_BYTES / u64::from(g.block_bytes)).max(1);
+    let objects = (objects / per).max(1) * per;
     let l = Layout {
         data_offset: g.data_offset,
         block_bytes: u64::from(g.block_bytes),

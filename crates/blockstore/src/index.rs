@@ -3,7 +3,8 @@
 //!
 //! `blocks` is the object table itself — one 24-byte entry per data block,
 //! the same bytes that checkpoints write — so the index costs 24 bytes per
-//! block plus a 4-byte slot per object in `by_oid`. Objects with journal
+//! block plus 5 bytes per block of hash slots in `by_oid` (4 bytes per
+//! slot, 1.25 slots per block). Objects with journal
 //! data not yet folded into their block also have a `pending` entry,
 //! bounded by the journal's size.
 
@@ -12,11 +13,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use std::rc::Rc;
 
-use hashbrown::HashTable;
 use nacre_io::AlignedBuf;
 use nacre_types::ObjectId;
 
 use crate::format::{BlockEntry, Geometry};
+use crate::oidtable::OidTable;
 
 /// A multiply-mix hasher for object ids (no DoS concern: ids come from the
 /// cluster, not from untrusted clients).
@@ -40,13 +41,6 @@ impl Hasher for OidHasher {
 
 pub type OidMap<V> = HashMap<ObjectId, V, BuildHasherDefault<OidHasher>>;
 pub type OidSet = std::collections::HashSet<ObjectId, BuildHasherDefault<OidHasher>>;
-
-fn hash_oid(oid: &ObjectId) -> u64 {
-    let mut h = OidHasher::default();
-    h.write_u64(oid.volume.0);
-    h.write_u64(oid.block);
-    h.finish()
-}
 
 /// Journal data that is newer than the object's block.
 #[derive(Clone, Debug)]
@@ -73,7 +67,7 @@ pub struct Pending {
 
 pub struct Index {
     pub blocks: Vec<BlockEntry>,
-    by_oid: HashTable<u32>,
+    by_oid: OidTable,
     pub pending: OidMap<Pending>,
     /// Object-table pages changed since the last checkpoint copied them.
     dirty_pages: Vec<u64>,
@@ -85,7 +79,7 @@ impl Index {
     pub fn new(g: &Geometry) -> Self {
         Index {
             blocks: vec![BlockEntry::default(); g.nblocks as usize],
-            by_oid: HashTable::new(),
+            by_oid: OidTable::new(g.nblocks),
             pending: OidMap::default(),
             dirty_pages: vec![0; (g.objtab_pages as usize).div_ceil(64)],
             overlay_data_bytes: 0,
@@ -129,10 +123,7 @@ impl Index {
     }
 
     pub fn block_of(&self, oid: &ObjectId) -> Option<u32> {
-        let blocks = &self.blocks;
-        self.by_oid
-            .find(hash_oid(oid), |&b| blocks[b as usize].oid() == *oid)
-            .copied()
+        self.by_oid.get(oid, &self.blocks)
     }
 
     /// The object's newest version, if it exists.
@@ -160,10 +151,7 @@ impl Index {
             "object {oid} already has a block"
         );
         self.blocks[block as usize] = BlockEntry::new(oid, version);
-        let blocks = &self.blocks;
-        self.by_oid.insert_unique(hash_oid(&oid), block, |&b| {
-            hash_oid(&blocks[b as usize].oid())
-        });
+        self.by_oid.insert(&oid, block);
         self.dirty(block);
     }
 
@@ -175,12 +163,7 @@ impl Index {
 
     /// Detaches `oid` from its block; returns the block.
     pub fn clear_block(&mut self, oid: &ObjectId) -> Option<u32> {
-        let blocks = &self.blocks;
-        let entry = self
-            .by_oid
-            .find_entry(hash_oid(oid), |&b| blocks[b as usize].oid() == *oid)
-            .ok()?;
-        let (block, _) = entry.remove();
+        let block = self.by_oid.remove(oid, &self.blocks)?;
         self.blocks[block as usize] = BlockEntry::default();
         self.dirty(block);
         Some(block)
@@ -191,7 +174,7 @@ impl Index {
         let mut out: Vec<(ObjectId, u64)> = self
             .by_oid
             .iter()
-            .map(|&b| {
+            .map(|b| {
                 let e = &self.blocks[b as usize];
                 let oid = e.oid();
                 let v = self
@@ -225,15 +208,7 @@ impl Index {
     /// Bytes of RAM the index uses (table, hash slots, pending entries).
     pub fn memory_bytes(&self) -> u64 {
         let table = self.blocks.capacity() * std::mem::size_of::<BlockEntry>();
-        // hashbrown: a 4-byte slot and a 1-byte tag per bucket, buckets a
-        // power of two at most 7/8 full.
-        let cap = self.by_oid.capacity();
-        let buckets = if cap == 0 {
-            0
-        } else {
-            (cap * 8 / 7).next_power_of_two()
-        };
-        let hash = buckets * 5;
+        let hash = self.by_oid.memory_bytes();
         let pending: usize = self
             .pending
             .values()

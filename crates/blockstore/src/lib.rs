@@ -34,6 +34,7 @@ mod error;
 pub mod format;
 mod index;
 pub mod journal;
+mod oidtable;
 mod read;
 mod replay;
 mod store;

@@ -1,0 +1,153 @@
+//! The `nacre` binary end to end: the store benchmark's JSON, format and
+//! info, and bad arguments.
+
+use std::process::Command;
+
+fn nacre(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_nacre"))
+        .args(args)
+        .output()
+        .expect("run nacre")
+}
+
+#[test]
+fn store_bench_json_has_every_test_for_store_and_raw() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bench.img");
+    let out = nacre(&[
+        "store",
+        "bench",
+        "--path",
+        path.to_str().unwrap(),
+        "--size",
+        "160M",
+        "--runtime",
+        "150ms",
+        "--block-size",
+        "64K",
+        "--journal-size",
+        "8M",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let tests = v["tests"].as_array().unwrap();
+    let names: Vec<&str> = tests.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "randwrite-4k-qd1",
+            "randwrite-4k-qd128",
+            "randread-4k-qd1",
+            "randread-4k-qd128",
+            "write-4m-qd16",
+            "read-4m-qd16"
+        ]
+    );
+    for t in tests {
+        for side in ["store", "raw"] {
+            let s = &t[side];
+            assert!(
+                s["iops"].as_f64().unwrap() > 0.0,
+                "{} {side}: {s}",
+                t["name"]
+            );
+            for k in ["avg", "p50", "p99", "p999"] {
+                assert!(
+                    s["lat_us"][k].as_f64().unwrap() > 0.0,
+                    "{} {side} {k}",
+                    t["name"]
+                );
+            }
+            assert!(s["cpu_us_per_op"].as_f64().unwrap() >= 0.0);
+        }
+    }
+    assert!(v["memory"]["index_bytes_per_object"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn format_then_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.img");
+    let p = path.to_str().unwrap();
+    let out = nacre(&[
+        "store",
+        "format",
+        "--path",
+        p,
+        "--size",
+        "64M",
+        "--block-size",
+        "16K",
+        "--journal-size",
+        "4M",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = nacre(&["store", "info", "--path", p, "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["block_bytes"], 16384);
+    assert_eq!(v["objects"], 0);
+    assert!(v["open"]["replay_stopped"].is_null());
+}
+
+#[test]
+fn bad_arguments_give_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.img");
+    let p = p.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["store", "bench", "--path", p, "--size", "4X"],
+            "unknown unit",
+        ),
+        (
+            &["store", "bench", "--path", p, "--runtime", "1h"],
+            "unknown unit",
+        ),
+        (
+            &["store", "format", "--path", p, "--size", "1M"],
+            "device too small",
+        ),
+        (
+            &[
+                "store",
+                "format",
+                "--path",
+                p,
+                "--size",
+                "64M",
+                "--block-size",
+                "3000",
+            ],
+            "power of two",
+        ),
+        (&["store", "info", "--path", "/dev/null"], ""),
+    ];
+    for (args, want) in cases {
+        let out = nacre(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // A plain file that is not a store.
+    std::fs::write(dir.path().join("junk"), vec![0x5a; 1 << 20]).unwrap();
+    let junk = dir.path().join("junk");
+    let out = nacre(&["store", "info", "--path", junk.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a Nacre store"));
+}
