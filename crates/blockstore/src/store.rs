@@ -208,6 +208,10 @@ pub(crate) struct State {
     /// Sync barriers waiting; `true` asks for a durable header recording the
     /// sync (a marker), which the checkpointer needs before folding.
     pub sync_waiters: Vec<(Sender<Result<()>>, bool)>,
+    /// Batches written and waiting for the syncer.
+    pub written: VecDeque<crate::writer::Written>,
+    /// The writer has stopped (the store is closing).
+    pub writer_done: bool,
     pub ckpt_seq: u64,
     pub ckpt_slot: u32,
     pub ckpt_wanted: bool,
@@ -233,6 +237,8 @@ pub(crate) struct Inner<D: BlockDev> {
     pub st: RefCell<State>,
     /// Wakes the journal writer.
     pub journal_kick: Notify,
+    /// Wakes the syncer.
+    pub written_kick: Notify,
     /// Wakes the checkpointer.
     pub ckpt_kick: Notify,
     /// A checkpoint finished (journal space and freed blocks returned).
@@ -273,6 +279,7 @@ impl<D: BlockDev + 'static> Store<D> {
         let (inner, report) = crate::replay::open(dev, opts).await?;
         let inner = Rc::new(inner);
         rt::spawn(crate::writer::journal_task(inner.clone()));
+        rt::spawn(crate::writer::sync_task(inner.clone()));
         rt::spawn(crate::checkpoint::checkpoint_task(inner.clone()));
         // Replay made everything it applied durable; a header must say so
         // before any block it freed is reused or any fold rewrites a block
@@ -428,6 +435,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         self.applied.notify();
         self.ckpt_done.notify();
         self.journal_kick.notify();
+        self.written_kick.notify();
     }
 
     pub(crate) fn bump_epoch(&self) {

@@ -1,16 +1,20 @@
-//! The journal writer: group commit, and applying records to the index.
+//! The journal writer and syncer: group commit, and applying records to the
+//! index.
 //!
-//! PERF-CRITICAL. One task owns the journal's head. Each turn it takes every
-//! queued record (up to the batch limits), writes them as one batch with one
-//! gathered write, waits for the data blocks of its full-block writes,
-//! issues one fsync (unless the device commits immediately, or no writer in
-//! the batch asked for durability), applies the batch to the index in
-//! order, and answers every writer. While it waits, new writers queue up and
-//! form the next batch, so the fsync cost is shared by everyone who arrived
-//! during the previous one.
+//! PERF-CRITICAL. Two tasks form a pipeline. The writer owns the journal's
+//! head: each turn it takes every queued record (up to the batch limits),
+//! writes them as one batch with one gathered write, waits for the data
+//! blocks of its full-block writes, and hands the batch to the syncer
+//! without waiting for durability. The syncer takes every batch handed
+//! over since its last turn, issues one fsync for all of them (unless the
+//! device commits immediately, or nobody asked for durability), applies
+//! them to the index in journal order and answers every writer. While one
+//! fsync runs, the next batch is already being written, and writers
+//! arriving meanwhile share the next fsync.
 
 use std::rc::Rc;
 
+use nacre_io::sync::Sender;
 use nacre_io::{AlignedBuf, BlockDev};
 use std::rc::Rc as StdRc;
 
@@ -147,6 +151,27 @@ fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> (Vec<Queued>, bo
     (out, exempt)
 }
 
+/// Batches handed from the writer to the syncer at most (bounds the memory
+/// and the time between a write and its acknowledgement).
+const PIPELINE_BATCHES_MAX: usize = 4;
+
+/// A batch whose journal write (and data blocks) completed, waiting for the
+/// syncer to make it durable, apply it and acknowledge it.
+pub(crate) struct Written {
+    batch: Vec<Queued>,
+    waiters: Vec<(Sender<Result<()>>, bool)>,
+    /// Journal position after this batch.
+    end: u64,
+    /// Someone in it asked for durability.
+    durable: bool,
+    /// Something was written (a marker or records).
+    wrote: bool,
+    /// It could not be written; nothing of it is applied.
+    error: Option<String>,
+}
+
+/// The writer: takes batches off the queues and writes them, one after
+/// another, without waiting for their fsync.
 pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
     loop {
         let (mut batch, exempt, waiters) = loop {
@@ -155,180 +180,301 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 let work = !st.queue.is_empty()
                     || !st.ckpt_queue.is_empty()
                     || !st.sync_waiters.is_empty();
-                if work {
+                if work && st.written.len() < PIPELINE_BATCHES_MAX {
                     let sector = u64::from(inner.g.sector_bytes);
                     let (b, exempt) = take_batch(&mut st, inner.g.block_bytes, sector);
                     let w = std::mem::take(&mut st.sync_waiters);
                     break (b, exempt, w);
                 }
-                if st.closing {
+                if !work && st.closing {
+                    st.writer_done = true;
+                    drop(st);
+                    inner.written_kick.notify();
                     return;
                 }
             }
+            // Woken by new work, by the syncer draining, or by a checkpoint.
             inner.journal_kick.wait().await;
         };
-        let mut result = write_batch(&inner, &mut batch, exempt, !waiters.is_empty(), false).await;
-        if let Err(Error::JournalFull) = result {
-            // Put everything back and wait for a checkpoint to trim the
-            // journal; checkpoint records jump the queue meanwhile.
-            {
-                let mut st = inner.st.borrow_mut();
-                for q in batch.into_iter().rev() {
-                    st.queue.push_front(q);
+        let marker = waiters.iter().any(|(_, m)| *m);
+        let durable = !waiters.is_empty() || batch.iter().any(|q| q.durable);
+        let wrote = !batch.is_empty();
+        let end = match write_batch(&inner, &mut batch, exempt, false).await {
+            Ok(end) => end,
+            Err(Error::JournalFull) => {
+                // Put everything back and wait for a checkpoint to trim the
+                // journal; checkpoint records jump the queue meanwhile.
+                {
+                    let mut st = inner.st.borrow_mut();
+                    for q in batch.into_iter().rev() {
+                        st.queue.push_front(q);
+                    }
+                    let mut w = waiters;
+                    w.append(&mut st.sync_waiters);
+                    st.sync_waiters = w;
+                    st.ckpt_wanted = true;
                 }
-                let mut w = waiters;
-                w.append(&mut st.sync_waiters);
-                st.sync_waiters = w;
-                st.ckpt_wanted = true;
+                inner.ckpt_kick.notify();
+                inner.journal_kick.wait().await;
+                continue;
             }
-            inner.ckpt_kick.notify();
-            inner.journal_kick.wait().await;
+            Err(e) => {
+                hand_over(
+                    &inner,
+                    Written {
+                        batch,
+                        waiters,
+                        end: 0,
+                        durable,
+                        wrote,
+                        error: Some(e.to_string()),
+                    },
+                );
+                continue;
+            }
+        };
+        if !marker {
+            hand_over(
+                &inner,
+                Written {
+                    batch,
+                    waiters,
+                    end,
+                    durable,
+                    wrote,
+                    error: None,
+                },
+            );
             continue;
         }
-        if result.is_ok() && waiters.iter().any(|(_, marker)| *marker) {
-            result = write_marker(&inner).await;
+        // A marker records a sync covering everything written so far: hand
+        // this batch over, wait until the syncer has made it durable, then
+        // write an empty batch whose header says so.
+        hand_over(
+            &inner,
+            Written {
+                batch,
+                waiters: Vec::new(),
+                end,
+                durable: true,
+                wrote,
+                error: None,
+            },
+        );
+        loop {
+            {
+                let st = inner.st.borrow();
+                if st.failed.is_some() || (st.written.is_empty() && st.synced_upto >= end) {
+                    break;
+                }
+            }
+            inner.applied.wait().await;
         }
-        finish_batch(&inner, batch, waiters, result);
+        let needed = {
+            let st = inner.st.borrow();
+            st.recorded_synced < st.synced_upto
+        };
+        let r = if needed {
+            write_batch(&inner, &mut [], true, true).await
+        } else {
+            Ok(end)
+        };
+        let (end, error) = match r {
+            Ok(e) => (e, None),
+            Err(e) => (0, Some(e.to_string())),
+        };
+        hand_over(
+            &inner,
+            Written {
+                batch: Vec::new(),
+                waiters,
+                end,
+                durable: true,
+                wrote: needed,
+                error,
+            },
+        );
     }
 }
 
-/// Writes, waits for, and fsyncs one batch; applies it on success. An
-/// empty batch is written only as a `marker` (a header recording the sync).
-/// `Err(JournalFull)` means nothing was written: the batch must wait.
+fn hand_over<D: BlockDev + 'static>(inner: &Rc<Inner<D>>, w: Written) {
+    inner.st.borrow_mut().written.push_back(w);
+    inner.written_kick.notify();
+}
+
+/// The syncer: one fsync for every batch written since the last one, then
+/// applies them in order and answers their writers.
+pub(crate) async fn sync_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
+    loop {
+        let group: Vec<Written> = loop {
+            {
+                let mut st = inner.st.borrow_mut();
+                if !st.written.is_empty() {
+                    break st.written.drain(..).collect();
+                }
+                if st.writer_done {
+                    return;
+                }
+            }
+            inner.written_kick.wait().await;
+        };
+        // The writer may go on while we fsync.
+        inner.journal_kick.notify();
+        let wants = group.iter().any(|w| w.durable);
+        let wrote = group.iter().any(|w| w.wrote);
+        let needs_fsync = wants && (inner.st.borrow().unsynced || wrote);
+        let mut result: std::result::Result<(), String> = match &inner.st.borrow().failed {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        };
+        if result.is_ok() && needs_fsync && !inner.opts.immediate_commit {
+            match inner.dev.sync().await {
+                Ok(()) => inner.st.borrow_mut().stats.syncs += 1,
+                Err(e) => {
+                    inner.fail(format!("journal fsync: {e}"));
+                    result = Err(format!("fsync: {e}"));
+                }
+            }
+        }
+        if result.is_ok() {
+            let mut st = inner.st.borrow_mut();
+            let last = group
+                .iter()
+                .filter(|w| w.error.is_none())
+                .map(|w| w.end)
+                .max()
+                .unwrap_or(0);
+            if wants || inner.opts.immediate_commit {
+                st.synced_upto = st.synced_upto.max(last);
+                st.unsynced = false;
+            } else if wrote {
+                st.unsynced = true;
+            }
+        }
+        for mut w in group {
+            let r = match (w.error.take(), &result) {
+                (Some(e), _) => Err(Error::Failed(e)),
+                (None, Err(e)) => Err(Error::Failed(e.clone())),
+                (None, Ok(())) => Ok(()),
+            };
+            if r.is_ok() {
+                let mut st = inner.st.borrow_mut();
+                for q in w.batch.iter_mut() {
+                    let data = q.data.take();
+                    apply_record(&mut st, &q.rec, data, false);
+                }
+                st.completed = st.completed.max(w.end);
+            }
+            finish_batch(&inner, w.batch, w.waiters, r);
+        }
+    }
+}
+
+/// Writes one batch (records, or a header-only `marker` recording the
+/// sync) and waits for the data blocks of its full-block records. Returns
+/// the journal position after it. `Err(JournalFull)` means nothing was
+/// written: the batch must wait for a checkpoint.
 async fn write_batch<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
     batch: &mut [Queued],
     exempt: bool,
-    sync_asked: bool,
     marker: bool,
-) -> Result<()> {
+) -> Result<u64> {
     if let Some(why) = &inner.st.borrow().failed {
         return Err(Error::Failed(why.clone()));
     }
+    if batch.is_empty() && !marker {
+        return Ok(inner.st.borrow().head);
+    }
     let g = &inner.g;
     let sector = u64::from(g.sector_bytes);
-    let wants_durable = sync_asked || batch.iter().any(|q| q.durable);
-    let writes = !batch.is_empty() || marker;
-    if writes {
-        let refs: Vec<&Record> = batch.iter().map(|q| &q.rec).collect();
-        let data_bytes: u64 = refs
-            .iter()
-            .filter(|r| r.kind == RecordKind::Small)
-            .map(|r| pad(u64::from(r.len), sector))
-            .sum();
-        let total = pad(journal::header_bytes(&refs) as u64, sector) + data_bytes;
-        let Some(pos) = reserve_journal(inner, total, exempt || marker).await? else {
-            if exempt || marker {
-                inner.fail("journal too full for checkpoint records".into());
-                return Err(Error::Failed(
-                    "journal too full for checkpoint records".into(),
-                ));
-            }
-            return Err(Error::JournalFull);
-        };
-        let (gen, synced_upto, uuid_lo) = {
-            let st = inner.st.borrow();
-            (
-                st.gen,
-                st.synced_upto,
-                u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
-            )
-        };
-        let id = BatchId {
-            pos,
-            gen,
-            synced_upto,
-            uuid_lo,
-        };
-        let mut recs: Vec<&mut Record> = batch.iter_mut().map(|q| &mut q.rec).collect();
-        let (hdr, written) = journal::encode_batch(&mut recs, id, g.sector_bytes);
-        crate::strict_assert!(written == total);
-        let mut bufs = Vec::with_capacity(batch.len() + 1);
-        bufs.push(hdr);
-        for q in batch.iter_mut() {
-            if let Some(mut d) = q.data.take() {
-                let l = d.len();
-                let padded = pad(l as u64, sector) as usize;
-                if padded != l {
-                    d.set_len(padded);
-                    d[l..].fill(0);
-                }
-                bufs.push(d);
-            }
+    let refs: Vec<&Record> = batch.iter().map(|q| &q.rec).collect();
+    let data_bytes: u64 = refs
+        .iter()
+        .filter(|r| r.kind == RecordKind::Small)
+        .map(|r| pad(u64::from(r.len), sector))
+        .sum();
+    let total = pad(journal::header_bytes(&refs) as u64, sector) + data_bytes;
+    let Some(pos) = reserve_journal(inner, total, exempt || marker).await? else {
+        if exempt || marker {
+            inner.fail("journal too full for checkpoint records".into());
+            return Err(Error::Failed(
+                "journal too full for checkpoint records".into(),
+            ));
         }
-        let phys = g.journal_offset + pos % g.journal_bytes;
-        let res = inner.dev.writev_at(bufs, phys).await;
-        // Hand each small write's buffer back to its record: the index may
-        // keep it for folding and reads.
-        let res = res.map(|bufs| {
-            let mut it = bufs.into_iter().skip(1);
-            for q in batch.iter_mut().filter(|q| q.rec.kind == RecordKind::Small) {
-                if let Some(mut b) = it.next() {
-                    b.set_len(q.rec.len as usize);
-                    q.data = Some(b);
-                }
+        return Err(Error::JournalFull);
+    };
+    let (gen, synced_upto, uuid_lo) = {
+        let st = inner.st.borrow();
+        (
+            st.gen,
+            st.synced_upto,
+            u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
+        )
+    };
+    let id = BatchId {
+        pos,
+        gen,
+        synced_upto,
+        uuid_lo,
+    };
+    let mut recs: Vec<&mut Record> = batch.iter_mut().map(|q| &mut q.rec).collect();
+    let (hdr, written) = journal::encode_batch(&mut recs, id, g.sector_bytes);
+    crate::strict_assert!(written == total);
+    let mut bufs = Vec::with_capacity(batch.len() + 1);
+    bufs.push(hdr);
+    for q in batch.iter_mut() {
+        if let Some(mut d) = q.data.take() {
+            let l = d.len();
+            let padded = pad(l as u64, sector) as usize;
+            if padded != l {
+                d.set_len(padded);
+                d[l..].fill(0);
             }
-        });
-        // The data blocks of full-block writes must be written before the
-        // fsync that makes the batch durable.
-        let mut data_err = None;
-        for q in batch.iter_mut() {
-            if let Some(rx) = q.data_done.take() {
-                match rx.await {
-                    Some(Ok(())) => {}
-                    Some(Err(e)) => data_err = Some(e.to_string()),
-                    None => data_err = Some("data write task vanished".into()),
-                }
-            }
+            bufs.push(d);
         }
-        if let Err(e) = res {
-            inner.fail(format!("journal write at {pos}: {e}"));
-            return Err(Error::Failed(format!("journal write: {e}")));
-        }
-        if let Some(e) = data_err {
-            inner.fail(format!("data block write: {e}"));
-            return Err(Error::Failed(format!("data block write: {e}")));
-        }
-        let mut st = inner.st.borrow_mut();
-        st.head = pos + total;
-        st.recorded_synced = st.recorded_synced.max(synced_upto);
-        st.stats.batches += 1;
-        st.stats.records += batch.len() as u64;
     }
-    let needs_fsync = wants_durable && (inner.st.borrow().unsynced || writes);
-    if needs_fsync && !inner.opts.immediate_commit {
-        if let Err(e) = inner.dev.sync().await {
-            inner.fail(format!("journal fsync: {e}"));
-            return Err(Error::Failed(format!("fsync: {e}")));
+    // The batch's end is claimed now, so the next batch can be placed
+    // while this one is in flight.
+    inner.st.borrow_mut().head = pos + total;
+    let phys = g.journal_offset + pos % g.journal_bytes;
+    let res = inner.dev.writev_at(bufs, phys).await;
+    // Hand each small write's buffer back to its record: the index may
+    // keep it for folding and reads.
+    let res = res.map(|bufs| {
+        let mut it = bufs.into_iter().skip(1);
+        for q in batch.iter_mut().filter(|q| q.rec.kind == RecordKind::Small) {
+            if let Some(mut b) = it.next() {
+                b.set_len(q.rec.len as usize);
+                q.data = Some(b);
+            }
         }
-        inner.st.borrow_mut().stats.syncs += 1;
+    });
+    // The data blocks of full-block writes must be written before the
+    // fsync that makes the batch durable.
+    let mut data_err = None;
+    for q in batch.iter_mut() {
+        if let Some(rx) = q.data_done.take() {
+            match rx.await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => data_err = Some(e.to_string()),
+                None => data_err = Some("data write task vanished".into()),
+            }
+        }
+    }
+    if let Err(e) = res {
+        inner.fail(format!("journal write at {pos}: {e}"));
+        return Err(Error::Failed(format!("journal write: {e}")));
+    }
+    if let Some(e) = data_err {
+        inner.fail(format!("data block write: {e}"));
+        return Err(Error::Failed(format!("data block write: {e}")));
     }
     let mut st = inner.st.borrow_mut();
-    if wants_durable || inner.opts.immediate_commit {
-        st.synced_upto = st.head;
-        st.unsynced = false;
-    } else if writes {
-        st.unsynced = true;
-    }
-    for q in batch.iter_mut() {
-        let data = q.data.take();
-        apply_record(&mut st, &q.rec, data, false);
-    }
-    st.completed = st.head;
-    Ok(())
-}
-
-/// Writes an empty batch whose header records `synced_upto`, if the newest
-/// header on disk records less, and makes it durable.
-async fn write_marker<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<()> {
-    let (synced, recorded) = {
-        let st = inner.st.borrow();
-        (st.synced_upto, st.recorded_synced)
-    };
-    if recorded >= synced {
-        return Ok(());
-    }
-    write_batch(inner, &mut [], true, true, true).await
+    st.recorded_synced = st.recorded_synced.max(synced_upto);
+    st.stats.batches += 1;
+    st.stats.records += batch.len() as u64;
+    Ok(pos + total)
 }
 
 /// Finds room for `total` bytes at the journal head (writing a wrap marker
@@ -387,7 +533,7 @@ async fn reserve_journal<D: BlockDev + 'static>(
 fn finish_batch<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
     batch: Vec<Queued>,
-    waiters: Vec<(nacre_io::sync::Sender<Result<()>>, bool)>,
+    waiters: Vec<(Sender<Result<()>>, bool)>,
     result: Result<()>,
 ) {
     {
