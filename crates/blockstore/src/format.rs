@@ -486,3 +486,24 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod robustness {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn damaged_superblocks_are_refused(at in 0usize..128, x in 1u8..=255) {
+            let g = Geometry::plan([9; 16], 1 << 30, 128 << 10, 512, None).unwrap();
+            let mut b = g.to_superblock().as_bytes().to_vec();
+            b[at] ^= x;
+            prop_assert!(Geometry::from_superblock(&b).is_err());
+        }
+
+        #[test]
+        fn random_superblocks_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = Geometry::from_superblock(&bytes);
+        }
+    }
+}

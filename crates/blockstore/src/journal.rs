@@ -412,3 +412,66 @@ mod tests {
         assert!(parse_start(&w, id, 0, 512, 8 << 20).unwrap().wrap);
     }
 }
+
+#[cfg(test)]
+mod robustness {
+    //! Bytes from the disk are outside input: random and mutated batches
+    //! must be refused with an error, never a panic or a huge allocation.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn valid_batch() -> (Vec<u8>, BatchId) {
+        let id = BatchId {
+            pos: 4096,
+            gen: 2,
+            synced_upto: 0,
+            uuid_lo: 5,
+        };
+        let d = vec![3u8; 1536];
+        let mut r = Record {
+            kind: RecordKind::Small,
+            oid: ObjectId::new(1, 1),
+            version: 4,
+            offset: 512,
+            len: 1536,
+            block: 0,
+            csums: chunk_csums(&d),
+            data_pos: 0,
+        };
+        let (hdr, _) = encode_batch(&mut [&mut r], id, 512);
+        let mut b = hdr.to_vec();
+        b.extend_from_slice(&d);
+        (b, id)
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+            let id = BatchId { pos: 0, gen: 0, synced_upto: 0, uuid_lo: 0 };
+            let _ = parse_start(&bytes, id, 0, 512, 1 << 20);
+            let _ = parse_batch(&bytes, 0, 128 << 10, 1000);
+        }
+
+        #[test]
+        fn mutated_batches_are_refused_or_equal(flips in prop::collection::vec((0usize..2048, any::<u8>()), 1..8)) {
+            let (mut b, id) = valid_batch();
+            let orig = b.clone();
+            for (i, x) in flips {
+                let i = i % b.len();
+                b[i] ^= x;
+            }
+            let start = parse_start(&b, id, 0, 512, 1 << 20);
+            let parsed = parse_batch(&b, id.pos, 64 << 10, 100);
+            if b != orig {
+                // Any change to the header region or the data is caught by
+                // a checksum (the padding after the header is not covered).
+                if let (Ok(_), Ok(recs)) = (start, parsed) {
+                    let hdr = u32::from_le_bytes(orig[8..12].try_into().unwrap()) as usize;
+                    prop_assert_eq!(&b[..hdr], &orig[..hdr]);
+                    prop_assert_eq!(&b[hdr..], &orig[hdr..]);
+                    prop_assert_eq!(recs.len(), 1);
+                }
+            }
+        }
+    }
+}

@@ -352,3 +352,34 @@ fn immediate_commit_never_fsyncs() {
         assert_eq!(dev.sync_count(), syncs);
     });
 }
+
+#[test]
+fn freed_blocks_are_discarded_when_asked() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        Store::format(&dev, &fmt(64 << 10)).await.unwrap();
+        let opts = StoreOptions {
+            discard_freed: true,
+            ..StoreOptions::default()
+        };
+        let (s, _) = Store::open(dev.clone(), opts).await.unwrap();
+        let a = ObjectId::new(10, 1);
+        s.write(a, 1, 0, pattern(7, 64 << 10)).await.unwrap();
+        let g = s.geometry().clone();
+        let b = s.block_of(a).unwrap();
+        let used = s.space().used_bytes;
+        s.delete(a, 2).await.unwrap();
+        assert_eq!(s.space().pending_free_bytes, 64 << 10);
+        s.checkpoint().await.unwrap();
+        assert_eq!(s.space().pending_free_bytes, 0);
+        assert_eq!(s.space().used_bytes, used - (64 << 10));
+        let raw = dev
+            .read_at(AlignedBuf::new(64 << 10), g.block_offset(b))
+            .await
+            .unwrap();
+        assert!(
+            raw.iter().all(|&x| x == 0),
+            "the freed block was not discarded"
+        );
+    });
+}
