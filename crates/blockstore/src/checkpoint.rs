@@ -40,6 +40,8 @@ use nacre_io::sync::oneshot;
 const PAGE_WRITES_INFLIGHT_MAX: usize = 64;
 const PAGE_WRITES_GENTLE_MAX: usize = 4;
 const URGENT_JOURNAL_PERCENT: u64 = 65;
+/// Journal fill at which folding ahead of checkpoints starts.
+const FOLD_AHEAD_PERCENT: u64 = 25;
 /// Objects, and bytes of new chunk content, planned before one group of
 /// folds is journaled and written.
 const FOLD_GROUP_OBJECTS_MAX: usize = 1024;
@@ -51,27 +53,82 @@ const FOLD_PLANS_INFLIGHT_MAX: usize = 64;
 /// reads instead of getting a fresh checksum over damaged bytes.
 const POISON: u32 = 0xdead_beef;
 
+/// The checkpointer: checkpoints when asked, and in between folds journal
+/// data into blocks ahead of time (gently), once the journal is a quarter
+/// full, so a checkpoint finds little left to fold and client writes rarely
+/// wait for one.
 pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
-    loop {
-        loop {
-            {
-                let st = inner.st.borrow();
-                if st.closing {
-                    return;
-                }
-                if st.ckpt_wanted && st.failed.is_none() {
-                    break;
-                }
-            }
-            inner.ckpt_kick.wait().await;
-        }
-        inner.st.borrow_mut().ckpt_wanted = false;
-        if let Err(e) = run_checkpoint(&inner).await {
-            inner.fail(format!("checkpoint: {e}"));
-        }
-        inner.ckpt_done.notify();
-        inner.journal_kick.notify();
+    enum Next {
+        Checkpoint,
+        FoldAhead,
+        Wait,
     }
+    let mut fold_ahead_idle = false;
+    loop {
+        let next = {
+            let st = inner.st.borrow();
+            if st.closing {
+                return;
+            }
+            let used = st.head - st.tail;
+            if st.failed.is_some() {
+                Next::Wait
+            } else if st.ckpt_wanted {
+                Next::Checkpoint
+            } else if !fold_ahead_idle
+                && !st.index.pending.is_empty()
+                && used * 100 >= inner.g.journal_bytes * FOLD_AHEAD_PERCENT
+            {
+                Next::FoldAhead
+            } else {
+                Next::Wait
+            }
+        };
+        match next {
+            Next::Checkpoint => {
+                inner.st.borrow_mut().ckpt_wanted = false;
+                if let Err(e) = run_checkpoint(&inner).await {
+                    inner.fail(format!("checkpoint: {e}"));
+                }
+                fold_ahead_idle = false;
+                inner.ckpt_done.notify();
+                inner.journal_kick.notify();
+            }
+            Next::FoldAhead => match fold_ahead(&inner).await {
+                Ok(folded) => fold_ahead_idle = !folded,
+                Err(e) => inner.fail(format!("folding ahead: {e}")),
+            },
+            Next::Wait => {
+                inner.ckpt_kick.wait().await;
+                fold_ahead_idle = false;
+            }
+        }
+    }
+}
+
+/// Folds one group of objects whose overlays lag the journal head by an
+/// eighth of the journal (recent writes stay, to be folded together with
+/// the writes that follow them). Returns whether anything was folded.
+async fn fold_ahead<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<bool> {
+    let (j, oids) = {
+        let st = inner.st.borrow();
+        let j = st.completed.saturating_sub(inner.g.journal_bytes / 8);
+        let oids: Vec<ObjectId> = st
+            .index
+            .pending
+            .iter()
+            .filter(|(_, p)| p.overlays.first().is_some_and(|o| o.data_pos < j))
+            .map(|(oid, _)| *oid)
+            .take(FOLD_GROUP_OBJECTS_MAX)
+            .collect();
+        (j, oids)
+    };
+    if oids.is_empty() {
+        return Ok(false);
+    }
+    inner.sync_barrier(true).await?;
+    fold_all(inner, oids, j).await?;
+    Ok(true)
 }
 
 /// Encodes a checkpoint slot: header page, then the page table.

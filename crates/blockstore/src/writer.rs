@@ -173,20 +173,31 @@ pub(crate) struct Written {
 /// The writer: takes batches off the queues and writes them, one after
 /// another, without waiting for their fsync.
 pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
+    // Set when client writes did not fit: they wait until a checkpoint
+    // moves the journal's tail past this, while sync barriers and the
+    // checkpointer's own records are still served (a checkpoint may be
+    // waiting for them).
+    let mut full_at_tail: Option<u64> = None;
     loop {
         let (mut batch, exempt, waiters) = loop {
             {
                 let mut st = inner.st.borrow_mut();
-                let work = !st.queue.is_empty()
-                    || !st.ckpt_queue.is_empty()
-                    || !st.sync_waiters.is_empty();
+                if full_at_tail.is_some_and(|t| t != st.tail) {
+                    full_at_tail = None;
+                }
+                let clients = !st.queue.is_empty() && full_at_tail.is_none();
+                let work = clients || !st.ckpt_queue.is_empty() || !st.sync_waiters.is_empty();
                 if work && st.written.len() < PIPELINE_BATCHES_MAX {
                     let sector = u64::from(inner.g.sector_bytes);
-                    let (b, exempt) = take_batch(&mut st, inner.g.block_bytes, sector);
+                    let (b, exempt) = if clients || !st.ckpt_queue.is_empty() {
+                        take_batch(&mut st, inner.g.block_bytes, sector)
+                    } else {
+                        (Vec::new(), false)
+                    };
                     let w = std::mem::take(&mut st.sync_waiters);
                     break (b, exempt, w);
                 }
-                if !work && st.closing {
+                if st.queue.is_empty() && st.ckpt_queue.is_empty() && st.closing {
                     st.writer_done = true;
                     drop(st);
                     inner.written_kick.notify();
@@ -196,28 +207,28 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
             // Woken by new work, by the syncer draining, or by a checkpoint.
             inner.journal_kick.wait().await;
         };
+        let mut end_result = write_batch(&inner, &mut batch, exempt, false).await;
+        if let Err(Error::JournalFull) = end_result {
+            // Put the client batch back; go on with the barriers alone.
+            {
+                let mut st = inner.st.borrow_mut();
+                for q in std::mem::take(&mut batch).into_iter().rev() {
+                    st.queue.push_front(q);
+                }
+                full_at_tail = Some(st.tail);
+                st.ckpt_wanted = true;
+            }
+            inner.ckpt_kick.notify();
+            if waiters.is_empty() {
+                continue;
+            }
+            end_result = write_batch(&inner, &mut batch, exempt, false).await;
+        }
         let marker = waiters.iter().any(|(_, m)| *m);
         let durable = !waiters.is_empty() || batch.iter().any(|q| q.durable);
         let wrote = !batch.is_empty();
-        let end = match write_batch(&inner, &mut batch, exempt, false).await {
+        let end = match end_result {
             Ok(end) => end,
-            Err(Error::JournalFull) => {
-                // Put everything back and wait for a checkpoint to trim the
-                // journal; checkpoint records jump the queue meanwhile.
-                {
-                    let mut st = inner.st.borrow_mut();
-                    for q in batch.into_iter().rev() {
-                        st.queue.push_front(q);
-                    }
-                    let mut w = waiters;
-                    w.append(&mut st.sync_waiters);
-                    st.sync_waiters = w;
-                    st.ckpt_wanted = true;
-                }
-                inner.ckpt_kick.notify();
-                inner.journal_kick.wait().await;
-                continue;
-            }
             Err(e) => {
                 hand_over(
                     &inner,
@@ -558,6 +569,9 @@ fn finish_batch<D: BlockDev + 'static>(
             || used * 100 >= inner.g.journal_bytes * u64::from(inner.opts.checkpoint_at_percent)
         {
             st.ckpt_wanted = true;
+            inner.ckpt_kick.notify();
+        } else if used * 4 >= inner.g.journal_bytes {
+            // Time to fold ahead.
             inner.ckpt_kick.notify();
         }
     }
