@@ -63,7 +63,9 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
         FoldAhead,
         Wait,
     }
-    let mut fold_ahead_idle = false;
+    // Journal position before which another look for lagging overlays
+    // would find nothing new (a look costs a pass over the pending map).
+    let mut next_look_at = 0u64;
     loop {
         let next = {
             let st = inner.st.borrow();
@@ -75,7 +77,7 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
                 Next::Wait
             } else if st.ckpt_wanted {
                 Next::Checkpoint
-            } else if !fold_ahead_idle
+            } else if st.completed >= next_look_at
                 && !st.index.pending.is_empty()
                 && used * 100 >= inner.g.journal_bytes * FOLD_AHEAD_PERCENT
             {
@@ -90,18 +92,16 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
                 if let Err(e) = run_checkpoint(&inner).await {
                     inner.fail(format!("checkpoint: {e}"));
                 }
-                fold_ahead_idle = false;
+                next_look_at = 0;
                 inner.ckpt_done.notify();
                 inner.journal_kick.notify();
             }
             Next::FoldAhead => match fold_ahead(&inner).await {
-                Ok(folded) => fold_ahead_idle = !folded,
+                Ok(true) => {}
+                Ok(false) => next_look_at = inner.st.borrow().completed + inner.g.journal_bytes / 32,
                 Err(e) => inner.fail(format!("folding ahead: {e}")),
             },
-            Next::Wait => {
-                inner.ckpt_kick.wait().await;
-                fold_ahead_idle = false;
-            }
+            Next::Wait => inner.ckpt_kick.wait().await,
         }
     }
 }

@@ -138,7 +138,13 @@ impl<D: BlockDev + 'static> Inner<D> {
         let csums = self.block_csums(block).await?;
         for (i, chunk) in buf.chunks(CHUNK as usize).enumerate() {
             let c = (off / CHUNK) as usize + i;
-            if nacre_types::crc32c(chunk) != csums[c] {
+            let crc = nacre_types::crc32c(chunk);
+            if crc != csums[c] {
+                tracing::debug!(
+                    "block {block} chunk {c}: crc {crc:08x}, expected {:08x}; starts {:02x?}",
+                    csums[c],
+                    &chunk[..16]
+                );
                 return Err(Error::Corrupt(format!(
                     "data block {block}, bytes {}..{}",
                     c as u32 * CHUNK,

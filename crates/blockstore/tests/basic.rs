@@ -438,3 +438,72 @@ fn a_full_journal_under_heavy_load_makes_progress() {
         assert_eq!(s.object_count(), 256);
     });
 }
+
+#[test]
+fn reads_under_folding_always_see_the_latest_write() {
+    // Workers own disjoint objects and check every read against their own
+    // model while the journal keeps filling: folds ahead, checkpoints and
+    // block rewrites run under them all the time.
+    for seed in 0..4u64 {
+        block_on(async move {
+            let dev = FaultDev::new(48 * MIB, 512);
+            dev.set_yields((seed % 3) as u32);
+            let f = FormatOptions {
+                block_bytes: 16 << 10,
+                journal_bytes: Some(2_359_296),
+                ..FormatOptions::default()
+            };
+            Store::format(&dev, &f).await.unwrap();
+            let (s, _) = Store::open(dev.clone(), StoreOptions::default()).await.unwrap();
+            const WORKERS: u64 = 48;
+            const OBJS: u64 = 4; // per worker
+            let mut hs = Vec::new();
+            for w in 0..WORKERS {
+                let s = s.clone();
+                hs.push(nacre_io::rt::spawn(async move {
+                    let mut model = vec![vec![0u8; 16 << 10]; OBJS as usize];
+                    let mut rng = nacre_io::fault::SplitMix(seed * 1000 + w);
+                    let mut v = 1u64;
+                    for o in 0..OBJS {
+                        s.write(ObjectId::new(w, o), v, 0, AlignedBuf::from_slice(&model[o as usize])).await.unwrap();
+                    }
+                    for step in 0..150u64 {
+                        v += 1;
+                        let o = rng.below(OBJS);
+                        let m = &mut model[o as usize];
+                        match rng.below(10) {
+                            0 => {
+                                // Whole-block rewrite (a new block).
+                                let b = pattern((v + w) as u8, 16 << 10);
+                                m.copy_from_slice(&b);
+                                s.write(ObjectId::new(w, o), v, 0, b).await.unwrap();
+                            }
+                            1..=6 => {
+                                let sectors = 1 + rng.below(8) as usize;
+                                let at = rng.below(32 - sectors as u64) as usize * 512;
+                                let b = pattern((v * 7 + w + step) as u8, sectors * 512);
+                                m[at..at + b.len()].copy_from_slice(&b);
+                                s.write(ObjectId::new(w, o), v, at as u32, b).await.unwrap();
+                            }
+                            _ => {
+                                let at = rng.below(4) as u32 * 4096;
+                                let got = s.read(ObjectId::new(w, o), at, 4096).await.unwrap_or_else(|e| {
+                                    panic!("seed {seed} worker {w} object {o} step {step}: {e}")
+                                });
+                                assert!(&got[..] == &m[at as usize..at as usize + 4096], "seed {seed} worker {w} object {o} step {step}: stale or wrong data");
+                            }
+                        }
+                    }
+                    for o in 0..OBJS {
+                        let got = s.read(ObjectId::new(w, o), 0, 16 << 10).await.unwrap();
+                        assert!(&got[..] == &model[o as usize][..], "seed {seed} worker {w} object {o}: final read");
+                    }
+                }));
+            }
+            for h in hs {
+                h.await;
+            }
+            assert!(s.stats().checkpoints >= 1, "{:?}", s.stats());
+        });
+    }
+}
