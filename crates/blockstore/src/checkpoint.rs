@@ -98,7 +98,9 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
             }
             Next::FoldAhead => match fold_ahead(&inner).await {
                 Ok(true) => {}
-                Ok(false) => next_look_at = inner.st.borrow().completed + inner.g.journal_bytes / 32,
+                Ok(false) => {
+                    next_look_at = inner.st.borrow().completed + inner.g.journal_bytes / 32
+                }
                 Err(e) => inner.fail(format!("folding ahead: {e}")),
             },
             Next::Wait => inner.ckpt_kick.wait().await,

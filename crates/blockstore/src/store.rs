@@ -255,11 +255,14 @@ pub(crate) struct Inner<D: BlockDev> {
 
 /// One OSD's store. Cheap to clone; all clones share one state and must
 /// stay on the runtime thread that opened it.
-pub struct Store<D: BlockDev + 'static>(pub(crate) Rc<Inner<D>>);
+pub struct Store<D: BlockDev + 'static>(
+    pub(crate) Rc<Inner<D>>,
+    Rc<RefCell<Vec<rt::JoinHandle<()>>>>,
+);
 
 impl<D: BlockDev + 'static> Clone for Store<D> {
     fn clone(&self) -> Self {
-        Store(self.0.clone())
+        Store(self.0.clone(), self.1.clone())
     }
 }
 
@@ -278,16 +281,18 @@ impl<D: BlockDev + 'static> Store<D> {
     pub async fn open(dev: D, opts: StoreOptions) -> Result<(Store<D>, OpenReport)> {
         let (inner, report) = crate::replay::open(dev, opts).await?;
         let inner = Rc::new(inner);
-        rt::spawn(crate::writer::journal_task(inner.clone()));
-        rt::spawn(crate::writer::sync_task(inner.clone()));
-        rt::spawn(crate::checkpoint::checkpoint_task(inner.clone()));
+        let tasks = vec![
+            rt::spawn(crate::writer::journal_task(inner.clone())),
+            rt::spawn(crate::writer::sync_task(inner.clone())),
+            rt::spawn(crate::checkpoint::checkpoint_task(inner.clone())),
+        ];
         // Replay made everything it applied durable; a header must say so
         // before any block it freed is reused or any fold rewrites a block
         // (else a later replay would check old full-block records against
         // the new content and stop there).
         inner.sync_barrier(true).await?;
         crate::checkpoint::redo_replay_folds(&inner).await?;
-        Ok((Store(inner), report))
+        Ok((Store(inner, Rc::new(RefCell::new(tasks))), report))
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -398,7 +403,8 @@ impl<D: BlockDev + 'static> Store<D> {
     }
 
     /// Stops accepting writes, finishes queued ones, takes a final
-    /// checkpoint (so the next open replays nothing) and stops the tasks.
+    /// checkpoint (so the next open replays nothing) and waits for the
+    /// store's tasks to stop; the device is released with the last clone.
     pub async fn close(self) -> Result<()> {
         // The first checkpoint folds and journals its folds; the second
         // trims those records too.
@@ -407,6 +413,10 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.st.borrow_mut().closing = true;
         self.0.journal_kick.notify();
         self.0.ckpt_kick.notify();
+        let tasks = std::mem::take(&mut *self.1.borrow_mut());
+        for t in tasks {
+            t.await;
+        }
         Ok(())
     }
 }

@@ -454,7 +454,9 @@ fn reads_under_folding_always_see_the_latest_write() {
                 ..FormatOptions::default()
             };
             Store::format(&dev, &f).await.unwrap();
-            let (s, _) = Store::open(dev.clone(), StoreOptions::default()).await.unwrap();
+            let (s, _) = Store::open(dev.clone(), StoreOptions::default())
+                .await
+                .unwrap();
             const WORKERS: u64 = 48;
             const OBJS: u64 = 4; // per worker
             let mut hs = Vec::new();

@@ -101,6 +101,21 @@ impl FileDev {
         let file = oo
             .open(path)
             .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
+        // One user at a time: a second store (or benchmark) on the same
+        // file would overwrite the first one's data under it.
+        // SAFETY: flock on our own fd.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            let why = if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                "in use by another process".to_string()
+            } else {
+                e.to_string()
+            };
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{}: {why}", path.display()),
+            ));
+        }
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
         let size = if is_block {
@@ -342,6 +357,25 @@ mod tests {
             dev.discard(65536, 8192).await.unwrap();
             let r = dev.read_at(AlignedBuf::new(8192), 65536).await.unwrap();
             assert!(r.iter().all(|&b| b == 0));
+        });
+    }
+
+    #[test]
+    fn a_file_has_one_user_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dev");
+        rt::block_on(async {
+            let flags = OpenFlags {
+                create_bytes: Some(1 << 20),
+                ..OpenFlags::default()
+            };
+            let first = FileDev::open(&path, &flags).unwrap();
+            let e = FileDev::open(&path, &flags)
+                .err()
+                .expect("second open must fail");
+            assert!(e.to_string().contains("in use"), "{e}");
+            drop(first);
+            FileDev::open(&path, &flags).unwrap();
         });
     }
 
