@@ -492,13 +492,13 @@ fn reads_under_folding_always_see_the_latest_write() {
                                 let got = s.read(ObjectId::new(w, o), at, 4096).await.unwrap_or_else(|e| {
                                     panic!("seed {seed} worker {w} object {o} step {step}: {e}")
                                 });
-                                assert!(&got[..] == &m[at as usize..at as usize + 4096], "seed {seed} worker {w} object {o} step {step}: stale or wrong data");
+                                assert!(got[..] == m[at as usize..at as usize + 4096], "seed {seed} worker {w} object {o} step {step}: stale or wrong data");
                             }
                         }
                     }
                     for o in 0..OBJS {
                         let got = s.read(ObjectId::new(w, o), 0, 16 << 10).await.unwrap();
-                        assert!(&got[..] == &model[o as usize][..], "seed {seed} worker {w} object {o}: final read");
+                        assert!(got[..] == model[o as usize][..], "seed {seed} worker {w} object {o}: final read");
                     }
                 }));
             }
