@@ -25,7 +25,9 @@ mean_us = (j["job_runtime"] * 1000.0 / ops if ops else 0) if qd1 else side["lat_
 pct = side["clat_ns"].get("percentile", {})
 p = lambda k: pct.get(k, 0) / 1000.0
 cpu = (j["usr_cpu"] + j["sys_cpu"]) / 100.0 * j["job_runtime"] * 1000.0 / max(ops, 1)
-print(f"{name:<20} {side[\"iops\"]:>10.0f} {side[\"bw_bytes\"]/1e6:>9.1f} {mean_us:>9.1f} {p(\"50.000000\"):>9.1f} {p(\"99.000000\"):>9.1f} {p(\"99.900000\"):>9.1f} {cpu:>9.2f}")
+iops, mbs = side["iops"], side["bw_bytes"] / 1e6
+p50, p99, p999 = p("50.000000"), p("99.000000"), p("99.900000")
+print(f"{name:<20} {iops:>10.0f} {mbs:>9.1f} {mean_us:>9.1f} {p50:>9.1f} {p99:>9.1f} {p999:>9.1f} {cpu:>9.2f}")
 ' "$name"
 }
 printf "%-20s %10s %9s %9s %9s %9s %9s %9s\n" test IOPS MB/s "avg µs" "p50 µs" "p99 µs" "p99.9 µs" "CPU µs/op"
