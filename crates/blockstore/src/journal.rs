@@ -128,43 +128,49 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
             at += 4;
         }
     }
-    let h = BatchHeader {
-        magic: U32::new(BATCH_MAGIC),
-        version: U16::new(FORMAT_VERSION as u16),
-        flags: U16::new(0),
-        hdr_bytes: U32::new(hdr_bytes as u32),
-        total_bytes: U32::new(data_off as u32),
-        nrec: U32::new(records.len() as u32),
-        crc: U32::new(0),
-        pos: U64::new(id.pos),
-        gen: U64::new(id.gen),
-        synced_upto: U64::new(id.synced_upto),
-        uuid_lo: U64::new(id.uuid_lo),
-    };
-    buf[..HDR_BYTES].copy_from_slice(h.as_bytes());
-    seal(&mut buf);
+    put_header(
+        &mut buf,
+        id,
+        0,
+        hdr_bytes as u32,
+        data_off as u32,
+        records.len() as u32,
+    );
     (buf, data_off as u64)
 }
 
 /// A one-sector marker telling replay to continue at the next lap.
 pub fn encode_wrap(id: BatchId, sector: u32) -> AlignedBuf {
     let mut buf = AlignedBuf::zeroed(sector as usize);
+    put_header(&mut buf, id, BATCH_FLAG_WRAP, sector, sector, 0);
+    buf
+}
+
+/// Writes the batch header at the start of `region` (the whole header
+/// region) and seals the region with its crc.
+fn put_header(
+    region: &mut [u8],
+    id: BatchId,
+    flags: u16,
+    hdr_bytes: u32,
+    total_bytes: u32,
+    nrec: u32,
+) {
     let h = BatchHeader {
         magic: U32::new(BATCH_MAGIC),
         version: U16::new(FORMAT_VERSION as u16),
-        flags: U16::new(BATCH_FLAG_WRAP),
-        hdr_bytes: U32::new(sector),
-        total_bytes: U32::new(sector),
-        nrec: U32::new(0),
+        flags: U16::new(flags),
+        hdr_bytes: U32::new(hdr_bytes),
+        total_bytes: U32::new(total_bytes),
+        nrec: U32::new(nrec),
         crc: U32::new(0),
         pos: U64::new(id.pos),
         gen: U64::new(id.gen),
         synced_upto: U64::new(id.synced_upto),
         uuid_lo: U64::new(id.uuid_lo),
     };
-    buf[..HDR_BYTES].copy_from_slice(h.as_bytes());
-    seal(&mut buf);
-    buf
+    region[..HDR_BYTES].copy_from_slice(h.as_bytes());
+    seal(region);
 }
 
 /// Why replay stopped where it did.
