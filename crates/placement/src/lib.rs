@@ -1,0 +1,332 @@
+//! Placement: the explicit PG → OSD table of a pool. Pure functions, no I/O.
+//!
+//! The leader computes the table and writes it to the cluster map; every
+//! other node reads it. Rules, in order of precedence:
+//!
+//! 1. the replicas of one PG sit in distinct failure domains (OSD, host or
+//!    rack);
+//! 2. each OSD holds a share of the pool's replicas proportional to its
+//!    weight (a failure domain can hold at most one replica of each PG, so a
+//!    domain heavier than that limit is capped and the rest redistributed);
+//!    counts land within one of that integer target where the topology
+//!    allows;
+//! 3. given the previous table, as few replicas as possible move: every
+//!    replica stays where it was while its OSD is up, in a distinct domain
+//!    and under its target; only the rest is placed anew.
+//!
+//! Cost: O(slots · log OSDs); 10 000 OSDs and 1 000 000 PGs of 3 replicas
+//! take a few seconds (`cargo bench -p nacre-placement`).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// One OSD as placement sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Osd {
+    pub id: u32,
+    pub host: u32,
+    pub rack: u32,
+    /// Relative capacity (e.g. GiB); 0 takes no data.
+    pub weight: u32,
+    /// Down or out OSDs take no data.
+    pub up: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureDomain {
+    Osd,
+    Host,
+    Rack,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub pgs: u32,
+    /// Replicas per PG.
+    pub size: u8,
+    pub domain: FailureDomain,
+}
+
+/// PG → OSD ids, `size` per PG, row by row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    pub size: u8,
+    pub osds: Vec<u32>,
+}
+
+impl Table {
+    pub fn pg(&self, pg: u32) -> &[u32] {
+        let s = self.size as usize;
+        &self.osds[pg as usize * s..(pg as usize + 1) * s]
+    }
+
+    pub fn pgs(&self) -> u32 {
+        (self.osds.len() / self.size.max(1) as usize) as u32
+    }
+
+    /// Replicas each OSD holds.
+    pub fn counts(&self) -> HashMap<u32, u64> {
+        let mut c = HashMap::new();
+        for &o in &self.osds {
+            *c.entry(o).or_insert(0) += 1;
+        }
+        c
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlacementError {
+    #[error("pool needs {need} failure domains with weight, the cluster has {have}")]
+    TooFewDomains { need: usize, have: usize },
+    #[error("invalid pool: {0}")]
+    InvalidPool(String),
+}
+
+fn domain_of(o: &Osd, d: FailureDomain) -> u32 {
+    match d {
+        FailureDomain::Osd => o.id,
+        FailureDomain::Host => o.host,
+        FailureDomain::Rack => o.rack,
+    }
+}
+
+/// Splits `total` into integers proportional to `weights` (largest
+/// remainder), never giving an entry more than `cap`.
+fn apportion(total: u64, weights: &[u64], cap: u64) -> Vec<u64> {
+    let n = weights.len();
+    let mut out = vec![0u64; n];
+    let mut capped = vec![false; n];
+    let mut left = total;
+    loop {
+        let w: u128 = (0..n)
+            .filter(|&i| !capped[i])
+            .map(|i| u128::from(weights[i]))
+            .sum();
+        if w == 0 || left == 0 {
+            break;
+        }
+        // Entries whose share would pass the cap get the cap and leave.
+        let over: Vec<usize> = (0..n)
+            .filter(|&i| {
+                !capped[i] && u128::from(left) * u128::from(weights[i]) > u128::from(cap) * w
+            })
+            .collect();
+        if !over.is_empty() {
+            for i in over {
+                capped[i] = true;
+                out[i] = cap;
+                left -= cap;
+            }
+            continue;
+        }
+        let mut rems: Vec<(u128, usize)> = Vec::new();
+        let mut given = 0u64;
+        for i in (0..n).filter(|&i| !capped[i]) {
+            let exact = u128::from(left) * u128::from(weights[i]);
+            out[i] = (exact / w) as u64;
+            given += out[i];
+            rems.push((exact % w, i));
+        }
+        rems.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, i) in rems.iter().take((left - given) as usize) {
+            out[i] += 1;
+        }
+        break;
+    }
+    out
+}
+
+/// Target replica count of every usable OSD (index into `osds`).
+fn targets(osds: &[Osd], pool: &Pool) -> Vec<u64> {
+    let total = u64::from(pool.pgs) * u64::from(pool.size);
+    let mut domains: Vec<u32> = Vec::new();
+    let mut dix = HashMap::new();
+    let mut dweight: Vec<u64> = Vec::new();
+    for o in osds.iter().filter(|o| o.up && o.weight > 0) {
+        let d = domain_of(o, pool.domain);
+        let i = *dix.entry(d).or_insert_with(|| {
+            domains.push(d);
+            dweight.push(0);
+            domains.len() - 1
+        });
+        dweight[i] += u64::from(o.weight);
+    }
+    let dtarget = apportion(total, &dweight, u64::from(pool.pgs));
+    let mut t = vec![0u64; osds.len()];
+    for (di, &d) in domains.iter().enumerate() {
+        let members: Vec<usize> = (0..osds.len())
+            .filter(|&i| osds[i].up && osds[i].weight > 0 && domain_of(&osds[i], pool.domain) == d)
+            .collect();
+        let w: Vec<u64> = members.iter().map(|&i| u64::from(osds[i].weight)).collect();
+        for (k, share) in apportion(dtarget[di], &w, u64::MAX).into_iter().enumerate() {
+            t[members[k]] = share;
+        }
+    }
+    t
+}
+
+/// Computes the pool's table, keeping what it can of `prev`.
+pub fn place(osds: &[Osd], pool: &Pool, prev: Option<&Table>) -> Result<Table, PlacementError> {
+    if pool.size == 0 || pool.pgs == 0 {
+        return Err(PlacementError::InvalidPool(format!(
+            "{} PGs of size {}",
+            pool.pgs, pool.size
+        )));
+    }
+    let size = pool.size as usize;
+    let usable: Vec<usize> = (0..osds.len())
+        .filter(|&i| osds[i].up && osds[i].weight > 0)
+        .collect();
+    let mut ndomains: Vec<u32> = usable
+        .iter()
+        .map(|&i| domain_of(&osds[i], pool.domain))
+        .collect();
+    ndomains.sort_unstable();
+    ndomains.dedup();
+    if ndomains.len() < size {
+        return Err(PlacementError::TooFewDomains {
+            need: size,
+            have: ndomains.len(),
+        });
+    }
+    let target = targets(osds, pool);
+    let index: HashMap<u32, usize> = usable.iter().map(|&i| (osds[i].id, i)).collect();
+    let domain: Vec<u32> = osds.iter().map(|o| domain_of(o, pool.domain)).collect();
+    let mut count = vec![0u64; osds.len()];
+    const FREE: u32 = u32::MAX;
+    let mut out = vec![FREE; pool.pgs as usize * size];
+    // Pass 1: keep every previous replica that is still allowed (OSD usable,
+    // no second replica in its domain), then take each OSD's excess over its
+    // target away, spread out: in each sweep a PG gives up at most one
+    // replica (of the OSD with the most excess), so the freed slots can go
+    // to the OSDs that gained capacity without two landing in one PG.
+    if let Some(p) = prev.filter(|p| p.size == pool.size) {
+        for pg in 0..pool.pgs.min(p.pgs()) as usize {
+            for (slot, &id) in p.pg(pg as u32).iter().enumerate() {
+                let Some(&i) = index.get(&id) else { continue };
+                let row = &out[pg * size..(pg + 1) * size];
+                if !row
+                    .iter()
+                    .any(|&o| o != FREE && domain[index[&o]] == domain[i])
+                {
+                    out[pg * size + slot] = id;
+                    count[i] += 1;
+                }
+            }
+        }
+        let mut excess: Vec<u64> = (0..osds.len())
+            .map(|i| count[i].saturating_sub(target[i]))
+            .collect();
+        let mut left: u64 = excess.iter().sum();
+        while left > 0 {
+            for pg in 0..pool.pgs as usize {
+                let row = &out[pg * size..(pg + 1) * size];
+                let worst = (0..size)
+                    .filter(|&s| row[s] != FREE && excess[index[&row[s]]] > 0)
+                    .max_by_key(|&s| (excess[index[&row[s]]], Reverse(row[s])));
+                if let Some(s) = worst {
+                    let i = index[&row[s]];
+                    out[pg * size + s] = FREE;
+                    excess[i] -= 1;
+                    count[i] -= 1;
+                    left -= 1;
+                    if left == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    // Pass 2: fill the rest. For each PG, take the failure domains with the
+    // largest remaining demand that the PG does not use yet (a domain that
+    // must appear in every remaining PG always has the largest demand), and
+    // in each the OSD furthest below its target. Lazy max-heaps: an entry is
+    // current while its value matches the live count.
+    let mut dix: HashMap<u32, usize> = HashMap::new();
+    let mut dmembers: Vec<Vec<usize>> = Vec::new();
+    for &i in &usable {
+        let k = *dix.entry(domain[i]).or_insert_with(|| {
+            dmembers.push(Vec::new());
+            dmembers.len() - 1
+        });
+        dmembers[k].push(i);
+    }
+    let osd_dom: HashMap<usize, usize> = usable.iter().map(|&i| (i, dix[&domain[i]])).collect();
+    let demand = |k: usize, c: &[u64]| {
+        dmembers[k]
+            .iter()
+            .map(|&i| target[i] as i64 - c[i] as i64)
+            .sum::<i64>()
+    };
+    let deficit = |i: usize, c: &[u64]| target[i] as i64 - c[i] as i64;
+    let mut ddemand: Vec<i64> = (0..dmembers.len()).map(|k| demand(k, &count)).collect();
+    let mut dheap: BinaryHeap<(i64, Reverse<u32>, usize)> = (0..dmembers.len())
+        .map(|k| (ddemand[k], Reverse(domain[dmembers[k][0]]), k))
+        .collect();
+    let mut oheaps: Vec<BinaryHeap<(i64, Reverse<u32>, usize)>> = dmembers
+        .iter()
+        .map(|m| {
+            m.iter()
+                .map(|&i| (deficit(i, &count), Reverse(osds[i].id), i))
+                .collect()
+        })
+        .collect();
+    let mut skipped = Vec::with_capacity(size);
+    for pg in 0..pool.pgs as usize {
+        for slot in 0..size {
+            if out[pg * size + slot] != FREE {
+                continue;
+            }
+            let k = loop {
+                let (d, name, k) = dheap.pop().expect("every domain has a current entry");
+                if d != ddemand[k] {
+                    continue; // stale
+                }
+                let row = &out[pg * size..(pg + 1) * size];
+                if row.iter().any(|&o| o != FREE && osd_dom[&index[&o]] == k) {
+                    skipped.push((d, name, k));
+                    continue;
+                }
+                break k;
+            };
+            let pick = loop {
+                let (d, _, i) = oheaps[k].pop().expect("every OSD has a current entry");
+                if d == deficit(i, &count) {
+                    break i;
+                }
+            };
+            out[pg * size + slot] = osds[pick].id;
+            count[pick] += 1;
+            ddemand[k] -= 1;
+            oheaps[k].push((deficit(pick, &count), Reverse(osds[pick].id), pick));
+            dheap.push((ddemand[k], Reverse(domain[pick]), k));
+            dheap.extend(skipped.drain(..));
+        }
+    }
+    Ok(Table {
+        size: pool.size,
+        osds: out,
+    })
+}
+
+/// Replicas that are on another OSD in `b` than in `a` (per PG, as a set).
+pub fn moves(a: &Table, b: &Table) -> u64 {
+    let mut n = 0;
+    for pg in 0..a.pgs().min(b.pgs()) {
+        let old = a.pg(pg);
+        n += b.pg(pg).iter().filter(|o| !old.contains(o)).count() as u64;
+    }
+    n
+}
+
+/// The fewest replicas any valid table could move from `prev` to reach
+/// `next`'s counts: what must leave OSDs that lost capacity.
+pub fn min_moves(prev: &Table, next: &Table) -> u64 {
+    let (pc, nc) = (prev.counts(), next.counts());
+    pc.iter()
+        .map(|(o, &c)| c.saturating_sub(*nc.get(o).unwrap_or(&0)))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,143 @@
+use super::*;
+use proptest::prelude::*;
+
+fn cluster(hosts: &[(u32, Vec<u32>)]) -> Vec<Osd> {
+    // (rack, weights of the host's OSDs) per host.
+    let mut osds = Vec::new();
+    for (h, (rack, ws)) in hosts.iter().enumerate() {
+        for &w in ws {
+            osds.push(Osd {
+                id: osds.len() as u32,
+                host: h as u32,
+                rack: *rack,
+                weight: w,
+                up: true,
+            });
+        }
+    }
+    osds
+}
+
+fn topology() -> impl Strategy<Value = Vec<(u32, Vec<u32>)>> {
+    prop::collection::vec((0u32..4, prop::collection::vec(1u32..5, 1..5)), 4..12)
+}
+
+fn check_domains(osds: &[Osd], pool: &Pool, t: &Table) -> Result<(), TestCaseError> {
+    let by_id: HashMap<u32, &Osd> = osds.iter().map(|o| (o.id, o)).collect();
+    for pg in 0..pool.pgs {
+        let mut ds: Vec<u32> = t
+            .pg(pg)
+            .iter()
+            .map(|id| domain_of(by_id[id], pool.domain))
+            .collect();
+        prop_assert!(t
+            .pg(pg)
+            .iter()
+            .all(|id| by_id[id].up && by_id[id].weight > 0));
+        ds.sort_unstable();
+        ds.dedup();
+        prop_assert_eq!(
+            ds.len(),
+            pool.size as usize,
+            "PG {} shares a failure domain: {:?}",
+            pg,
+            t.pg(pg)
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn replicas_in_distinct_domains_and_balanced(hosts in topology(), pgs in 64u32..600, size in 1u8..4, dom in 0u8..2) {
+        let osds = cluster(&hosts);
+        let domain = if dom == 0 { FailureDomain::Osd } else { FailureDomain::Host };
+        let pool = Pool { pgs, size, domain };
+        let t = place(&osds, &pool, None).unwrap();
+        check_domains(&osds, &pool, &t)?;
+        let target = targets(&osds, &pool);
+        let counts = t.counts();
+        let total: u64 = target.iter().sum();
+        prop_assert_eq!(total, u64::from(pgs) * u64::from(size));
+        for (i, o) in osds.iter().enumerate() {
+            let c = *counts.get(&o.id).unwrap_or(&0) as i64;
+            prop_assert!((c - target[i] as i64).abs() <= 1, "osd {} has {} replicas, target {}", o.id, c, target[i]);
+        }
+    }
+
+    #[test]
+    fn adding_or_removing_an_osd_moves_little(hosts in topology(), pgs in 128u32..600, add in any::<bool>(), w in 1u32..5) {
+        let mut osds = cluster(&hosts);
+        let pool = Pool { pgs, size: 3, domain: FailureDomain::Osd };
+        prop_assume!(osds.len() > 4);
+        let before = place(&osds, &pool, None).unwrap();
+        if add {
+            osds.push(Osd { id: osds.len() as u32, host: 99, rack: 9, weight: w, up: true });
+        } else {
+            osds[0].up = false;
+        }
+        let after = place(&osds, &pool, Some(&before)).unwrap();
+        check_domains(&osds, &pool, &after)?;
+        let (moved, min) = (moves(&before, &after), min_moves(&before, &after));
+        prop_assert!(moved >= min);
+        prop_assert!(moved <= min + min / 4 + 3, "moved {} replicas, the minimum is {}", moved, min);
+    }
+
+    #[test]
+    fn deterministic(hosts in topology(), pgs in 1u32..200) {
+        let osds = cluster(&hosts);
+        let pool = Pool { pgs, size: 2, domain: FailureDomain::Host };
+        prop_assert_eq!(place(&osds, &pool, None).unwrap(), place(&osds, &pool, None).unwrap());
+    }
+}
+
+#[test]
+fn weights_are_honoured_and_heavy_domains_capped() {
+    // One host far heavier than the rest cannot hold two replicas of a PG.
+    let osds = cluster(&[(0, vec![100]), (0, vec![1]), (0, vec![1]), (0, vec![2])]);
+    let pool = Pool {
+        pgs: 400,
+        size: 2,
+        domain: FailureDomain::Host,
+    };
+    let t = place(&osds, &pool, None).unwrap();
+    let c = t.counts();
+    assert_eq!(c[&0], 400, "the heavy host holds one replica of every PG");
+    assert_eq!(c[&1] + c[&2] + c[&3], 400);
+    assert!(c[&3] > c[&1] && c[&3] > c[&2], "{c:?}");
+}
+
+#[test]
+fn impossible_pools_are_refused() {
+    let osds = cluster(&[(0, vec![1, 1, 1]), (0, vec![1])]);
+    let host3 = Pool {
+        pgs: 8,
+        size: 3,
+        domain: FailureDomain::Host,
+    };
+    assert_eq!(
+        place(&osds, &host3, None),
+        Err(PlacementError::TooFewDomains { need: 3, have: 2 })
+    );
+    assert!(place(
+        &osds,
+        &Pool {
+            pgs: 0,
+            size: 1,
+            domain: FailureDomain::Osd
+        },
+        None
+    )
+    .is_err());
+    let rack2 = Pool {
+        pgs: 8,
+        size: 2,
+        domain: FailureDomain::Rack,
+    };
+    assert!(matches!(
+        place(&osds, &rack2, None),
+        Err(PlacementError::TooFewDomains { .. })
+    ));
+}
