@@ -82,6 +82,10 @@ struct Layout {
 }
 
 impl Layout {
+    /// Blocks one 4 MiB op spans.
+    fn per_linear(&self) -> u64 {
+        (LINEAR_BYTES / self.block_bytes).max(1)
+    }
     /// Object and byte offset of random 4 KiB op `n`.
     fn small(&self, stream: u64, n: u64) -> (u64, u64) {
         let r = mix(stream, n);
@@ -91,7 +95,7 @@ impl Layout {
     }
     /// First object of linear 4 MiB op `n` (wrapping over the working set).
     fn linear(&self, n: u64) -> u64 {
-        let per = (LINEAR_BYTES / self.block_bytes).max(1);
+        let per = self.per_linear();
         let slots = (self.objects / per).max(1);
         (n % slots) * per
     }
@@ -193,7 +197,7 @@ async fn store_linear(
     write: bool,
 ) -> anyhow::Result<u64> {
     let first = l.linear(n);
-    let per = (LINEAR_BYTES / l.block_bytes).max(1).min(l.objects);
+    let per = l.per_linear().min(l.objects);
     let mut futs = Vec::with_capacity(per as usize);
     for i in 0..per {
         let s = s.clone();

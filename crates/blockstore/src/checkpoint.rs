@@ -217,17 +217,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     // Merge checksum changes into their pages (loading pages as needed).
     let blocks = inner.st.borrow().csum.delta_blocks();
     for b in blocks {
-        let (page, _) = g.csum_page_of(b);
-        loop {
-            let meta = {
-                let st = inner.st.borrow();
-                if st.csum.has_page(page) {
-                    break;
-                }
-                st.csum.metas[page as usize]
-            };
-            inner.load_csum_page(page, meta).await?;
-        }
+        inner.ensure_csum_page(g.csum_page_of(b).0).await?;
         inner.st.borrow_mut().csum.merge(g, b);
     }
     // Changed pages to their shadow copies.

@@ -222,6 +222,11 @@ fn round_up(v: u64, to: u64) -> u64 {
 }
 
 impl Geometry {
+    /// The store id's first 8 bytes, stamped on every journal batch.
+    pub fn uuid_lo(&self) -> u64 {
+        u64::from_le_bytes(self.uuid[..8].try_into().expect("uuid has 16 bytes"))
+    }
+
     /// Checksums per data block.
     pub fn csums_per_block(&self) -> u32 {
         self.block_bytes / CSUM_CHUNK_BYTES

@@ -63,11 +63,12 @@ pub struct Record {
 
 /// Bytes the header region of a batch with these records takes, unpadded.
 pub fn header_bytes(records: &[&Record]) -> usize {
-    HDR_BYTES
-        + records
-            .iter()
-            .map(|r| REC_BYTES + 4 * r.csums.len())
-            .sum::<usize>()
+    HDR_BYTES + records.iter().map(|r| record_bytes(r)).sum::<usize>()
+}
+
+/// Bytes one record takes in a batch's header region.
+pub fn record_bytes(r: &Record) -> usize {
+    REC_BYTES + 4 * r.csums.len()
 }
 
 fn pad(v: usize, to: usize) -> usize {

@@ -192,23 +192,28 @@ impl<D: BlockDev + 'static> Inner<D> {
     pub(crate) async fn block_csums(&self, block: u32) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(self.g.csums_per_block() as usize);
         loop {
-            let meta = {
-                let st = self.st.borrow();
-                if st.csum.get(&self.g, block, &mut out) {
-                    return Ok(out);
-                }
-                let (page, _) = self.g.csum_page_of(block);
-                (page, st.csum.metas[page as usize])
-            };
-            self.load_csum_page(meta.0, meta.1).await?;
+            if self.st.borrow().csum.get(&self.g, block, &mut out) {
+                return Ok(out);
+            }
+            self.ensure_csum_page(self.g.csum_page_of(block).0).await?;
         }
     }
 
-    pub(crate) async fn load_csum_page(
-        &self,
-        page: u32,
-        meta: crate::format::PageMeta,
-    ) -> Result<()> {
+    /// Loads checksum-table page `page` into the cache unless it is there.
+    pub(crate) async fn ensure_csum_page(&self, page: u32) -> Result<()> {
+        loop {
+            let meta = {
+                let st = self.st.borrow();
+                if st.csum.has_page(page) {
+                    return Ok(());
+                }
+                st.csum.metas[page as usize]
+            };
+            self.load_csum_page(page, meta).await?;
+        }
+    }
+
+    async fn load_csum_page(&self, page: u32, meta: crate::format::PageMeta) -> Result<()> {
         let bytes = if meta.crc.get() == PAGE_NEVER_WRITTEN {
             AlignedBuf::zeroed(PAGE_BYTES as usize)
         } else {

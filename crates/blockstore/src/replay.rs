@@ -279,7 +279,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         objects_loaded: index.object_count() as u64,
         ..OpenReport::default()
     };
-    let uuid_lo = u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes"));
+    let uuid_lo = g.uuid_lo();
     // Pass 1: find the valid batches.
     let mut parsed: Vec<Parsed> = Vec::new();
     let mut pos = ck.journal_start;

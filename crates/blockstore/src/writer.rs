@@ -132,7 +132,7 @@ fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> (Vec<Queued>, bo
     let mut data = 0u64;
     let mut out = Vec::new();
     while let Some(q) = queue.front() {
-        let h = 48 + 4 * q.rec.csums.len() as u64;
+        let h = journal::record_bytes(&q.rec) as u64;
         let d = if q.rec.kind == RecordKind::Small {
             pad(u64::from(q.rec.len), sector)
         } else {
@@ -417,11 +417,7 @@ async fn write_batch<D: BlockDev + 'static>(
     };
     let (gen, synced_upto, uuid_lo) = {
         let st = inner.st.borrow();
-        (
-            st.gen,
-            st.synced_upto,
-            u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
-        )
+        (st.gen, st.synced_upto, g.uuid_lo())
     };
     let id = BatchId {
         pos,
@@ -525,7 +521,7 @@ async fn reserve_journal<D: BlockDev + 'static>(
         pos: head,
         gen,
         synced_upto: synced,
-        uuid_lo: u64::from_le_bytes(g.uuid[..8].try_into().expect("8 bytes")),
+        uuid_lo: g.uuid_lo(),
     };
     let marker = journal::encode_wrap(id, g.sector_bytes);
     if let Err(e) = inner

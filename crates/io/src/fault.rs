@@ -37,7 +37,6 @@ struct State {
     dead: Cell<bool>,
     align: u32,
     syncs: Cell<u64>,
-    writes: Cell<u64>,
 }
 
 /// What a power cut did to the writes that were not yet synced.
@@ -83,7 +82,6 @@ impl FaultDev {
             dead: Cell::new(false),
             align,
             syncs: Cell::new(0),
-            writes: Cell::new(0),
         }))
     }
 
@@ -155,10 +153,6 @@ impl FaultDev {
         self.0.syncs.get()
     }
 
-    pub fn write_count(&self) -> u64 {
-        self.0.writes.get()
-    }
-
     async fn delay(&self) {
         if let Some(d) = self.0.latency.get() {
             rt::sleep(d).await;
@@ -189,7 +183,6 @@ impl FaultDev {
         let o = offset as usize;
         self.0.now.borrow_mut()[o..o + data.len()].copy_from_slice(data);
         self.0.unsynced.borrow_mut().push((offset, data.to_vec()));
-        self.0.writes.set(self.0.writes.get() + 1);
     }
 }
 
