@@ -8,6 +8,7 @@ pub mod dev;
 pub mod fault;
 pub mod file;
 pub mod mem;
+pub mod net;
 pub mod rt;
 pub mod sync;
 

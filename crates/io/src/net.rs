@@ -1,0 +1,441 @@
+//! Stream sockets on the runtime: TCP and unix sockets, with accept, recv
+//! and gathered sends through io_uring, and an [`Event`] other threads can
+//! fire to wake a task here.
+//!
+//! Buffers move into the kernel by ownership, as for disks: a receive fills
+//! an [`AlignedBuf`] that can go to an O_DIRECT write as it is, and a send
+//! takes the frames' buffers and gives them back when the kernel is done.
+//! A task blocked in `recv` is released by [`Stream::shutdown`] from any
+//! other task (the recv returns 0, end of stream).
+//!
+//! Networking needs io_uring; without a ring these calls fail with
+//! `Unsupported` (the pread fallback exists for disks only).
+
+use std::io;
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::Once;
+
+use io_uring::{opcode, types};
+
+use crate::buf::AlignedBuf;
+use crate::rt::{self, Resources};
+
+/// Where a service listens: `unix:PATH` or `tcp:HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Addr {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+impl std::str::FromStr for Addr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Addr, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err("unix: address needs a path".into());
+            }
+            Ok(Addr::Unix(PathBuf::from(p)))
+        } else if let Some(hp) = s.strip_prefix("tcp:") {
+            match hp.rsplit_once(':') {
+                Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => {
+                    Ok(Addr::Tcp(hp.to_string()))
+                }
+                _ => Err(format!("tcp address {hp:?} must be HOST:PORT")),
+            }
+        } else {
+            Err(format!("address {s:?} must start with unix: or tcp:"))
+        }
+    }
+}
+
+impl std::fmt::Display for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Unix(p) => write!(f, "unix:{}", p.display()),
+            Addr::Tcp(hp) => write!(f, "tcp:{hp}"),
+        }
+    }
+}
+
+fn ignore_sigpipe() {
+    static ONCE: Once = Once::new();
+    // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
+    // A peer that closes its end must cost an EPIPE, not the process.
+    ONCE.call_once(|| unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    });
+}
+
+fn need_ring() -> io::Result<()> {
+    if rt::has_uring() {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "networking needs io_uring (unset NACRE_NO_URING)",
+        ))
+    }
+}
+
+fn set_nodelay(fd: RawFd) {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one int; failure (not a TCP socket) is harmless.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// A listening socket.
+pub struct Listener {
+    fd: OwnedFd,
+    tcp: bool,
+    local: Addr,
+}
+
+impl Listener {
+    /// Binds `addr`; a stale unix socket file is replaced.
+    pub fn bind(addr: &Addr) -> io::Result<Listener> {
+        ignore_sigpipe();
+        let ctx = |e: io::Error| io::Error::new(e.kind(), format!("listen on {addr}: {e}"));
+        match addr {
+            Addr::Unix(p) => {
+                if p.exists() && UnixStream::connect(p).is_err() {
+                    std::fs::remove_file(p).map_err(ctx)?;
+                }
+                let l = UnixListener::bind(p).map_err(ctx)?;
+                Ok(Listener {
+                    fd: OwnedFd::from(l),
+                    tcp: false,
+                    local: addr.clone(),
+                })
+            }
+            Addr::Tcp(hp) => {
+                let l = TcpListener::bind(hp.as_str()).map_err(ctx)?;
+                let local = Addr::Tcp(l.local_addr()?.to_string());
+                Ok(Listener {
+                    fd: OwnedFd::from(l),
+                    tcp: true,
+                    local,
+                })
+            }
+        }
+    }
+
+    /// The bound address (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> &Addr {
+        &self.local
+    }
+
+    pub async fn accept(&self) -> io::Result<Stream> {
+        need_ring()?;
+        let entry = opcode::Accept::new(
+            types::Fd(self.fd.as_raw_fd()),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .flags(libc::SOCK_CLOEXEC)
+        .build();
+        let (res, _) = rt::submit(entry, Resources::None).await;
+        if res < 0 {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        // SAFETY: accept returned a new descriptor that we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(res) };
+        if self.tcp {
+            set_nodelay(fd.as_raw_fd());
+        }
+        Ok(Stream { fd })
+    }
+}
+
+/// A connected stream socket.
+pub struct Stream {
+    fd: OwnedFd,
+}
+
+impl Stream {
+    /// Connects to `addr` (a blocking connect: loopback and unix sockets
+    /// answer at once).
+    pub fn connect(addr: &Addr) -> io::Result<Stream> {
+        ignore_sigpipe();
+        let ctx = |e: io::Error| io::Error::new(e.kind(), format!("connect to {addr}: {e}"));
+        let fd = match addr {
+            Addr::Unix(p) => OwnedFd::from(UnixStream::connect(p).map_err(ctx)?),
+            Addr::Tcp(hp) => {
+                let sa = hp
+                    .to_socket_addrs()
+                    .map_err(ctx)?
+                    .next()
+                    .ok_or_else(|| ctx(io::Error::other("no address")))?;
+                let s = TcpStream::connect(sa).map_err(ctx)?;
+                s.set_nodelay(true)?;
+                OwnedFd::from(s)
+            }
+        };
+        Ok(Stream { fd })
+    }
+
+    /// Wraps a connected socket.
+    pub fn from_fd(fd: OwnedFd) -> Stream {
+        ignore_sigpipe();
+        Stream { fd }
+    }
+
+    pub fn into_fd(self) -> RawFd {
+        self.fd.into_raw_fd()
+    }
+
+    /// Receives into `buf[start..]`; returns the byte count (0 = end of
+    /// stream) and the buffer.
+    pub async fn recv(&self, mut buf: AlignedBuf, start: usize) -> (io::Result<usize>, AlignedBuf) {
+        if let Err(e) = need_ring() {
+            return (Err(e), buf);
+        }
+        assert!(start < buf.len(), "recv into a full buffer");
+        // SAFETY: the pointer stays inside the buffer, which the op owns.
+        let ptr = unsafe { buf.as_mut_ptr().add(start) };
+        let n = (buf.len() - start) as u32;
+        let entry = opcode::Recv::new(types::Fd(self.fd.as_raw_fd()), ptr, n).build();
+        let (res, r) = rt::submit(entry, Resources::Buf(buf)).await;
+        let Resources::Buf(buf) = r else {
+            unreachable!("recv returned other resources")
+        };
+        if res < 0 {
+            (Err(io::Error::from_raw_os_error(-res)), buf)
+        } else {
+            (Ok(res as usize), buf)
+        }
+    }
+
+    /// Fills `buf[start..]` completely; end of stream first is an error.
+    pub async fn recv_exact(
+        &self,
+        mut buf: AlignedBuf,
+        mut start: usize,
+    ) -> io::Result<AlignedBuf> {
+        while start < buf.len() {
+            let (r, b) = self.recv(buf, start).await;
+            buf = b;
+            match r? {
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed mid-message",
+                    ))
+                }
+                n => start += n,
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Sends every byte of `parts` (each `(buffer, start, end)`) with
+    /// gathered writes; returns the buffers for reuse.
+    pub async fn send_all(
+        &self,
+        parts: Vec<(AlignedBuf, usize, usize)>,
+    ) -> io::Result<Vec<AlignedBuf>> {
+        need_ring()?;
+        let mut iov = Vec::with_capacity(parts.len());
+        let mut bufs = Vec::with_capacity(parts.len());
+        for (b, s, e) in parts {
+            assert!(s <= e && e <= b.len(), "send range {s}..{e} outside buffer");
+            if e > s {
+                iov.push(libc::iovec {
+                    // SAFETY: inside the buffer, which the op owns.
+                    iov_base: unsafe { b.as_ptr().add(s) } as *mut libc::c_void,
+                    iov_len: e - s,
+                });
+            }
+            bufs.push(b);
+        }
+        let mut first = 0;
+        while first < iov.len() {
+            let cnt = (iov.len() - first).min(libc::UIO_MAXIOV as usize);
+            let entry = opcode::Writev::new(
+                types::Fd(self.fd.as_raw_fd()),
+                // SAFETY: iovecs live in the Vec the op owns; its heap block
+                // does not move when the Vec moves.
+                unsafe { iov.as_ptr().add(first) },
+                cnt as u32,
+            )
+            .build();
+            let (res, r) = rt::submit(entry, Resources::Bufs(bufs, iov)).await;
+            let Resources::Bufs(b, v) = r else {
+                unreachable!("writev returned other resources")
+            };
+            bufs = b;
+            iov = v;
+            if res < 0 {
+                return Err(io::Error::from_raw_os_error(-res));
+            }
+            if res == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "peer stopped reading",
+                ));
+            }
+            let mut n = res as usize;
+            while n > 0 {
+                let v = &mut iov[first];
+                if n >= v.iov_len {
+                    n -= v.iov_len;
+                    first += 1;
+                } else {
+                    // SAFETY: advancing inside the same buffer.
+                    v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) } as *mut libc::c_void;
+                    v.iov_len -= n;
+                    n = 0;
+                }
+            }
+        }
+        Ok(bufs)
+    }
+
+    /// Ends the connection both ways; pending and later recvs return 0.
+    pub fn shutdown(&self) {
+        // SAFETY: shutdown on our own descriptor.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+/// A wake-up another thread can fire (an eventfd read through the ring).
+pub struct Event {
+    fd: OwnedFd,
+}
+
+impl Event {
+    pub fn new() -> io::Result<Event> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: we own the new descriptor.
+        Ok(Event {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Fires the event; callable from any thread.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to our eventfd.
+        unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+    }
+
+    /// Waits until the event has been fired (at least once since the last wait).
+    pub async fn wait(&self) -> io::Result<()> {
+        need_ring()?;
+        let mut buf = AlignedBuf::new(8);
+        let entry = opcode::Read::new(types::Fd(self.fd.as_raw_fd()), buf.as_mut_ptr(), 8).build();
+        let (res, _) = rt::submit(entry, Resources::Buf(buf)).await;
+        if res < 0 {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rt::{block_on, spawn};
+
+    #[test]
+    fn addr_parses() {
+        assert_eq!("unix:/a/b".parse::<Addr>(), Ok(Addr::Unix("/a/b".into())));
+        assert_eq!(
+            "tcp:127.0.0.1:80".parse::<Addr>(),
+            Ok(Addr::Tcp("127.0.0.1:80".into()))
+        );
+        assert!("tcp:nohost".parse::<Addr>().is_err());
+        assert!("tcp:h:99999".parse::<Addr>().is_err());
+        assert!("/path".parse::<Addr>().is_err());
+        assert!("unix:".parse::<Addr>().is_err());
+    }
+
+    fn echo(addr: Addr) {
+        block_on(async move {
+            let l = Listener::bind(&addr).unwrap();
+            let local = l.local_addr().clone();
+            let server = spawn(async move {
+                let s = l.accept().await.unwrap();
+                let mut buf = AlignedBuf::new(100_000);
+                let mut got = 0;
+                loop {
+                    let (r, b) = s.recv(buf, got).await;
+                    buf = b;
+                    match r.unwrap() {
+                        0 => break,
+                        n => got += n,
+                    }
+                    if got == buf.len() {
+                        break;
+                    }
+                }
+                s.send_all(vec![(buf, 0, got)]).await.unwrap();
+                got
+            });
+            let c = Stream::connect(&local).unwrap();
+            let a = AlignedBuf::from_slice(&[7u8; 60_000]);
+            let b = AlignedBuf::from_slice(&[9u8; 40_000]);
+            c.send_all(vec![(a, 0, 60_000), (b, 0, 40_000)])
+                .await
+                .unwrap();
+            let back = c.recv_exact(AlignedBuf::new(100_000), 0).await.unwrap();
+            assert!(back[..60_000].iter().all(|&x| x == 7));
+            assert!(back[60_000..].iter().all(|&x| x == 9));
+            assert_eq!(server.await, 100_000);
+        });
+    }
+
+    #[test]
+    fn tcp_and_unix_echo() {
+        echo("tcp:127.0.0.1:0".parse().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        echo(Addr::Unix(dir.path().join("s.sock")));
+    }
+
+    #[test]
+    fn shutdown_releases_a_blocked_recv() {
+        block_on(async {
+            let (a, _b) = UnixStream::pair().unwrap();
+            let s = std::rc::Rc::new(Stream::from_fd(OwnedFd::from(a)));
+            let s2 = s.clone();
+            let h = spawn(async move { s2.recv(AlignedBuf::new(10), 0).await.0.unwrap() });
+            crate::rt::yield_now().await;
+            s.shutdown();
+            assert_eq!(h.await, 0);
+        });
+    }
+
+    #[test]
+    fn event_wakes_from_another_thread() {
+        block_on(async {
+            let ev = std::sync::Arc::new(Event::new().unwrap());
+            let e2 = ev.clone();
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                e2.signal();
+            });
+            ev.wait().await.unwrap();
+            t.join().unwrap();
+        });
+    }
+}

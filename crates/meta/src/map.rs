@@ -1,0 +1,462 @@
+//! The cluster map as it lives in the meta store: OSDs, pools, PG tables,
+//! volumes and liveness, one key each, JSON values.
+//!
+//! Keys (all under `/nacre/`):
+//! - `cluster` — the cluster's id and creation time; its presence means
+//!   the map was initialised;
+//! - `osd/<id>` — [`OsdRecord`]; `up/osd/<id>` — present while the OSD
+//!   holds its lease;
+//! - `pool/<id>` — [`PoolRecord`]; `pgmap/<pool>` — [`PgMap`];
+//! - `volume/<name>` — [`VolumeRecord`]; `counter/volume` — the last
+//!   volume id handed out.
+//!
+//! Every multi-key change is one compare-and-swap transaction, so two
+//! admins creating the same volume, or a create racing a delete, cannot
+//! both win.
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::*;
+
+const ROOT: &str = "/nacre/";
+/// Retries of a compare-and-swap that lost a race.
+const CAS_RETRY_MAX: u32 = 32;
+pub const VOLUME_NAME_MAX_BYTES: usize = 128;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdRecord {
+    pub id: u32,
+    /// Wire address: `unix:PATH` or `tcp:HOST:PORT`.
+    pub addr: String,
+    pub host: String,
+    pub rack: String,
+    /// Relative capacity (GiB).
+    pub weight: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRecord {
+    pub id: u32,
+    pub name: String,
+    pub size: u8,
+    pub min_size: u8,
+    pub pg_count: u32,
+    /// "osd", "host" or "rack".
+    pub failure_domain: String,
+    pub object_bytes: u32,
+}
+
+/// A pool's PG → OSD table at one epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgMap {
+    pub pool: u32,
+    pub epoch: u64,
+    pub size: u8,
+    /// `size` OSD ids per PG, PG by PG; the first is the primary.
+    pub osds: Vec<u32>,
+}
+
+impl PgMap {
+    pub fn pg_count(&self) -> u32 {
+        (self.osds.len() / self.size as usize) as u32
+    }
+
+    pub fn acting(&self, pg: u32) -> &[u32] {
+        let s = self.size as usize;
+        &self.osds[pg as usize * s..(pg as usize + 1) * s]
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: u64,
+    pub name: String,
+    pub pool: u32,
+    pub size_bytes: u64,
+    pub object_bytes: u32,
+    pub created_unix_s: u64,
+}
+
+/// Everything a client or OSD needs to route ops.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMap {
+    pub osds: Vec<OsdRecord>,
+    pub up: Vec<u32>,
+    pub pools: Vec<PoolRecord>,
+    pub pgmaps: Vec<PgMap>,
+    pub revision: Revision,
+}
+
+impl ClusterMap {
+    pub fn osd(&self, id: u32) -> Option<&OsdRecord> {
+        self.osds.iter().find(|o| o.id == id)
+    }
+    pub fn pool(&self, id: u32) -> Option<&PoolRecord> {
+        self.pools.iter().find(|p| p.id == id)
+    }
+    pub fn pgmap(&self, pool: u32) -> Option<&PgMap> {
+        self.pgmaps.iter().find(|p| p.pool == pool)
+    }
+    pub fn is_up(&self, osd: u32) -> bool {
+        self.up.contains(&osd)
+    }
+}
+
+pub fn osd_key(id: u32) -> String {
+    format!("{ROOT}osd/{id:05}")
+}
+pub fn up_key(id: u32) -> String {
+    format!("{ROOT}up/osd/{id:05}")
+}
+fn pool_key(id: u32) -> String {
+    format!("{ROOT}pool/{id:05}")
+}
+fn pgmap_key(pool: u32) -> String {
+    format!("{ROOT}pgmap/{pool:05}")
+}
+fn volume_key(name: &str) -> String {
+    format!("{ROOT}volume/{name}")
+}
+const CLUSTER_KEY: &str = "/nacre/cluster";
+const VOLUME_COUNTER_KEY: &str = "/nacre/counter/volume";
+
+fn json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("map records serialise")
+}
+
+fn parse<T: for<'a> Deserialize<'a>>(kv: &KeyValue) -> Result<T> {
+    serde_json::from_slice(&kv.value)
+        .map_err(|e| MetaError::Storage(format!("record {}: {e}", kv.key)))
+}
+
+fn put(key: String, value: Vec<u8>) -> TxnOp {
+    TxnOp::Put {
+        key,
+        value,
+        lease: 0,
+    }
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// True once [`init`] has run against this store.
+pub fn initialised(store: &dyn MetaStore) -> Result<bool> {
+    Ok(store.get(CLUSTER_KEY)?.is_some())
+}
+
+/// Writes a new cluster's map: its OSDs, one pool and that pool's PG table
+/// (computed by `nacre-placement`). Fails if a map exists.
+pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgMap> {
+    let domain = match pool.failure_domain.as_str() {
+        "osd" => nacre_placement::FailureDomain::Osd,
+        "host" => nacre_placement::FailureDomain::Host,
+        "rack" => nacre_placement::FailureDomain::Rack,
+        d => return Err(MetaError::Invalid(format!("unknown failure domain {d:?}"))),
+    };
+    if pool.min_size == 0 || pool.min_size > pool.size {
+        return Err(MetaError::Invalid(format!(
+            "min_size {} must be within 1..={}",
+            pool.min_size, pool.size
+        )));
+    }
+    let index = |names: Vec<&str>, n: &str| names.iter().position(|x| *x == n).unwrap_or(0) as u32;
+    let hosts: Vec<&str> = osds.iter().map(|o| o.host.as_str()).collect();
+    let racks: Vec<&str> = osds.iter().map(|o| o.rack.as_str()).collect();
+    let pos: Vec<nacre_placement::Osd> = osds
+        .iter()
+        .map(|o| nacre_placement::Osd {
+            id: o.id,
+            host: index(hosts.clone(), &o.host),
+            rack: index(racks.clone(), &o.rack),
+            weight: o.weight.max(1),
+            up: true,
+        })
+        .collect();
+    let p = nacre_placement::Pool {
+        pgs: pool.pg_count,
+        size: pool.size,
+        domain,
+    };
+    let table = nacre_placement::place(&pos, &p, None)
+        .map_err(|e| MetaError::Invalid(format!("placement: {e}")))?;
+    let pgmap = PgMap {
+        pool: pool.id,
+        epoch: 1,
+        size: table.size,
+        osds: table.osds,
+    };
+    let mut ops = vec![
+        put(
+            CLUSTER_KEY.into(),
+            json(&serde_json::json!({"created_unix_s": now_s()})),
+        ),
+        put(pool_key(pool.id), json(pool)),
+        put(pgmap_key(pool.id), json(&pgmap)),
+    ];
+    ops.extend(osds.iter().map(|o| put(osd_key(o.id), json(o))));
+    let t = Txn {
+        compare: vec![Compare::Version(CLUSTER_KEY.into(), CmpOp::Equal, 0)],
+        success: ops,
+        failure: vec![],
+    };
+    if !store.txn(t)?.succeeded {
+        return Err(MetaError::Invalid("the cluster map already exists".into()));
+    }
+    Ok(pgmap)
+}
+
+/// Reads the whole map.
+pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
+    let t = Txn {
+        success: vec![
+            TxnOp::Get(Range::prefix(&format!("{ROOT}osd/"))),
+            TxnOp::Get(Range::prefix(&format!("{ROOT}up/osd/"))),
+            TxnOp::Get(Range::prefix(&format!("{ROOT}pool/"))),
+            TxnOp::Get(Range::prefix(&format!("{ROOT}pgmap/"))),
+        ],
+        ..Txn::default()
+    };
+    let r = store.txn(t)?;
+    let mut got = r.results.into_iter().map(|x| match x {
+        OpResult::Get(kvs) => kvs,
+        _ => Vec::new(),
+    });
+    let mut next = || got.next().unwrap_or_default();
+    let osds = next().iter().map(parse).collect::<Result<_>>()?;
+    let up = next()
+        .iter()
+        .filter_map(|kv| kv.key.rsplit('/').next()?.parse().ok())
+        .collect();
+    let pools = next().iter().map(parse).collect::<Result<_>>()?;
+    let pgmaps = next().iter().map(parse).collect::<Result<_>>()?;
+    Ok(ClusterMap {
+        osds,
+        up,
+        pools,
+        pgmaps,
+        revision: r.revision,
+    })
+}
+
+pub fn check_volume_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= VOLUME_NAME_MAX_BYTES
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(MetaError::Invalid(format!(
+            "volume name {name:?}: 1..={VOLUME_NAME_MAX_BYTES} of [A-Za-z0-9._-], not starting with '.'"
+        )))
+    }
+}
+
+pub fn get_volume(store: &dyn MetaStore, name: &str) -> Result<Option<VolumeRecord>> {
+    check_volume_name(name)?;
+    store
+        .get(&volume_key(name))?
+        .map(|kv| parse(&kv))
+        .transpose()
+}
+
+pub fn list_volumes(store: &dyn MetaStore) -> Result<Vec<VolumeRecord>> {
+    let (kvs, _) = store.range(&Range::prefix(&format!("{ROOT}volume/")))?;
+    kvs.iter().map(parse).collect()
+}
+
+/// Creates a volume with a fresh id; fails if the name is taken.
+pub fn create_volume(
+    store: &dyn MetaStore,
+    name: &str,
+    pool: &PoolRecord,
+    size_bytes: u64,
+) -> Result<VolumeRecord> {
+    check_volume_name(name)?;
+    for _ in 0..CAS_RETRY_MAX {
+        let counter = store.get(VOLUME_COUNTER_KEY)?;
+        let last: u64 = match &counter {
+            Some(kv) => parse(kv)?,
+            None => 0,
+        };
+        let v = VolumeRecord {
+            id: last + 1,
+            name: name.to_string(),
+            pool: pool.id,
+            size_bytes,
+            object_bytes: pool.object_bytes,
+            created_unix_s: now_s(),
+        };
+        let t = Txn {
+            compare: vec![
+                Compare::Version(volume_key(name), CmpOp::Equal, 0),
+                Compare::ModRevision(
+                    VOLUME_COUNTER_KEY.into(),
+                    CmpOp::Equal,
+                    counter.map_or(0, |kv| kv.mod_revision),
+                ),
+            ],
+            success: vec![
+                put(volume_key(name), json(&v)),
+                put(VOLUME_COUNTER_KEY.into(), json(&v.id)),
+            ],
+            failure: vec![TxnOp::Get(Range::key(&volume_key(name)))],
+        };
+        let r = store.txn(t)?;
+        if r.succeeded {
+            return Ok(v);
+        }
+        if matches!(r.results.first(), Some(OpResult::Get(kvs)) if !kvs.is_empty()) {
+            return Err(MetaError::Invalid(format!(
+                "volume {name:?} already exists"
+            )));
+        }
+    }
+    Err(MetaError::Unavailable(
+        "volume create kept losing races".into(),
+    ))
+}
+
+/// Changes a volume's record with `f` (compare-and-swap on its revision).
+pub fn update_volume(
+    store: &dyn MetaStore,
+    name: &str,
+    f: impl Fn(&mut VolumeRecord) -> Result<()>,
+) -> Result<VolumeRecord> {
+    check_volume_name(name)?;
+    for _ in 0..CAS_RETRY_MAX {
+        let kv = store
+            .get(&volume_key(name))?
+            .ok_or_else(|| MetaError::Invalid(format!("no volume {name:?}")))?;
+        let mut v: VolumeRecord = parse(&kv)?;
+        f(&mut v)?;
+        let t = Txn {
+            compare: vec![Compare::ModRevision(
+                volume_key(name),
+                CmpOp::Equal,
+                kv.mod_revision,
+            )],
+            success: vec![put(volume_key(name), json(&v))],
+            failure: vec![],
+        };
+        if store.txn(t)?.succeeded {
+            return Ok(v);
+        }
+    }
+    Err(MetaError::Unavailable(
+        "volume update kept losing races".into(),
+    ))
+}
+
+/// Removes the volume's record if it is still the one with id `id`.
+pub fn remove_volume(store: &dyn MetaStore, name: &str, id: u64) -> Result<()> {
+    let kv = store
+        .get(&volume_key(name))?
+        .ok_or_else(|| MetaError::Invalid(format!("no volume {name:?}")))?;
+    let v: VolumeRecord = parse(&kv)?;
+    if v.id != id {
+        return Err(MetaError::Invalid(format!(
+            "volume {name:?} was replaced meanwhile"
+        )));
+    }
+    let t = Txn {
+        compare: vec![Compare::ModRevision(
+            volume_key(name),
+            CmpOp::Equal,
+            kv.mod_revision,
+        )],
+        success: vec![TxnOp::Delete(Range::key(&volume_key(name)))],
+        failure: vec![],
+    };
+    if !store.txn(t)?.succeeded {
+        return Err(MetaError::Unavailable(
+            "volume changed during delete; retry".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedded::Embedded;
+
+    fn osds(n: u32) -> Vec<OsdRecord> {
+        (0..n)
+            .map(|id| OsdRecord {
+                id,
+                addr: format!("unix:/tmp/osd.{id}.sock"),
+                host: "h".into(),
+                rack: "r".into(),
+                weight: 4,
+            })
+            .collect()
+    }
+
+    fn pool() -> PoolRecord {
+        PoolRecord {
+            id: 1,
+            name: "rbd".into(),
+            size: 3,
+            min_size: 2,
+            pg_count: 64,
+            failure_domain: "osd".into(),
+            object_bytes: 128 << 10,
+        }
+    }
+
+    #[test]
+    fn init_load_and_volumes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Embedded::open(d.path()).unwrap();
+        assert!(!initialised(&*s).unwrap());
+        let pg = init(&*s, &osds(4), &pool()).unwrap();
+        assert!(init(&*s, &osds(4), &pool()).is_err());
+        let m = load(&*s).unwrap();
+        assert_eq!(m.osds.len(), 4);
+        assert_eq!(m.pgmap(1).unwrap(), &pg);
+        for p in 0..pg.pg_count() {
+            let a = pg.acting(p);
+            assert_eq!(a.len(), 3);
+            assert!(a[0] != a[1] && a[1] != a[2] && a[0] != a[2]);
+        }
+        let v = create_volume(&*s, "vm-1", &pool(), 1 << 30).unwrap();
+        let w = create_volume(&*s, "vm-2", &pool(), 1 << 30).unwrap();
+        assert_ne!(v.id, w.id);
+        assert!(create_volume(&*s, "vm-1", &pool(), 1).is_err());
+        assert!(create_volume(&*s, "../x", &pool(), 1).is_err());
+        assert!(create_volume(&*s, "", &pool(), 1).is_err());
+        let r = update_volume(&*s, "vm-1", |v| {
+            v.size_bytes = 2 << 30;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            get_volume(&*s, "vm-1").unwrap().unwrap().size_bytes,
+            r.size_bytes
+        );
+        assert!(remove_volume(&*s, "vm-1", w.id).is_err());
+        remove_volume(&*s, "vm-1", v.id).unwrap();
+        assert_eq!(list_volumes(&*s).unwrap().len(), 1);
+        // ids are never reused
+        let x = create_volume(&*s, "vm-1", &pool(), 1).unwrap();
+        assert!(x.id > w.id);
+        let bad = PoolRecord {
+            min_size: 4,
+            ..pool()
+        };
+        let d2 = tempfile::tempdir().unwrap();
+        let s2 = Embedded::open(d2.path()).unwrap();
+        assert!(init(&*s2, &osds(4), &bad).is_err());
+        assert!(
+            init(&*s2, &osds(2), &pool()).is_err(),
+            "3 replicas need 3 OSDs"
+        );
+    }
+}

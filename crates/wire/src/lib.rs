@@ -1,0 +1,352 @@
+//! The wire protocol between clients, gateways and OSDs.
+//!
+//! Every message is one frame: an 88-byte little-endian header followed by
+//! `payload_len` bytes of payload. The header carries its own crc32c and the
+//! payload's, so a flipped bit on the way is an error, never data. Requests
+//! carry a request id chosen by the sender; the reply echoes it, so any
+//! number of requests can be in flight on one connection and replies come
+//! back in any order. The layout is in `docs/internals/wire.md`.
+//!
+//! Parsing is a bounds check plus validation of every field that is used to
+//! size or dispatch anything: magic, version, op, flags, status, lengths and
+//! both checksums. A frame that fails is a [`WireError`]; the connection
+//! that sent it is closed (its peer is broken or hostile), nothing else.
+//!
+//! This crate has no runtime and no I/O.
+
+use nacre_types::{crc32c, ObjectId, BLOCK_BYTES_MAX, SECTOR_BYTES};
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// "NACR" read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
+pub const VERSION: u8 = 1;
+pub const HEADER_BYTES: usize = 88;
+/// Largest payload of any frame: one whole object.
+pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
+/// Largest payload of a control frame (stats).
+pub const CONTROL_PAYLOAD_MAX_BYTES: u32 = 64 << 10;
+
+/// Flag: this frame answers the request with the same id.
+pub const FLAG_REPLY: u16 = 1;
+const FLAGS_KNOWN: u16 = FLAG_REPLY;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    /// Client → primary: read `length` bytes at `offset` of the object.
+    Read = 1,
+    /// Client → primary: write the payload at `offset`.
+    Write = 2,
+    /// Client → primary: delete the whole object.
+    Delete = 3,
+    /// Primary → replica: apply a write at `obj_version`.
+    RepWrite = 4,
+    /// Primary → replica: apply a delete at `obj_version`.
+    RepDelete = 5,
+    /// Anyone → an OSD: delete every local object of `volume` (volume
+    /// removal; sent to every OSD, not replicated).
+    PurgeVolume = 6,
+    /// Anyone → an OSD: its counters and space, as JSON in the reply.
+    Stat = 7,
+}
+
+impl Op {
+    pub fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Read,
+            2 => Op::Write,
+            3 => Op::Delete,
+            4 => Op::RepWrite,
+            5 => Op::RepDelete,
+            6 => Op::PurgeVolume,
+            7 => Op::Stat,
+            _ => return None,
+        })
+    }
+
+    /// Ops that name one object and are routed by its placement group.
+    pub fn is_object_op(self) -> bool {
+        !matches!(self, Op::PurgeVolume | Op::Stat)
+    }
+}
+
+/// Outcome of a request, in the reply's `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Status {
+    Ok = 0,
+    /// The object does not exist (a read of it is all zeros to a volume).
+    NotFound = 1,
+    /// The request's epoch is not the OSD's; the reply carries the OSD's.
+    StaleEpoch = 2,
+    /// This OSD is not the primary of the request's PG.
+    NotPrimary = 3,
+    NoSpace = 4,
+    /// The request breaks a rule (range, alignment): a client bug.
+    Invalid = 5,
+    /// Stored data failed its checksum on every copy tried.
+    Corrupt = 6,
+    /// The OSD cannot serve now (disk error, replica unreachable); retry.
+    Unavailable = 7,
+    /// The write's version is older than the stored one.
+    Stale = 8,
+}
+
+impl Status {
+    pub fn from_u32(v: u32) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::NotFound,
+            2 => Status::StaleEpoch,
+            3 => Status::NotPrimary,
+            4 => Status::NoSpace,
+            5 => Status::Invalid,
+            6 => Status::Corrupt,
+            7 => Status::Unavailable,
+            8 => Status::Stale,
+            _ => return None,
+        })
+    }
+}
+
+/// The frame header as it is on the wire.
+#[repr(C)]
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default)]
+pub struct RawHeader {
+    pub magic: U32,
+    pub version: u8,
+    pub op: u8,
+    pub flags: U16,
+    pub status: U32,
+    pub pg: U32,
+    pub request_id: U64,
+    /// The client's id, so that `(client, request_id)` names one write
+    /// across reconnects and retries.
+    pub client: U64,
+    pub volume: U64,
+    pub block: U64,
+    pub offset: U32,
+    pub length: U32,
+    pub epoch: U64,
+    pub obj_version: U64,
+    pub payload_len: U32,
+    pub payload_crc: U32,
+    pub reserved: U32,
+    pub header_crc: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<RawHeader>() == HEADER_BYTES);
+
+/// A validated header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub op: Op,
+    pub reply: bool,
+    pub status: Status,
+    pub pg: u32,
+    pub request_id: u64,
+    pub client: u64,
+    pub oid: ObjectId,
+    pub offset: u32,
+    pub length: u32,
+    pub epoch: u64,
+    pub obj_version: u64,
+    pub payload_len: u32,
+    pub payload_crc: u32,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("short header: {0} bytes")]
+    Short(usize),
+    #[error("bad magic {0:#010x}")]
+    Magic(u32),
+    #[error("protocol version {0} not supported (this build speaks {VERSION})")]
+    Version(u8),
+    #[error("header checksum mismatch")]
+    HeaderCrc,
+    #[error("unknown op {0}")]
+    Op(u8),
+    #[error("unknown flags {0:#x}")]
+    Flags(u16),
+    #[error("unknown status {0}")]
+    Status(u32),
+    #[error("reserved field is not zero")]
+    Reserved,
+    #[error("{op:?}: payload of {len} bytes is not allowed ({why})")]
+    PayloadLen { op: Op, len: u32, why: &'static str },
+    #[error("{op:?}: range {offset}+{length} is not sector-aligned inside one object")]
+    Range { op: Op, offset: u32, length: u32 },
+    #[error("payload checksum mismatch")]
+    PayloadCrc,
+}
+
+impl Header {
+    /// A request header for `op` on `oid`.
+    pub fn request(op: Op, request_id: u64, oid: ObjectId) -> Header {
+        Header {
+            op,
+            reply: false,
+            status: Status::Ok,
+            pg: 0,
+            request_id,
+            client: 0,
+            oid,
+            offset: 0,
+            length: 0,
+            epoch: 0,
+            obj_version: 0,
+            payload_len: 0,
+            payload_crc: 0,
+        }
+    }
+
+    /// The reply to this request, with `status` and no payload.
+    pub fn reply(&self, status: Status) -> Header {
+        Header {
+            reply: true,
+            status,
+            payload_len: 0,
+            payload_crc: 0,
+            ..*self
+        }
+    }
+
+    /// Sets the payload length and checksum from `payload`.
+    pub fn with_payload(mut self, payload: &[u8]) -> Header {
+        self.payload_len = payload.len() as u32;
+        self.payload_crc = crc32c(payload);
+        self
+    }
+
+    /// Serialises into `out` (exactly [`HEADER_BYTES`]), checksum included.
+    pub fn encode(&self, out: &mut [u8]) {
+        let mut raw = RawHeader {
+            magic: MAGIC.into(),
+            version: VERSION,
+            op: self.op as u8,
+            flags: (if self.reply { FLAG_REPLY } else { 0 }).into(),
+            status: (self.status as u32).into(),
+            pg: self.pg.into(),
+            request_id: self.request_id.into(),
+            client: self.client.into(),
+            volume: self.oid.volume.0.into(),
+            block: self.oid.block.into(),
+            offset: self.offset.into(),
+            length: self.length.into(),
+            epoch: self.epoch.into(),
+            obj_version: self.obj_version.into(),
+            payload_len: self.payload_len.into(),
+            payload_crc: self.payload_crc.into(),
+            reserved: 0.into(),
+            header_crc: 0.into(),
+        };
+        raw.header_crc = crc32c(&raw.as_bytes()[..HEADER_BYTES - 4]).into();
+        out[..HEADER_BYTES].copy_from_slice(raw.as_bytes());
+        debug_assert_eq!(Header::decode(&out[..HEADER_BYTES]).as_ref(), Ok(self));
+    }
+
+    /// Parses and validates a header; the payload is checked separately by
+    /// [`Header::check_payload`] once it has arrived.
+    pub fn decode(bytes: &[u8]) -> Result<Header, WireError> {
+        let raw = RawHeader::read_from_prefix(bytes)
+            .map_err(|_| WireError::Short(bytes.len()))?
+            .0;
+        if raw.magic.get() != MAGIC {
+            return Err(WireError::Magic(raw.magic.get()));
+        }
+        if raw.version != VERSION {
+            return Err(WireError::Version(raw.version));
+        }
+        if crc32c(&raw.as_bytes()[..HEADER_BYTES - 4]) != raw.header_crc.get() {
+            return Err(WireError::HeaderCrc);
+        }
+        let op = Op::from_u8(raw.op).ok_or(WireError::Op(raw.op))?;
+        let flags = raw.flags.get();
+        if flags & !FLAGS_KNOWN != 0 {
+            return Err(WireError::Flags(flags));
+        }
+        let status =
+            Status::from_u32(raw.status.get()).ok_or(WireError::Status(raw.status.get()))?;
+        if raw.reserved.get() != 0 {
+            return Err(WireError::Reserved);
+        }
+        let h = Header {
+            op,
+            reply: flags & FLAG_REPLY != 0,
+            status,
+            pg: raw.pg.get(),
+            request_id: raw.request_id.get(),
+            client: raw.client.get(),
+            oid: ObjectId::new(raw.volume.get(), raw.block.get()),
+            offset: raw.offset.get(),
+            length: raw.length.get(),
+            epoch: raw.epoch.get(),
+            obj_version: raw.obj_version.get(),
+            payload_len: raw.payload_len.get(),
+            payload_crc: raw.payload_crc.get(),
+        };
+        h.check_shape()?;
+        Ok(h)
+    }
+
+    /// Checks that the lengths fit the op, so the receiver can size its
+    /// buffer from them.
+    fn check_shape(&self) -> Result<(), WireError> {
+        let op = self.op;
+        let len = self.payload_len;
+        let bad = |why| Err(WireError::PayloadLen { op, len, why });
+        if len > PAYLOAD_MAX_BYTES {
+            return bad("larger than an object");
+        }
+        let ranged = matches!(op, Op::Read | Op::Write | Op::RepWrite);
+        if ranged
+            && (self.length == 0
+                || !self.offset.is_multiple_of(SECTOR_BYTES)
+                || !self.length.is_multiple_of(SECTOR_BYTES)
+                || u64::from(self.offset) + u64::from(self.length) > u64::from(BLOCK_BYTES_MAX))
+        {
+            return Err(WireError::Range {
+                op,
+                offset: self.offset,
+                length: self.length,
+            });
+        }
+        let carries_data = match (op, self.reply) {
+            (Op::Write | Op::RepWrite, false) => true,
+            (Op::Read, true) => self.status == Status::Ok,
+            (Op::Stat, true) => {
+                if len > CONTROL_PAYLOAD_MAX_BYTES {
+                    return bad("larger than a control payload");
+                }
+                return Ok(());
+            }
+            _ => false,
+        };
+        match (carries_data, len == self.length) {
+            (true, true) => Ok(()),
+            (true, false) => bad("must equal the range length"),
+            (false, _) if len == 0 => Ok(()),
+            (false, _) => bad("this frame carries no payload"),
+        }
+    }
+
+    /// Verifies a received payload against the header.
+    pub fn check_payload(&self, payload: &[u8]) -> Result<(), WireError> {
+        if payload.len() != self.payload_len as usize {
+            return Err(WireError::PayloadLen {
+                op: self.op,
+                len: payload.len() as u32,
+                why: "differs from the header",
+            });
+        }
+        if crc32c(payload) != self.payload_crc {
+            return Err(WireError::PayloadCrc);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
