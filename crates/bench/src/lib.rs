@@ -6,3 +6,4 @@
 pub mod load;
 pub mod stats;
 pub mod store_bench;
+pub mod suite;

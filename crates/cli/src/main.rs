@@ -1,6 +1,9 @@
 //! The `nacre` command: parses, wires, prints. Logic lives in the crates.
 
 mod args;
+mod cluster;
+mod commands;
+mod targets;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,6 +27,41 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run a whole cluster on this machine in the foreground: an embedded
+    /// meta store, OSDs on files in DIR, an NBD gateway. Stops cleanly on
+    /// SIGINT/SIGTERM; restart with the same DIR to serve the same volumes.
+    Up {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        osds: u32,
+        /// Size of each OSD's file when it is created.
+        #[arg(long, value_parser = args::parse_size, default_value = "4G")]
+        osd_size: u64,
+        #[arg(long, default_value_t = 3)]
+        replicas: u8,
+        /// Where the NBD gateway listens (default unix:DIR/nbd.sock).
+        #[arg(long)]
+        nbd: Option<String>,
+    },
+    /// Volumes of the cluster running in DIR.
+    Volume {
+        #[command(subcommand)]
+        cmd: commands::VolumeCmd,
+    },
+    /// Health, OSDs, PG states, capacity and client I/O of the cluster in DIR.
+    Status {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// The standard benchmark suite against a volume of the cluster in DIR
+    /// (through the client library) or against any NBD export.
+    Bench(commands::BenchArgs),
+    /// Start a cluster in a temporary dir, run the suite through NBD on a
+    /// volume and on the local disk, print both, clean up.
+    Demo(commands::DemoArgs),
     /// One OSD's blockstore: format, inspect, benchmark.
     Store {
         #[command(subcommand)]
@@ -32,7 +70,7 @@ enum Cmd {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
-enum Format {
+pub enum Format {
     Table,
     Json,
 }
@@ -92,7 +130,14 @@ fn main() {
         .with_max_level(level)
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = run(Cli::parse()) {
+    let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Up { .. } | Cmd::Demo(_) | Cmd::Bench(_)) {
+        // Short-lived commands die quietly when their output pipe closes
+        // (`nacre status | head`), as shell tools do.
+        // SAFETY: restoring the default disposition of one signal.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    if let Err(e) = run(cli) {
         eprintln!("nacre: {e:#}");
         std::process::exit(1);
     }
@@ -101,6 +146,17 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Store { cmd } => store(cmd),
+        Cmd::Up {
+            dir,
+            osds,
+            osd_size,
+            replicas,
+            nbd,
+        } => commands::up(dir, osds, osd_size, replicas, nbd),
+        Cmd::Volume { cmd } => commands::volume(cmd),
+        Cmd::Status { dir, format } => commands::status(&dir, format),
+        Cmd::Bench(a) => commands::bench(a),
+        Cmd::Demo(a) => commands::demo(a),
     }
 }
 

@@ -16,7 +16,6 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::Once;
 
 use io_uring::{opcode, types};
 
@@ -60,15 +59,6 @@ impl std::fmt::Display for Addr {
     }
 }
 
-fn ignore_sigpipe() {
-    static ONCE: Once = Once::new();
-    // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
-    // A peer that closes its end must cost an EPIPE, not the process.
-    ONCE.call_once(|| unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-    });
-}
-
 fn need_ring() -> io::Result<()> {
     if rt::has_uring() {
         Ok(())
@@ -104,7 +94,6 @@ pub struct Listener {
 impl Listener {
     /// Binds `addr`; a stale unix socket file is replaced.
     pub fn bind(addr: &Addr) -> io::Result<Listener> {
-        ignore_sigpipe();
         let ctx = |e: io::Error| io::Error::new(e.kind(), format!("listen on {addr}: {e}"));
         match addr {
             Addr::Unix(p) => {
@@ -166,7 +155,6 @@ impl Stream {
     /// Connects to `addr` (a blocking connect: loopback and unix sockets
     /// answer at once).
     pub fn connect(addr: &Addr) -> io::Result<Stream> {
-        ignore_sigpipe();
         let ctx = |e: io::Error| io::Error::new(e.kind(), format!("connect to {addr}: {e}"));
         let fd = match addr {
             Addr::Unix(p) => OwnedFd::from(UnixStream::connect(p).map_err(ctx)?),
@@ -186,7 +174,6 @@ impl Stream {
 
     /// Wraps a connected socket.
     pub fn from_fd(fd: OwnedFd) -> Stream {
-        ignore_sigpipe();
         Stream { fd }
     }
 
@@ -261,17 +248,19 @@ impl Stream {
         let mut first = 0;
         while first < iov.len() {
             let cnt = (iov.len() - first).min(libc::UIO_MAXIOV as usize);
-            let entry = opcode::Writev::new(
-                types::Fd(self.fd.as_raw_fd()),
-                // SAFETY: iovecs live in the Vec the op owns; its heap block
-                // does not move when the Vec moves.
-                unsafe { iov.as_ptr().add(first) },
-                cnt as u32,
-            )
-            .build();
-            let (res, r) = rt::submit(entry, Resources::Bufs(bufs, iov)).await;
-            let Resources::Bufs(b, v) = r else {
-                unreachable!("writev returned other resources")
+            // SAFETY: an all-zero msghdr is valid (no name, no control).
+            let mut hdr: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+            // SAFETY: iovecs live in the Vec the op owns; its heap block
+            // does not move when the Vec moves, nor does the boxed header.
+            hdr.msg_iov = unsafe { iov.as_mut_ptr().add(first) };
+            hdr.msg_iovlen = cnt;
+            // MSG_NOSIGNAL: a peer that went away is an EPIPE, not a signal.
+            let entry = opcode::SendMsg::new(types::Fd(self.fd.as_raw_fd()), &*hdr)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build();
+            let (res, r) = rt::submit(entry, Resources::Msg(bufs, iov, hdr)).await;
+            let Resources::Msg(b, v, _) = r else {
+                unreachable!("sendmsg returned other resources")
             };
             bufs = b;
             iov = v;

@@ -64,6 +64,8 @@ pub enum Resources {
     None,
     Buf(AlignedBuf),
     Bufs(Vec<AlignedBuf>, Vec<libc::iovec>),
+    /// A sendmsg: its buffers, their iovecs, and the header pointing at them.
+    Msg(Vec<AlignedBuf>, Vec<libc::iovec>, Box<libc::msghdr>),
     Time(Box<types::Timespec>),
 }
 

@@ -132,7 +132,6 @@ fn payload_must_match_op() {
         Header::decode(&buf),
         Err(WireError::PayloadLen { .. })
     ));
-    let _ = h;
 }
 
 proptest! {

@@ -1,0 +1,348 @@
+//! A whole cluster in one process (`nacre up`, `nacre demo`): the embedded
+//! meta store (served on `DIR/meta.sock` for other commands), one thread
+//! per OSD on `DIR/osd.N.img`, and an NBD gateway thread. The OSDs and the
+//! gateway talk over unix sockets with the same wire protocol, client
+//! library and code as a multi-host cluster; only the meta store backend
+//! and the addresses differ.
+//!
+//! Each OSD holds a lease in the meta store while its thread runs, which is
+//! what `nacre status` reports as up.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use nacre_io::net::{Addr, Event, Listener};
+use nacre_io::rt;
+use nacre_meta::embedded::Embedded;
+use nacre_meta::map::{self, OsdRecord, PoolRecord};
+use nacre_meta::MetaStore;
+use nacre_osd::{Osd, OsdConfig, OsdMap};
+
+const LEASE_TTL_S: i64 = 10;
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+const OBJECT_BYTES: u32 = 128 << 10;
+
+#[derive(Clone, Debug)]
+pub struct UpOpts {
+    pub dir: PathBuf,
+    pub osds: u32,
+    pub osd_size_bytes: u64,
+    pub replicas: u8,
+    pub nbd: Addr,
+}
+
+struct Worker {
+    name: String,
+    stop: Arc<Event>,
+    thread: JoinHandle<()>,
+    /// Cleared when the thread ends, however it ends.
+    alive: Arc<AtomicBool>,
+}
+
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// A running cluster; [`Running::stop`] shuts it down cleanly.
+pub struct Running {
+    pub meta: Arc<Embedded>,
+    pub nbd: Addr,
+    pub dir: PathBuf,
+    workers: Vec<Worker>,
+    keepalive_stop: Arc<AtomicBool>,
+    keepalive: Option<JoinHandle<()>>,
+}
+
+pub fn meta_socket(dir: &Path) -> PathBuf {
+    dir.join("meta.sock")
+}
+
+/// Can files in `dir` be opened with O_DIRECT? (tmpfs says no.)
+fn direct_io_works(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = dir.join(".direct-probe");
+    let r = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p);
+    let _ = std::fs::remove_file(&p);
+    r.is_ok()
+}
+
+fn pg_count_for(osds: u32, replicas: u8) -> u32 {
+    // About 64 PG replicas per OSD, a power of two, at least 32.
+    (osds * 64 / u32::from(replicas).max(1))
+        .next_power_of_two()
+        .max(32)
+}
+
+/// Creates the map on first start; checks it against `o` afterwards.
+fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
+    if !map::initialised(meta)? {
+        if o.osds == 0 || u32::from(o.replicas) > o.osds || o.replicas == 0 {
+            bail!(
+                "--replicas {} needs 1..={} (the number of OSDs)",
+                o.replicas,
+                o.osds
+            );
+        }
+        let osds: Vec<OsdRecord> = (0..o.osds)
+            .map(|id| OsdRecord {
+                id,
+                addr: Addr::Unix(o.dir.join(format!("osd.{id}.sock"))).to_string(),
+                host: format!("osd{id}"),
+                rack: "local".into(),
+                weight: (o.osd_size_bytes >> 30).max(1) as u32,
+            })
+            .collect();
+        let pool = PoolRecord {
+            id: 1,
+            name: "rbd".into(),
+            size: o.replicas,
+            min_size: o.replicas / 2 + 1,
+            pg_count: pg_count_for(o.osds, o.replicas),
+            failure_domain: "osd".into(),
+            object_bytes: OBJECT_BYTES,
+        };
+        map::init(meta, &osds, &pool)?;
+        return Ok(());
+    }
+    let m = map::load(meta)?;
+    if m.osds.len() as u32 != o.osds {
+        bail!(
+            "the cluster in {} has {} OSDs; start it with --osds {} (adding OSDs to a running cluster comes with rebalancing)",
+            o.dir.display(),
+            m.osds.len(),
+            m.osds.len()
+        );
+    }
+    if m.pools.first().is_some_and(|p| p.size != o.replicas) {
+        bail!(
+            "the cluster in {} keeps {} replicas, not {}",
+            o.dir.display(),
+            m.pools[0].size,
+            o.replicas
+        );
+    }
+    Ok(())
+}
+
+fn spawn_osd(
+    cfg: OsdConfig,
+    map: OsdMap,
+    ready: mpsc::Sender<anyhow::Result<()>>,
+) -> anyhow::Result<Worker> {
+    let stop = Arc::new(Event::new()?);
+    let stop2 = stop.clone();
+    let name = format!("osd.{}", cfg.id);
+    let alive = Arc::new(AtomicBool::new(true));
+    let guard = ClearOnDrop(alive.clone());
+    let thread = std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(move || {
+            let _guard = guard;
+            rt::block_on(async move {
+                let osd = match Osd::open(&cfg, map).await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        let _ = ready.send(Err(anyhow::anyhow!("osd.{}: {e}", cfg.id)));
+                        return;
+                    }
+                };
+                let l = match Listener::bind(&cfg.addr) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = ready.send(Err(anyhow::anyhow!("osd.{}: {e}", cfg.id)));
+                        return;
+                    }
+                };
+                let serving = osd.serve(l);
+                let _ = ready.send(Ok(()));
+                if let Err(e) = stop2.wait().await {
+                    tracing::error!("osd.{}: stop event: {e}", cfg.id);
+                }
+                drop(serving);
+                if let Err(e) = osd.close().await {
+                    tracing::error!("osd.{}: close: {e}", cfg.id);
+                }
+            })
+        })?;
+    Ok(Worker {
+        name,
+        stop,
+        thread,
+        alive,
+    })
+}
+
+fn spawn_gateway(
+    meta: Arc<dyn MetaStore>,
+    addr: Addr,
+    ready: mpsc::Sender<anyhow::Result<()>>,
+) -> anyhow::Result<Worker> {
+    let stop = Arc::new(Event::new()?);
+    let stop2 = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("nbd".into())
+        .spawn(move || {
+            rt::block_on(async move {
+                let start = || -> anyhow::Result<_> {
+                    let cluster = nacre_client::Cluster::connect(meta)?;
+                    let l = Listener::bind(&addr)?;
+                    Ok((cluster, l))
+                };
+                let (cluster, l) = match start() {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = ready.send(Err(e.context("nbd gateway")));
+                        return;
+                    }
+                };
+                let serving = rt::spawn(nacre_nbd::server::serve(l, cluster));
+                let _ = ready.send(Ok(()));
+                let _ = stop2.wait().await;
+                drop(serving);
+            })
+        })?;
+    Ok(Worker {
+        name: "nbd".into(),
+        stop,
+        thread,
+        alive: Arc::new(AtomicBool::new(true)),
+    })
+}
+
+/// Starts everything; returns once the OSDs and the gateway listen.
+pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
+    std::fs::create_dir_all(&o.dir).with_context(|| format!("create {}", o.dir.display()))?;
+    let meta = Embedded::open(&o.dir.join("meta"))
+        .with_context(|| format!("cluster in {}", o.dir.display()))?;
+    init_or_check(&*meta, o)?;
+    nacre_meta::remote::serve(meta.clone(), &meta_socket(&o.dir)).context("meta socket")?;
+    let m = map::load(&*meta)?;
+    let pool = m.pools.first().context("no pool in the map")?.clone();
+    let pgmap = m.pgmap(pool.id).context("no PG table")?.clone();
+    let addrs = (m.osds.iter())
+        .map(|r| Ok((r.id, r.addr.parse::<Addr>().map_err(anyhow::Error::msg)?)))
+        .collect::<anyhow::Result<_>>()?;
+    let osd_map = OsdMap { pgmap, addrs };
+    let direct = direct_io_works(&o.dir);
+    if !direct {
+        tracing::warn!(
+            "{} does not support O_DIRECT (tmpfs?): OSDs use the page cache",
+            o.dir.display()
+        );
+    }
+    let (tx, rx) = mpsc::channel();
+    let mut workers = Vec::new();
+    let mut run = || -> anyhow::Result<()> {
+        for r in &m.osds {
+            let cfg = OsdConfig {
+                id: r.id,
+                path: o.dir.join(format!("osd.{}.img", r.id)),
+                size_bytes: o.osd_size_bytes,
+                addr: r.addr.parse().map_err(anyhow::Error::msg)?,
+                object_bytes: pool.object_bytes,
+                direct,
+            };
+            workers.push(spawn_osd(cfg, osd_map.clone(), tx.clone())?);
+        }
+        for _ in &m.osds {
+            rx.recv().context("an OSD thread died while starting")??;
+        }
+        workers.push(spawn_gateway(meta.clone(), o.nbd.clone(), tx.clone())?);
+        rx.recv()
+            .context("the gateway thread died while starting")??;
+        Ok(())
+    };
+    let started = run();
+    let mut running = Running {
+        meta: meta.clone(),
+        nbd: o.nbd.clone(),
+        dir: o.dir.clone(),
+        workers,
+        keepalive_stop: Arc::new(AtomicBool::new(false)),
+        keepalive: None,
+    };
+    if let Err(e) = started {
+        running.stop();
+        return Err(e);
+    }
+    running.keepalive = Some(hold_leases(
+        &running,
+        m.osds.iter().map(|r| r.id).collect(),
+    )?);
+    std::fs::write(o.dir.join("nacre.pid"), std::process::id().to_string())?;
+    Ok(running)
+}
+
+/// Publishes each OSD as up under a lease, renewed while its thread runs.
+fn hold_leases(r: &Running, ids: Vec<u32>) -> anyhow::Result<JoinHandle<()>> {
+    let meta = r.meta.clone();
+    let mut leases = Vec::new();
+    for id in &ids {
+        let l = meta.lease_grant(LEASE_TTL_S)?;
+        meta.put(&map::up_key(*id), b"up".to_vec(), l)?;
+        leases.push(l);
+    }
+    let stop = r.keepalive_stop.clone();
+    let alive: Vec<Arc<AtomicBool>> = r
+        .workers
+        .iter()
+        .take(ids.len())
+        .map(|w| w.alive.clone())
+        .collect();
+    Ok(std::thread::Builder::new()
+        .name("leases".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                // An OSD whose thread ended stops renewing: it goes down
+                // when its lease expires.
+                for (l, a) in leases.iter().zip(&alive) {
+                    if a.load(Ordering::Acquire) {
+                        if let Err(e) = meta.lease_keepalive(*l) {
+                            tracing::warn!("lease {l}: {e}");
+                        }
+                    }
+                }
+                std::thread::sleep(KEEPALIVE_EVERY);
+            }
+            for l in leases {
+                let _ = meta.lease_revoke(l);
+            }
+        })?)
+}
+
+impl Running {
+    /// Stops the gateway, then the OSDs (each closes its store with a
+    /// checkpoint), then the leases.
+    pub fn stop(&mut self) {
+        for w in self.workers.iter().rev() {
+            w.stop.signal();
+        }
+        for w in self.workers.drain(..).rev() {
+            if w.thread.join().is_err() {
+                tracing::error!("{} panicked", w.name);
+            }
+        }
+        self.keepalive_stop.store(true, Ordering::Release);
+        if let Some(k) = self.keepalive.take() {
+            let _ = k.join();
+        }
+        let _ = std::fs::remove_file(self.dir.join("nacre.pid"));
+        let _ = std::fs::remove_file(meta_socket(&self.dir));
+        if let Addr::Unix(p) = &self.nbd {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! The cluster commands: `up`, `volume`, `status`, `bench`, `demo`.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use nacre_bench::suite::{self, BlockTarget, SuiteOpts, SuiteResult};
+use nacre_client::{Cluster, Volume};
+use nacre_io::net::Addr;
+use nacre_io::{rt, FileDev, OpenFlags};
+use nacre_meta::map;
+use nacre_meta::remote::Remote;
+use nacre_meta::MetaStore;
+use nacre_nbd::client::NbdClient;
+
+use crate::args::{parse_duration, parse_size};
+use crate::cluster::{self, UpOpts};
+use crate::targets::{FileTarget, NbdTarget, VolumeTarget};
+use crate::Format;
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts
+/// later, so that [`wait_for_signal`] can take them synchronously.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: plain signal-mask calls on a set we own.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: sigwait on a set of blocked signals.
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}
+
+pub fn up(
+    dir: PathBuf,
+    osds: u32,
+    osd_size: u64,
+    replicas: u8,
+    nbd: Option<String>,
+) -> anyhow::Result<()> {
+    let nbd: Addr = match nbd {
+        Some(s) => s.parse().map_err(anyhow::Error::msg)?,
+        None => Addr::Unix(dir.join("nbd.sock")),
+    };
+    let set = block_stop_signals();
+    let o = UpOpts {
+        dir: dir.clone(),
+        osds,
+        osd_size_bytes: osd_size,
+        replicas,
+        nbd: nbd.clone(),
+    };
+    let mut running = cluster::start(&o)?;
+    let vols = map::list_volumes(&*running.meta)?;
+    println!(
+        "nacre up: {osds} OSDs in {}, {replicas} replicas; NBD on {nbd}; meta on unix:{}",
+        dir.display(),
+        cluster::meta_socket(&dir).display()
+    );
+    println!(
+        "volumes: {}",
+        if vols.is_empty() {
+            "none yet (nacre volume create NAME --size SIZE --dir DIR)".to_string()
+        } else {
+            vols.iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    if let Addr::Unix(p) = &nbd {
+        println!("attach: nbd+unix:///VOLUME?socket={}", p.display());
+    } else if let Addr::Tcp(hp) = &nbd {
+        println!("attach: nbd://{hp}/VOLUME");
+    }
+    let sig = wait_for_signal(&set);
+    eprintln!("nacre up: signal {sig}, stopping");
+    running.stop();
+    eprintln!("nacre up: stopped");
+    Ok(())
+}
+
+fn remote(dir: &Path) -> anyhow::Result<Arc<dyn MetaStore>> {
+    let sock = cluster::meta_socket(dir);
+    let r = Remote::connect(&sock).map_err(|e| {
+        anyhow::anyhow!(
+            "no cluster running in {} ({e}); start one with: nacre up --dir {}",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    Ok(Arc::new(r))
+}
+
+#[derive(Subcommand)]
+pub enum VolumeCmd {
+    /// Create a thin volume.
+    Create {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// List volumes.
+    Ls {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Show one volume.
+    Info {
+        name: String,
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Grow or shrink a volume (shrinking discards the data past the end).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Delete a volume and its data.
+    Rm {
+        name: String,
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn volume_json(v: &map::VolumeRecord) -> serde_json::Value {
+    serde_json::json!({
+        "name": v.name, "id": v.id, "size_bytes": v.size_bytes,
+        "object_bytes": v.object_bytes, "pool": v.pool, "created_unix_s": v.created_unix_s,
+    })
+}
+
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
+    match cmd {
+        VolumeCmd::Create { name, size, dir } => {
+            let meta = remote(&dir)?;
+            let v = rt::block_on(async {
+                anyhow::Ok(Cluster::connect(meta)?.create_volume(&name, size)?)
+            })?;
+            println!(
+                "created volume {} ({}, id {})",
+                v.name,
+                human(v.size_bytes),
+                v.id
+            );
+        }
+        VolumeCmd::Ls { dir, format } => {
+            let vols = map::list_volumes(&*remote(&dir)?)?;
+            match format {
+                Format::Json => println!(
+                    "{}",
+                    serde_json::Value::Array(vols.iter().map(volume_json).collect())
+                ),
+                Format::Table => {
+                    println!("{:<32} {:>12} {:>8}", "name", "size", "id");
+                    for v in vols {
+                        println!("{:<32} {:>12} {:>8}", v.name, human(v.size_bytes), v.id);
+                    }
+                }
+            }
+        }
+        VolumeCmd::Info { name, dir, format } => {
+            let v = map::get_volume(&*remote(&dir)?, &name)?
+                .with_context(|| format!("no volume {name:?}"))?;
+            match format {
+                Format::Json => println!("{}", volume_json(&v)),
+                Format::Table => {
+                    println!("name     {}", v.name);
+                    println!("id       {}", v.id);
+                    println!("size     {} ({} bytes)", human(v.size_bytes), v.size_bytes);
+                    println!("objects  {} KiB each, thin", v.object_bytes >> 10);
+                    println!("pool     {}", v.pool);
+                }
+            }
+        }
+        VolumeCmd::Resize { name, size, dir } => {
+            let meta = remote(&dir)?;
+            let v = rt::block_on(async {
+                anyhow::Ok(Cluster::connect(meta)?.resize_volume(&name, size).await?)
+            })?;
+            println!("volume {} is now {}", v.name, human(v.size_bytes));
+        }
+        VolumeCmd::Rm { name, dir } => {
+            let meta = remote(&dir)?;
+            rt::block_on(async {
+                anyhow::Ok(Cluster::connect(meta)?.delete_volume(&name).await?)
+            })?;
+            println!("deleted volume {name}");
+        }
+    }
+    Ok(())
+}
+
+pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
+    let meta = remote(dir)?;
+    let (m, stats) = rt::block_on(async {
+        let c = Cluster::connect(meta.clone())?;
+        let stats = c.osd_stats().await;
+        anyhow::Ok((c.map(), stats))
+    })?;
+    let pool = m.pools.first().context("no pool")?;
+    let pg = m.pgmap(pool.id).context("no PG table")?;
+    let (mut clean, mut degraded, mut inactive) = (0u32, 0u32, 0u32);
+    for p in 0..pg.pg_count() {
+        let up = pg.acting(p).iter().filter(|o| m.is_up(**o)).count();
+        if up == pg.size as usize {
+            clean += 1;
+        } else if up >= pool.min_size as usize {
+            degraded += 1;
+        } else {
+            inactive += 1;
+        }
+    }
+    let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
+    let health = if inactive > 0 {
+        "HEALTH_ERR"
+    } else if degraded > 0 || up_count < m.osds.len() {
+        "HEALTH_WARN"
+    } else {
+        "HEALTH_OK"
+    };
+    let get = |v: &Option<serde_json::Value>, k: &str| {
+        v.as_ref().and_then(|v| v[k].as_f64()).unwrap_or(0.0)
+    };
+    let sum = |k: &str| stats.iter().map(|(_, v)| get(v, k)).sum::<f64>();
+    let vols = map::list_volumes(&*meta)?;
+    let json = serde_json::json!({
+        "health": health,
+        "osds": {"total": m.osds.len(), "up": up_count},
+        "pgs": {"total": pg.pg_count(), "active_clean": clean, "degraded": degraded, "inactive": inactive},
+        "capacity": {"total_bytes": sum("capacity_bytes"), "used_bytes": sum("used_bytes"), "objects": sum("objects")},
+        "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
+                      "read_bytes_per_s": sum("read_bytes_per_s"), "write_bytes_per_s": sum("write_bytes_per_s")},
+        "pool": {"name": pool.name, "size": pool.size, "min_size": pool.min_size, "pg_count": pool.pg_count},
+        "volumes": vols.len(),
+        "osd": stats.iter().map(|(id, v)| serde_json::json!({"id": id, "up": m.is_up(*id), "stats": v})).collect::<Vec<_>>(),
+    });
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&json)?),
+        Format::Table => {
+            println!("health    {health}");
+            println!("osds      {} total, {up_count} up", m.osds.len());
+            println!(
+                "pgs       {} total: {clean} active+clean, {degraded} degraded, {inactive} inactive",
+                pg.pg_count()
+            );
+            println!(
+                "pool      {} (replicated size {}, min_size {})",
+                pool.name, pool.size, pool.min_size
+            );
+            println!(
+                "capacity  {} used of {} raw, {} objects, {} volumes",
+                human(sum("used_bytes") as u64),
+                human(sum("capacity_bytes") as u64),
+                sum("objects") as u64,
+                vols.len()
+            );
+            println!(
+                "client io {:.0} reads/s ({}/s), {:.0} writes/s ({}/s)  (primary ops)",
+                sum("read_iops"),
+                human(sum("read_bytes_per_s") as u64),
+                sum("write_iops"),
+                human(sum("write_bytes_per_s") as u64)
+            );
+            println!(
+                "\n{:<6} {:<5} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12}",
+                "osd",
+                "state",
+                "used",
+                "capacity",
+                "objects",
+                "reads/s",
+                "writes/s",
+                "write avg µs"
+            );
+            for (id, v) in &stats {
+                let state = if v.is_none() {
+                    "noans"
+                } else if m.is_up(*id) {
+                    "up"
+                } else {
+                    "down"
+                };
+                println!(
+                    "{:<6} {:<5} {:>12} {:>12} {:>10} {:>9.0} {:>9.0} {:>12.1}",
+                    format!("osd.{id}"),
+                    state,
+                    human(get(v, "used_bytes") as u64),
+                    human(get(v, "capacity_bytes") as u64),
+                    get(v, "objects") as u64,
+                    get(v, "read_iops"),
+                    get(v, "write_iops"),
+                    get(v, "write_latency_us_avg")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// The cluster to measure through the client library.
+    #[arg(long, conflicts_with = "nbd")]
+    dir: Option<PathBuf>,
+    /// Volume to use (default: a temporary one, deleted afterwards).
+    #[arg(long, requires = "dir")]
+    volume: Option<String>,
+    /// Measure any NBD export instead: nbd+unix:///NAME?socket=PATH or nbd://HOST[:PORT]/NAME.
+    #[arg(long)]
+    nbd: Option<String>,
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    runtime: Duration,
+    /// Bytes of the volume the tests use (and the temporary volume's size).
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    size: u64,
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+/// CPU time (user + system) of process `pid`, from /proc.
+fn proc_cpu(pid: u32) -> Option<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
+fn print_results(
+    format: Format,
+    cols: &[(&str, &[SuiteResult])],
+    header: &str,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Json => {
+            let obj: serde_json::Map<String, serde_json::Value> = cols
+                .iter()
+                .map(|(n, r)| Ok((n.to_string(), serde_json::to_value(r)?)))
+                .collect::<anyhow::Result<_>>()?;
+            println!("{}", serde_json::to_string_pretty(&obj)?);
+        }
+        Format::Table => {
+            println!("{header}\n");
+            print!("{}", suite::table(cols));
+        }
+    }
+    Ok(())
+}
+
+pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    let mut opts = SuiteOpts {
+        runtime: a.runtime,
+        area_bytes: a.size,
+        progress: a.format == Format::Table,
+        extra_cpu: None,
+    };
+    if let Some(uri) = &a.nbd {
+        let r = rt::block_on(async {
+            let c = NbdClient::connect(uri).await?;
+            let t: Rc<dyn BlockTarget> = Rc::new(NbdTarget(c.clone()));
+            let r = suite::run(t, &opts).await;
+            c.disconnect().await;
+            r
+        })?;
+        return print_results(
+            a.format,
+            &[("nbd", &r)],
+            &format!(
+                "nacre bench: {uri}, {} per test (CPU: this process only)",
+                humantime(a.runtime)
+            ),
+        );
+    }
+    let Some(dir) = a.dir else {
+        bail!("give --dir DIR (a running nacre up) or --nbd URI")
+    };
+    let meta = remote(&dir)?;
+    if let Some(pid) = std::fs::read_to_string(dir.join("nacre.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+    {
+        if proc_cpu(pid).is_some() {
+            opts.extra_cpu = Some(Rc::new(move || proc_cpu(pid).unwrap_or_default()));
+        }
+    }
+    let temp = a.volume.is_none();
+    let name = a
+        .volume
+        .clone()
+        .unwrap_or_else(|| format!("bench-{}", std::process::id()));
+    let r = rt::block_on(async {
+        let c = Cluster::connect(meta)?;
+        if temp {
+            c.create_volume(&name, a.size)?;
+        }
+        let r = async {
+            let v = Rc::new(Volume::open(&c, &name)?);
+            suite::run(Rc::new(VolumeTarget(v)), &opts).await
+        }
+        .await;
+        if temp {
+            if let Err(e) = c.delete_volume(&name).await {
+                eprintln!("nacre bench: could not delete temporary volume {name}: {e}");
+            }
+        }
+        r
+    })?;
+    print_results(
+        a.format,
+        &[("nacre", &r)],
+        &format!(
+            "nacre bench: volume {name} in {}, client library, {} per test (CPU: bench + cluster)",
+            dir.display(),
+            humantime(a.runtime)
+        ),
+    )
+}
+
+fn humantime(d: Duration) -> String {
+    format!("{:.0}s", d.as_secs_f64())
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    runtime: Duration,
+    /// Volume size (and bytes used by the tests, on the volume and locally).
+    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    size: u64,
+    #[arg(long, default_value_t = 3)]
+    osds: u32,
+    #[arg(long, default_value_t = 3)]
+    replicas: u8,
+    /// Where to put the temporary cluster (default: ./nacre-demo-PID).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
+    let dir = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("nacre-demo-{}", std::process::id())));
+    if dir.exists() {
+        bail!("{} exists; give another --dir", dir.display());
+    }
+    let dir = std::path::absolute(&dir)?;
+    let progress = a.format == Format::Table;
+    let say = |m: &str| {
+        if progress {
+            eprintln!("nacre demo: {m}");
+        }
+    };
+    let result = (|| -> anyhow::Result<(Vec<SuiteResult>, Vec<SuiteResult>)> {
+        // Each OSD holds a copy of everything at 3 replicas on 3 OSDs.
+        let osd_size = (a.size * u64::from(a.replicas)).div_ceil(u64::from(a.osds)) * 2 + (1 << 30);
+        let o = UpOpts {
+            dir: dir.clone(),
+            osds: a.osds,
+            osd_size_bytes: osd_size,
+            replicas: a.replicas,
+            nbd: Addr::Unix(dir.join("nbd.sock")),
+        };
+        say(&format!(
+            "starting {} OSDs ({} each, {} replicas) in {}",
+            a.osds,
+            human(osd_size),
+            a.replicas,
+            dir.display()
+        ));
+        let mut running = cluster::start(&o)?;
+        let opts = SuiteOpts {
+            runtime: a.runtime,
+            area_bytes: a.size,
+            progress,
+            extra_cpu: None,
+        };
+        let uri = format!("nbd+unix:///demo?socket={}", dir.join("nbd.sock").display());
+        let nacre = (|| {
+            let c = map::create_volume(
+                &*running.meta,
+                "demo",
+                &map::load(&*running.meta)?.pools[0],
+                a.size,
+            )?;
+            say(&format!(
+                "volume {} ({}), suite through NBD: {uri}",
+                c.name,
+                human(c.size_bytes)
+            ));
+            rt::block_on(async {
+                let c = NbdClient::connect(&uri).await?;
+                let r = suite::run(Rc::new(NbdTarget(c.clone())), &opts).await;
+                c.disconnect().await;
+                r
+            })
+        })();
+        running.stop();
+        let nacre = nacre?;
+        let local_path = dir.join("local.img");
+        say(&format!(
+            "the same suite on the local disk: {} (O_DIRECT, fdatasync after each QD1 write)",
+            local_path.display()
+        ));
+        let local = rt::block_on(async {
+            let flags = OpenFlags {
+                create_bytes: Some(a.size),
+                ..OpenFlags::default()
+            };
+            let dev = Rc::new(FileDev::open(&local_path, &flags)?);
+            suite::run(Rc::new(FileTarget(dev)), &opts).await
+        })?;
+        Ok((nacre, local))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    let (nacre, local) = result?;
+    print_results(
+        a.format,
+        &[("nacre", &nacre), ("local", &local)],
+        &format!(
+            "nacre demo: {} OSDs, {} replicas, NBD over a unix socket vs the local disk; {} per test; CPU = whole process (cluster + client)",
+            a.osds,
+            a.replicas,
+            humantime(a.runtime)
+        ),
+    )
+}

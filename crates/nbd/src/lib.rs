@@ -1,0 +1,10 @@
+//! NBD: the block frontend. [`proto`] holds the protocol's constants and
+//! parsers (pure, fuzzed), [`server`] the gateway that serves volumes,
+//! [`client`] a small client for `nacre bench --nbd` and tests.
+//!
+//! Protocol reference: the NBD project's `doc/proto.md` (newstyle fixed
+//! handshake, simple replies). Written here; no code taken from others.
+
+pub mod client;
+pub mod proto;
+pub mod server;

@@ -1,0 +1,364 @@
+//! The NBD gateway: serves every volume of the cluster as an export of
+//! the same name.
+//!
+//! Handshake: fixed newstyle with EXPORT_NAME, INFO, GO, LIST and ABORT;
+//! other options get `ERR_UNSUP`, malformed ones `ERR_INVALID`, an
+//! unknown export `ERR_UNKNOWN` — the connection stays up in each case.
+//! Transmission: simple replies; requests are read as they arrive and run
+//! concurrently (bounded per connection), replies go out as they finish.
+//!
+//! Durability: the cluster acknowledges a write only when every replica
+//! has it durable, so FLUSH has nothing left to do and FUA is implied.
+//! That is also why CAN_MULTI_CONN is true: a write completed on any
+//! connection is already durable for all of them.
+//!
+//! Alignment: the volume works in 512-byte sectors (advertised as the
+//! minimum block size). Unaligned reads are served from the enclosing
+//! sectors; unaligned writes and zeroes are refused with EINVAL.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use nacre_client::{ClientError, Cluster, Volume};
+use nacre_io::net::{Listener, Stream};
+use nacre_io::sync::Notify;
+use nacre_io::{rt, AlignedBuf};
+use nacre_net::{ByteReader, FrameSender};
+
+use crate::proto::*;
+
+/// Requests running at once per connection; beyond it the gateway stops
+/// reading that connection until some finish.
+pub const INFLIGHT_MAX: usize = 256;
+const SECTOR: u64 = 512;
+
+/// Serves NBD on `l` forever.
+pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
+    loop {
+        match l.accept().await {
+            Ok(s) => {
+                rt::spawn(serve_conn(Rc::new(s), cluster.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("nbd: accept: {e}");
+                rt::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn serve_conn(stream: Rc<Stream>, cluster: Rc<Cluster>) {
+    let mut rd = ByteReader::new(stream.clone());
+    match handshake(&stream, &mut rd, &cluster).await {
+        Ok(Some(vol)) => transmission(stream.clone(), rd, Rc::new(vol)).await,
+        Ok(None) => {}
+        Err(e) => tracing::info!("nbd: handshake ended: {e}"),
+    }
+    stream.shutdown();
+}
+
+async fn send(stream: &Stream, bytes: &[u8]) -> std::io::Result<()> {
+    stream
+        .send_all(vec![(AlignedBuf::from_slice(bytes), 0, bytes.len())])
+        .await?;
+    Ok(())
+}
+
+fn transmission_flags() -> u16 {
+    TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_CAN_MULTI_CONN
+}
+
+fn invalid(e: ProtoError) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Runs the option haggling; `Some(volume)` when the client chose one.
+async fn handshake(
+    stream: &Stream,
+    rd: &mut ByteReader,
+    cluster: &Rc<Cluster>,
+) -> std::io::Result<Option<Volume>> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    send(stream, &hello).await?;
+    let mut cf = [0u8; 4];
+    rd.read_exact(&mut cf).await?;
+    let client_flags = parse_client_flags(cf).map_err(invalid)?;
+    loop {
+        let mut oh = [0u8; 16];
+        rd.read_exact(&mut oh).await?;
+        let h = match parse_option_header(&oh) {
+            Ok(h) => h,
+            Err(ProtoError::OptionTooBig(len)) => {
+                let opt = u32::from_be_bytes(oh[8..12].try_into().expect("4 bytes"));
+                rd.skip(u64::from(len)).await?;
+                send(
+                    stream,
+                    &option_reply(opt, REP_ERR_TOO_BIG, b"option too large"),
+                )
+                .await?;
+                continue;
+            }
+            Err(e) => return Err(invalid(e)),
+        };
+        let mut data = vec![0u8; h.len as usize];
+        rd.read_exact(&mut data).await?;
+        match h.option {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data);
+                // This option has no error reply: an unknown export ends
+                // the connection, as the protocol prescribes.
+                let vol = Volume::open(cluster, &name)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let mut b = Vec::with_capacity(134);
+                b.extend_from_slice(&vol.size_bytes().to_be_bytes());
+                b.extend_from_slice(&transmission_flags().to_be_bytes());
+                if client_flags & CLIENT_FLAG_NO_ZEROES == 0 {
+                    b.extend_from_slice(&[0u8; 124]);
+                }
+                send(stream, &b).await?;
+                return Ok(Some(vol));
+            }
+            OPT_ABORT => {
+                send(stream, &option_reply(h.option, REP_ACK, &[])).await?;
+                return Ok(None);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    send(
+                        stream,
+                        &option_reply(h.option, REP_ERR_INVALID, b"LIST takes no data"),
+                    )
+                    .await?;
+                    continue;
+                }
+                let vols = nacre_meta::map::list_volumes(&**cluster.meta())
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                for v in vols {
+                    let mut d = (v.name.len() as u32).to_be_bytes().to_vec();
+                    d.extend_from_slice(v.name.as_bytes());
+                    send(stream, &option_reply(h.option, REP_SERVER, &d)).await?;
+                }
+                send(stream, &option_reply(h.option, REP_ACK, &[])).await?;
+            }
+            OPT_INFO | OPT_GO => {
+                let go = match parse_go(&data) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        send(
+                            stream,
+                            &option_reply(h.option, REP_ERR_INVALID, e.to_string().as_bytes()),
+                        )
+                        .await?;
+                        continue;
+                    }
+                };
+                let vol = match Volume::open(cluster, &go.name) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let msg = format!("export {:?}: {e}", go.name);
+                        send(
+                            stream,
+                            &option_reply(h.option, REP_ERR_UNKNOWN, msg.as_bytes()),
+                        )
+                        .await?;
+                        continue;
+                    }
+                };
+                let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+                info.extend_from_slice(&vol.size_bytes().to_be_bytes());
+                info.extend_from_slice(&transmission_flags().to_be_bytes());
+                send(stream, &option_reply(h.option, REP_INFO, &info)).await?;
+                if go.infos.contains(&INFO_NAME) {
+                    let mut d = INFO_NAME.to_be_bytes().to_vec();
+                    d.extend_from_slice(go.name.as_bytes());
+                    send(stream, &option_reply(h.option, REP_INFO, &d)).await?;
+                }
+                if go.infos.contains(&INFO_BLOCK_SIZE) {
+                    let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                    d.extend_from_slice(&(SECTOR as u32).to_be_bytes());
+                    d.extend_from_slice(&4096u32.to_be_bytes());
+                    d.extend_from_slice(&REQUEST_MAX_BYTES.to_be_bytes());
+                    send(stream, &option_reply(h.option, REP_INFO, &d)).await?;
+                }
+                send(stream, &option_reply(h.option, REP_ACK, &[])).await?;
+                if h.option == OPT_GO {
+                    return Ok(Some(vol));
+                }
+            }
+            other => {
+                let msg = format!("option {other} is not supported");
+                send(stream, &option_reply(other, REP_ERR_UNSUP, msg.as_bytes())).await?;
+            }
+        }
+    }
+}
+
+async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
+    let tx = FrameSender::start(stream);
+    let inflight = Rc::new(Cell::new(0usize));
+    let done = Notify::new();
+    let name = vol.record().name.clone();
+    loop {
+        while inflight.get() >= INFLIGHT_MAX {
+            done.wait().await;
+        }
+        match rd.ready(REQUEST_HEADER_BYTES).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                tracing::info!("nbd {name}: connection lost: {e}");
+                break;
+            }
+        }
+        let req = match parse_request(rd.peek(REQUEST_HEADER_BYTES)) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("nbd {name}: closing connection: {e}");
+                break;
+            }
+        };
+        rd.consume(REQUEST_HEADER_BYTES);
+        let mut data = None;
+        match req.kind {
+            CMD_DISC => break,
+            CMD_WRITE if req.len > DISCARD_MAX_BYTES => {
+                tracing::warn!("nbd {name}: closing connection: write of {} bytes", req.len);
+                break;
+            }
+            CMD_WRITE if req.len > REQUEST_MAX_BYTES => {
+                if rd.skip(u64::from(req.len)).await.is_err() {
+                    break;
+                }
+                let _ = tx
+                    .send_raw(&simple_reply(EOVERFLOW, req.cookie), None)
+                    .await;
+                continue;
+            }
+            CMD_WRITE => match rd.read_buf(req.len as usize).await {
+                Ok(b) => data = Some(b),
+                Err(e) => {
+                    tracing::info!("nbd {name}: connection lost mid-write: {e}");
+                    break;
+                }
+            },
+            _ => {}
+        }
+        inflight.set(inflight.get() + 1);
+        let (vol, tx, inflight, done) = (vol.clone(), tx.clone(), inflight.clone(), done.clone());
+        rt::spawn(async move {
+            let (err, payload) = match handle(&vol, req, data).await {
+                Ok(p) => (0, p),
+                Err(e) => (e, None),
+            };
+            let _ = tx.send_raw(&simple_reply(err, req.cookie), payload).await;
+            inflight.set(inflight.get() - 1);
+            done.notify();
+        });
+    }
+    while inflight.get() > 0 && !tx.is_closed() {
+        done.wait().await;
+    }
+    tx.flush().await;
+    tx.close();
+}
+
+fn errno(e: ClientError) -> u32 {
+    match e {
+        ClientError::NoSpace => ENOSPC,
+        ClientError::Invalid(_) => EINVAL,
+        other => {
+            tracing::warn!("nbd: I/O error: {other}");
+            EIO
+        }
+    }
+}
+
+fn aligned(offset: u64, len: u32) -> bool {
+    offset.is_multiple_of(SECTOR) && u64::from(len).is_multiple_of(SECTOR)
+}
+
+/// Runs one request; `Ok(payload)` or an NBD errno.
+async fn handle(
+    vol: &Rc<Volume>,
+    r: Request,
+    data: Option<AlignedBuf>,
+) -> Result<Option<AlignedBuf>, u32> {
+    let size = vol.size_bytes();
+    let end = r.offset.checked_add(u64::from(r.len)).ok_or(EINVAL)?;
+    let past_end = end > size;
+    match r.kind {
+        CMD_READ => {
+            if r.len > REQUEST_MAX_BYTES || past_end {
+                return Err(EINVAL);
+            }
+            if r.len == 0 {
+                return Ok(None);
+            }
+            if aligned(r.offset, r.len) {
+                return vol
+                    .read(r.offset, u64::from(r.len))
+                    .await
+                    .map(Some)
+                    .map_err(errno);
+            }
+            let a0 = r.offset / SECTOR * SECTOR;
+            let a1 = end.div_ceil(SECTOR) * SECTOR;
+            let b = vol.read(a0, a1 - a0).await.map_err(errno)?;
+            let s = (r.offset - a0) as usize;
+            Ok(Some(AlignedBuf::from_slice(&b[s..s + r.len as usize])))
+        }
+        CMD_WRITE => {
+            let data = data.expect("write payload read with the request");
+            if past_end {
+                return Err(ENOSPC);
+            }
+            if r.len == 0 {
+                return Ok(None);
+            }
+            if !aligned(r.offset, r.len) {
+                return Err(EINVAL);
+            }
+            vol.write(r.offset, data).await.map(|_| None).map_err(errno)
+        }
+        CMD_FLUSH => Ok(None),
+        CMD_TRIM => {
+            if past_end {
+                return Err(EINVAL);
+            }
+            // Advisory: free the whole objects inside the range.
+            let ob = u64::from(vol.record().object_bytes);
+            let (s, e) = (
+                r.offset.div_ceil(ob) * ob,
+                (end / ob * ob).min(size / SECTOR * SECTOR),
+            );
+            if s < e {
+                vol.zero(s, e - s).await.map_err(errno)?;
+            }
+            Ok(None)
+        }
+        CMD_WRITE_ZEROES => {
+            if past_end {
+                return Err(ENOSPC);
+            }
+            if r.len == 0 {
+                return Ok(None);
+            }
+            if !aligned(r.offset, r.len) {
+                return Err(EINVAL);
+            }
+            vol.zero(r.offset, u64::from(r.len))
+                .await
+                .map(|_| None)
+                .map_err(errno)
+        }
+        _ => Err(EINVAL),
+    }
+}

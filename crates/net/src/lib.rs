@@ -1,0 +1,554 @@
+//! Connections that speak the wire protocol (`nacre-wire`) on the runtime.
+//!
+//! - [`FrameReader`] reads frames from a stream: headers through a small
+//!   buffer, payloads straight into an aligned buffer that can go to disk
+//!   as it is (no copy for anything larger than what one recv brought in);
+//! - [`FrameSender`] lets any number of tasks queue frames; one writer
+//!   task sends everything queued with one gathered write;
+//! - [`Conn`] is the client side: request ids, any number of requests in
+//!   flight (bounded), replies matched by id;
+//! - [`serve`] is the server side: a task per request, bounded per
+//!   connection, replies in completion order.
+//!
+//! A frame that fails validation ends its connection with one log line;
+//! every request waiting on it fails with [`NetError::Closed`].
+// PERF-CRITICAL
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+use nacre_io::net::{Addr, Listener, Stream};
+use nacre_io::rt;
+use nacre_io::sync::{oneshot, Notify, Sender};
+use nacre_io::AlignedBuf;
+use nacre_wire::{Header, WireError, HEADER_BYTES};
+
+/// Receive buffer for headers and small payloads.
+const RECV_BUF_BYTES: usize = 64 << 10;
+/// Frames sent by one gathered write at most.
+const SEND_BATCH_MAX: usize = 256;
+/// Bytes queued on a connection before senders wait.
+const SEND_QUEUE_MAX_BYTES: usize = 64 << 20;
+const OWN_ID_BIT: u64 = 1 << 62;
+/// Requests in flight on one client connection.
+pub const CONN_INFLIGHT_MAX: usize = 1024;
+/// Requests a server handles at once for one connection; beyond it, it
+/// stops reading that connection.
+pub const SERVE_INFLIGHT_MAX: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("malformed frame: {0}")]
+    Wire(#[from] WireError),
+    #[error("connection closed")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+/// A frame: a validated header and its payload (if it has one).
+pub struct Frame {
+    pub h: Header,
+    pub payload: Option<AlignedBuf>,
+}
+
+/// Buffered reads from a stream: small reads come out of a receive
+/// buffer, large ones go straight into their own aligned buffer.
+pub struct ByteReader {
+    pub stream: Rc<Stream>,
+    buf: AlignedBuf,
+    start: usize,
+    end: usize,
+}
+
+impl ByteReader {
+    pub fn new(stream: Rc<Stream>) -> Self {
+        ByteReader {
+            stream,
+            buf: AlignedBuf::new(RECV_BUF_BYTES),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    /// Bytes received and not yet consumed.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Receives more bytes; false at end of stream.
+    async fn fill(&mut self) -> std::io::Result<bool> {
+        if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let buf = std::mem::replace(&mut self.buf, AlignedBuf::new(0));
+        let (r, b) = self.stream.recv(buf, self.end).await;
+        self.buf = b;
+        let n = r?;
+        self.end += n;
+        Ok(n > 0)
+    }
+
+    /// Waits until `n` bytes (at most the buffer's size) are buffered;
+    /// false if the stream ended first with nothing buffered, an
+    /// `UnexpectedEof` error if it ended in the middle.
+    pub async fn ready(&mut self, n: usize) -> std::io::Result<bool> {
+        assert!(n <= RECV_BUF_BYTES, "ready({n}) beyond the receive buffer");
+        while self.end - self.start < n {
+            if !self.fill().await? {
+                if self.end == self.start {
+                    return Ok(false);
+                }
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed mid-message",
+                ));
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next `n` buffered bytes (call [`ByteReader::ready`] first).
+    pub fn peek(&self, n: usize) -> &[u8] {
+        &self.buf[self.start..self.start + n]
+    }
+
+    pub fn consume(&mut self, n: usize) {
+        assert!(n <= self.end - self.start);
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Fills `out` exactly.
+    pub async fn read_exact(&mut self, out: &mut [u8]) -> std::io::Result<()> {
+        let mut done = 0;
+        while done < out.len() {
+            if self.buffered() == 0 && !self.fill().await? {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed mid-message",
+                ));
+            }
+            let n = self.buffered().min(out.len() - done);
+            out[done..done + n].copy_from_slice(&self.buf[self.start..self.start + n]);
+            self.consume(n);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `len` bytes into a new aligned buffer.
+    pub async fn read_buf(&mut self, len: usize) -> std::io::Result<AlignedBuf> {
+        let mut p = AlignedBuf::new(len);
+        let have = self.buffered().min(len);
+        p[..have].copy_from_slice(&self.buf[self.start..self.start + have]);
+        self.consume(have);
+        if have < len {
+            p = self.stream.recv_exact(p, have).await?;
+        }
+        Ok(p)
+    }
+
+    /// Reads and drops `len` bytes.
+    pub async fn skip(&mut self, mut len: u64) -> std::io::Result<()> {
+        while len > 0 {
+            if self.buffered() == 0 && !self.fill().await? {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed mid-message",
+                ));
+            }
+            let n = (self.buffered() as u64).min(len);
+            self.consume(n as usize);
+            len -= n;
+        }
+        Ok(())
+    }
+}
+
+fn eof_is_closed(e: std::io::Error) -> NetError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        NetError::Closed
+    } else {
+        NetError::Io(e)
+    }
+}
+
+/// Reads frames from a stream.
+pub struct FrameReader {
+    rd: ByteReader,
+}
+
+impl FrameReader {
+    pub fn new(stream: Rc<Stream>) -> Self {
+        FrameReader {
+            rd: ByteReader::new(stream),
+        }
+    }
+
+    /// The next frame; `None` when the peer closed between frames.
+    pub async fn next(&mut self) -> Result<Option<Frame>, NetError> {
+        if !self.rd.ready(HEADER_BYTES).await.map_err(eof_is_closed)? {
+            return Ok(None);
+        }
+        let h = Header::decode(self.rd.peek(HEADER_BYTES))?;
+        self.rd.consume(HEADER_BYTES);
+        let len = h.payload_len as usize;
+        if len == 0 {
+            return Ok(Some(Frame { h, payload: None }));
+        }
+        let p = self.rd.read_buf(len).await.map_err(eof_is_closed)?;
+        h.check_payload(&p)?;
+        Ok(Some(Frame {
+            h,
+            payload: Some(p),
+        }))
+    }
+}
+
+/// Largest head of a queued message (a frame header, an NBD reply header).
+pub const HEAD_MAX_BYTES: usize = HEADER_BYTES;
+
+struct Head {
+    bytes: [u8; HEAD_MAX_BYTES],
+    len: u8,
+}
+
+struct SendQueue {
+    frames: VecDeque<(Head, Option<AlignedBuf>)>,
+    bytes: usize,
+    closed: bool,
+}
+
+/// Queues frames from many tasks; a writer task sends them in batches.
+#[derive(Clone)]
+pub struct FrameSender {
+    q: Rc<RefCell<SendQueue>>,
+    kick: Notify,
+    drained: Notify,
+}
+
+impl FrameSender {
+    /// Starts the writer task for `stream`.
+    pub fn start(stream: Rc<Stream>) -> FrameSender {
+        let s = FrameSender {
+            q: Rc::new(RefCell::new(SendQueue {
+                frames: VecDeque::new(),
+                bytes: 0,
+                closed: false,
+            })),
+            kick: Notify::new(),
+            drained: Notify::new(),
+        };
+        rt::spawn(s.clone().writer(stream));
+        s
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.q.borrow().closed
+    }
+
+    /// Queues a frame; waits while the queue is over its byte limit.
+    pub async fn send(&self, h: Header, payload: Option<AlignedBuf>) -> Result<(), NetError> {
+        let mut head = Head {
+            bytes: [0; HEAD_MAX_BYTES],
+            len: HEADER_BYTES as u8,
+        };
+        h.encode(&mut head.bytes);
+        self.send_head(head, payload).await
+    }
+
+    /// Queues `head` (at most [`HEAD_MAX_BYTES`]) and a payload, for
+    /// protocols other than the wire protocol (NBD replies).
+    pub async fn send_raw(&self, head: &[u8], payload: Option<AlignedBuf>) -> Result<(), NetError> {
+        let mut h = Head {
+            bytes: [0; HEAD_MAX_BYTES],
+            len: head.len() as u8,
+        };
+        h.bytes[..head.len()].copy_from_slice(head);
+        self.send_head(h, payload).await
+    }
+
+    async fn send_head(&self, head: Head, payload: Option<AlignedBuf>) -> Result<(), NetError> {
+        loop {
+            let (closed, full) = {
+                let q = self.q.borrow();
+                (q.closed, q.bytes >= SEND_QUEUE_MAX_BYTES)
+            };
+            if closed {
+                return Err(NetError::Closed);
+            }
+            if !full {
+                break;
+            }
+            self.drained.wait().await;
+        }
+        let mut q = self.q.borrow_mut();
+        q.bytes += usize::from(head.len) + payload.as_ref().map_or(0, |p| p.len());
+        q.frames.push_back((head, payload));
+        drop(q);
+        self.kick.notify();
+        Ok(())
+    }
+
+    /// Waits until everything queued has been sent (or the stream failed).
+    pub async fn flush(&self) {
+        while self.q.borrow().bytes > 0 && !self.is_closed() {
+            self.drained.wait().await;
+        }
+    }
+
+    /// Stops the writer; queued frames are dropped.
+    pub fn close(&self) {
+        self.q.borrow_mut().closed = true;
+        self.kick.notify();
+        self.drained.notify();
+    }
+
+    async fn writer(self, stream: Rc<Stream>) {
+        loop {
+            let batch: Vec<(Head, Option<AlignedBuf>)> = {
+                let mut q = self.q.borrow_mut();
+                if q.closed {
+                    break;
+                }
+                let n = q.frames.len().min(SEND_BATCH_MAX);
+                q.frames.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                self.kick.wait().await;
+                continue;
+            }
+            // Runs of heads between payloads are gathered into one buffer;
+            // payloads go out from their own buffers without a copy.
+            let mut parts = Vec::with_capacity(batch.len() * 2);
+            let mut bytes = 0;
+            let mut heads: Vec<u8> = Vec::with_capacity(batch.len() * HEAD_MAX_BYTES);
+            for (h, p) in batch {
+                heads.extend_from_slice(&h.bytes[..usize::from(h.len)]);
+                bytes += usize::from(h.len) + p.as_ref().map_or(0, |p| p.len());
+                if let Some(p) = p {
+                    let n = heads.len();
+                    parts.push((AlignedBuf::from_slice(&heads), 0, n));
+                    heads.clear();
+                    let plen = p.len();
+                    parts.push((p, 0, plen));
+                }
+            }
+            if !heads.is_empty() {
+                let n = heads.len();
+                parts.push((AlignedBuf::from_slice(&heads), 0, n));
+            }
+            if let Err(e) = stream.send_all(parts).await {
+                tracing::debug!("send failed: {e}");
+                stream.shutdown();
+                self.close();
+                break;
+            }
+            let mut q = self.q.borrow_mut();
+            q.bytes -= bytes;
+            drop(q);
+            self.drained.notify();
+        }
+    }
+}
+
+type Waiter = Sender<Result<Frame, NetError>>;
+
+/// The client side of a connection: requests out, replies matched by id.
+pub struct Conn {
+    tx: FrameSender,
+    pending: Rc<RefCell<HashMap<u64, Waiter>>>,
+    slots: Notify,
+    next_id: Cell<u64>,
+    stream: Rc<Stream>,
+    pub peer: Addr,
+}
+
+impl Conn {
+    /// Connects to `addr` and starts the reply reader.
+    pub fn connect(addr: &Addr) -> Result<Rc<Conn>, NetError> {
+        let stream = Rc::new(Stream::connect(addr)?);
+        let c = Rc::new(Conn {
+            tx: FrameSender::start(stream.clone()),
+            pending: Rc::new(RefCell::new(HashMap::new())),
+            slots: Notify::new(),
+            next_id: Cell::new(1),
+            stream: stream.clone(),
+            peer: addr.clone(),
+        });
+        rt::spawn(reply_reader(
+            FrameReader::new(stream),
+            c.pending.clone(),
+            c.tx.clone(),
+            c.slots.clone(),
+            addr.clone(),
+        ));
+        Ok(c)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Closes the connection; requests in flight fail with `Closed`.
+    pub fn close(&self) {
+        self.stream.shutdown();
+        self.tx.close();
+    }
+
+    /// Sends a request and waits for the reply. A `request_id` of 0 is
+    /// replaced by one of the connection's own (which have bit 62 set);
+    /// callers that choose ids (for idempotent retries) keep below 2^62.
+    pub async fn call(
+        &self,
+        mut h: Header,
+        payload: Option<AlignedBuf>,
+    ) -> Result<Frame, NetError> {
+        while self.pending.borrow().len() >= CONN_INFLIGHT_MAX {
+            if self.is_closed() {
+                return Err(NetError::Closed);
+            }
+            self.slots.wait().await;
+        }
+        if h.request_id == 0 {
+            h.request_id = self.next_id.get() | OWN_ID_BIT;
+            self.next_id.set(self.next_id.get() + 1);
+        }
+        debug_assert!(
+            !self.pending.borrow().contains_key(&h.request_id),
+            "request id reused"
+        );
+        let id = h.request_id;
+        let (tx, rx) = oneshot();
+        self.pending.borrow_mut().insert(id, tx);
+        if let Err(e) = self.tx.send(h, payload).await {
+            self.pending.borrow_mut().remove(&id);
+            return Err(e);
+        }
+        let f = rx.await.unwrap_or(Err(NetError::Closed))?;
+        if f.h.op != h.op {
+            return Err(NetError::Protocol(format!(
+                "reply to {:?} came back as {:?}",
+                h.op, f.h.op
+            )));
+        }
+        Ok(f)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn reply_reader(
+    mut rd: FrameReader,
+    pending: Rc<RefCell<HashMap<u64, Waiter>>>,
+    tx: FrameSender,
+    slots: Notify,
+    peer: Addr,
+) {
+    let why = loop {
+        match rd.next().await {
+            Ok(Some(f)) if f.h.reply => {
+                let w = pending.borrow_mut().remove(&f.h.request_id);
+                match w {
+                    Some(w) => w.send(Ok(f)),
+                    None => break format!("reply to unknown request {}", f.h.request_id),
+                }
+                slots.notify();
+            }
+            Ok(Some(f)) => break format!("unexpected request {:?} on a client connection", f.h.op),
+            Ok(None) => break String::new(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    if !why.is_empty() && !tx.is_closed() {
+        tracing::warn!("{peer}: closing connection: {why}");
+    }
+    rd.rd.stream.shutdown();
+    tx.close();
+    let waiters: Vec<Waiter> = pending.borrow_mut().drain().map(|(_, w)| w).collect();
+    for w in waiters {
+        w.send(Err(NetError::Closed));
+    }
+    slots.notify();
+}
+
+/// What a server does with each request.
+pub trait Handler: 'static {
+    /// Handles one request; returns the reply header and payload.
+    fn handle(
+        self: Rc<Self>,
+        f: Frame,
+    ) -> impl std::future::Future<Output = (Header, Option<AlignedBuf>)>;
+}
+
+/// Accepts connections on `l` forever, serving each with `h`.
+pub async fn serve<H: Handler>(l: Listener, h: Rc<H>) {
+    loop {
+        match l.accept().await {
+            Ok(s) => {
+                rt::spawn(serve_conn(Rc::new(s), h.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("accept on {}: {e}", l.local_addr());
+                rt::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Serves one connection until it closes or sends a bad frame.
+pub async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>) {
+    let tx = FrameSender::start(stream.clone());
+    let mut rd = FrameReader::new(stream.clone());
+    let inflight = Rc::new(Cell::new(0usize));
+    let done = Notify::new();
+    loop {
+        while inflight.get() >= SERVE_INFLIGHT_MAX {
+            done.wait().await;
+        }
+        let f = match rd.next().await {
+            Ok(Some(f)) if !f.h.reply => f,
+            Ok(Some(f)) => {
+                tracing::warn!(
+                    "closing connection: a reply ({:?}) sent to a server",
+                    f.h.op
+                );
+                break;
+            }
+            Ok(None) => break,
+            Err(NetError::Closed) => break,
+            Err(e) => {
+                tracing::warn!("closing connection: {e}");
+                break;
+            }
+        };
+        inflight.set(inflight.get() + 1);
+        let (h, tx, inflight, done) = (h.clone(), tx.clone(), inflight.clone(), done.clone());
+        rt::spawn(async move {
+            let (rh, payload) = h.handle(f).await;
+            let _ = tx.send(rh, payload).await;
+            inflight.set(inflight.get() - 1);
+            done.notify();
+        });
+    }
+    // Let replies already queued go out before closing.
+    while inflight.get() > 0 && !tx.is_closed() {
+        done.wait().await;
+    }
+    tx.flush().await;
+    tx.close();
+    stream.shutdown();
+}

@@ -1,0 +1,133 @@
+//! An OSD's counters: client ops served as primary, replica ops, bytes,
+//! latency sums, and rates over the last completed second.
+
+use std::cell::Cell;
+use std::time::Instant;
+
+use nacre_blockstore::Store;
+use nacre_io::FileDev;
+use serde::{Deserialize, Serialize};
+
+#[derive(Default)]
+pub struct OsdStats {
+    reads: Cell<u64>,
+    writes: Cell<u64>,
+    read_bytes: Cell<u64>,
+    write_bytes: Cell<u64>,
+    replica_ops: Cell<u64>,
+    read_us_sum: Cell<u64>,
+    write_us_sum: Cell<u64>,
+    /// Counters at the start of the current one-second window, and the
+    /// rates of the last complete one.
+    window: Cell<Option<(Instant, [u64; 4])>>,
+    rates: Cell<[f64; 4]>,
+}
+
+/// What `Op::Stat` answers (JSON).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OsdReport {
+    pub id: u32,
+    pub reads: u64,
+    pub writes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub replica_ops: u64,
+    pub read_latency_us_avg: f64,
+    pub write_latency_us_avg: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub objects: u64,
+}
+
+fn add(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+impl OsdStats {
+    pub fn start(&self) -> Instant {
+        Instant::now()
+    }
+
+    pub fn read_done(&self, t: Instant, bytes: usize) {
+        add(&self.reads, 1);
+        add(&self.read_bytes, bytes as u64);
+        add(&self.read_us_sum, t.elapsed().as_micros() as u64);
+        self.tick();
+    }
+
+    pub fn write_done(&self, t: Instant, bytes: usize) {
+        add(&self.writes, 1);
+        add(&self.write_bytes, bytes as u64);
+        add(&self.write_us_sum, t.elapsed().as_micros() as u64);
+        self.tick();
+    }
+
+    pub fn replica_done(&self) {
+        add(&self.replica_ops, 1);
+    }
+
+    fn now_counts(&self) -> [u64; 4] {
+        [
+            self.reads.get(),
+            self.writes.get(),
+            self.read_bytes.get(),
+            self.write_bytes.get(),
+        ]
+    }
+
+    /// Rolls the one-second window when it is over.
+    fn tick(&self) {
+        let now = Instant::now();
+        match self.window.get() {
+            None => self.window.set(Some((now, self.now_counts()))),
+            Some((t0, c0)) => {
+                let dt = now.duration_since(t0).as_secs_f64();
+                if dt >= 1.0 {
+                    let c = self.now_counts();
+                    let mut r = [0.0; 4];
+                    for i in 0..4 {
+                        r[i] = (c[i] - c0[i]) as f64 / dt;
+                    }
+                    // Idle for more than a window: the rate is ~0 now.
+                    if dt >= 2.0 {
+                        r = [0.0; 4];
+                    }
+                    self.rates.set(r);
+                    self.window.set(Some((now, c)));
+                }
+            }
+        }
+    }
+
+    pub fn report(&self, id: u32, store: &Store<FileDev>) -> OsdReport {
+        self.tick();
+        let idle = self
+            .window
+            .get()
+            .is_some_and(|(t0, _)| t0.elapsed().as_secs_f64() >= 2.0);
+        let r = if idle { [0.0; 4] } else { self.rates.get() };
+        let avg = |s: u64, n: u64| if n == 0 { 0.0 } else { s as f64 / n as f64 };
+        let sp = store.space();
+        OsdReport {
+            id,
+            reads: self.reads.get(),
+            writes: self.writes.get(),
+            read_bytes: self.read_bytes.get(),
+            write_bytes: self.write_bytes.get(),
+            replica_ops: self.replica_ops.get(),
+            read_latency_us_avg: avg(self.read_us_sum.get(), self.reads.get()),
+            write_latency_us_avg: avg(self.write_us_sum.get(), self.writes.get()),
+            read_iops: r[0],
+            write_iops: r[1],
+            read_bytes_per_s: r[2],
+            write_bytes_per_s: r[3],
+            capacity_bytes: sp.total_bytes,
+            used_bytes: sp.used_bytes,
+            objects: store.object_count() as u64,
+        }
+    }
+}
