@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Nacre's test command: formatting, lints, and every test in the workspace.
-# Installs what it needs (rustfmt and clippy through rustup); the tests of
-# this stage need nothing else (they run on files, memory and the fault
-# device). Run from anywhere inside the checkout.
+# Installs what it needs: rustfmt and clippy through rustup, and the real
+# NBD clients the cluster tests drive (Debian: libnbd-bin for nbdinfo and
+# nbdcopy, qemu-utils for qemu-img, fio for its nbd engine). Run from
+# anywhere inside the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,19 @@ if command -v rustup >/dev/null 2>&1; then
     for c in rustfmt clippy; do
         rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
     done
+fi
+
+need=()
+command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
+command -v nbdcopy >/dev/null 2>&1 || need+=(libnbd-bin)
+command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
+command -v fio >/dev/null 2>&1 || need+=(fio)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "== apt-get install ${need[*]}"
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
 echo "== cargo fmt --check"

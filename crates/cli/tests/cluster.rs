@@ -1,0 +1,620 @@
+//! A cluster on one machine, end to end, on the real binary: `nacre up`
+//! in a temporary dir, reached by clients nobody here wrote (nbdinfo,
+//! nbdcopy, qemu-img, fio's nbd engine) and by Nacre's own NBD client.
+//!
+//! The tools come from Debian (libnbd-bin, qemu-utils, fio); scripts/test.sh
+//! installs them.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nacre_io::{rt, AlignedBuf};
+use nacre_nbd::client::NbdClient;
+
+fn nacre(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_nacre"))
+        .args(args)
+        .output()
+        .expect("run nacre")
+}
+
+fn ok(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn tool(name: &str) -> Command {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} is missing: run scripts/test.sh, which installs libnbd-bin, qemu-utils and fio"
+    );
+    Command::new(name)
+}
+
+fn run_tool(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `nacre up` in the background; killed on drop.
+struct Up {
+    dir: PathBuf,
+    child: Option<Child>,
+    args: Vec<String>,
+}
+
+impl Up {
+    fn start(dir: &Path, extra: &[&str]) -> Up {
+        let mut args: Vec<String> = vec!["up".into(), "--dir".into(), dir.to_str().unwrap().into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut u = Up {
+            dir: dir.to_path_buf(),
+            child: None,
+            args,
+        };
+        u.spawn();
+        u
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_nacre"))
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start nacre up");
+        self.child = Some(child);
+        let t0 = Instant::now();
+        // Ready once the NBD socket answers and status reports every OSD up.
+        loop {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "nacre up did not come up"
+            );
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("nacre up exited: {st}");
+            }
+            if UnixStream::connect(self.nbd_sock()).is_ok() {
+                let out = nacre(&["status", "--dir", self.dir(), "--format", "json"]);
+                if out.status.success() {
+                    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                    if v["osds"]["up"] == v["osds"]["total"] {
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn dir(&self) -> &str {
+        self.dir.to_str().unwrap()
+    }
+
+    fn nbd_sock(&self) -> PathBuf {
+        self.dir.join("nbd.sock")
+    }
+
+    fn uri(&self, vol: &str) -> String {
+        format!("nbd+unix:///{vol}?socket={}", self.nbd_sock().display())
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// SIGTERM and wait: a clean stop.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let st = c.wait().unwrap();
+            assert!(st.success(), "nacre up exited with {st} after SIGTERM");
+        }
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn volume(&self, args: &[&str]) -> String {
+        let mut a = vec!["volume"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["--dir", self.dir()]);
+        ok(nacre(&a))
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn random_file(path: &Path, bytes: usize, seed: u64) {
+    let mut x = seed | 1;
+    let data: Vec<u8> = (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+#[test]
+fn real_nbd_clients_read_back_what_they_wrote() {
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(&d.path().join("c"), &["--osd-size", "768M"]);
+    up.volume(&["create", "vm1", "--size", "256M"]);
+    let uri = up.uri("vm1");
+
+    let info = run_tool(tool("nbdinfo").arg("--json").arg(&uri));
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let e = &info["exports"][0];
+    assert_eq!(e["export-size"], 256 << 20);
+    assert_eq!(e["can_flush"], true);
+    assert_eq!(e["can_fua"], true);
+    assert_eq!(e["can_trim"], true);
+    assert_eq!(e["can_zero"], true);
+    assert_eq!(e["can_multi_conn"], true);
+    assert_eq!(e["block_size_minimum"], 512);
+    let list = run_tool(tool("nbdinfo").arg("--list").arg(&uri));
+    assert!(list.contains("vm1"), "{list}");
+
+    // qemu-img: a random image into the export and compared back
+    let img = d.path().join("rand.img");
+    random_file(&img, 24 << 20, 7);
+    run_tool(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&img)
+            .arg(&uri),
+    );
+    run_tool(
+        tool("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(&img)
+            .arg(&uri),
+    );
+
+    // nbdcopy: the export back into a file
+    let back = d.path().join("back.img");
+    run_tool(tool("nbdcopy").arg(&uri).arg(&back));
+    let a = std::fs::read(&img).unwrap();
+    let b = std::fs::read(&back).unwrap();
+    assert_eq!(b.len(), 256 << 20);
+    assert!(a[..] == b[..a.len()], "nbdcopy read different bytes");
+    assert!(
+        b[a.len()..].iter().all(|&x| x == 0),
+        "unwritten space must read as zeros"
+    );
+
+    // fio's nbd engine: random writes of mixed sizes, verified with crc32c
+    let out = run_tool(tool("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bsrange=4k-192k",
+        "--size=128M",
+        "--iodepth=32",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        "--output-format=json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+    let job = &v["jobs"][0];
+    assert_eq!(job["error"], 0, "{out}");
+    assert!(job["write"]["io_bytes"].as_u64().unwrap() >= 128 << 20);
+    assert!(
+        job["read"]["io_bytes"].as_u64().unwrap() >= 128 << 20,
+        "fio verified nothing"
+    );
+
+    // trim gives space back: the volume's objects go away
+    let used = |up: &Up| {
+        let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
+            "status",
+            "--dir",
+            up.dir(),
+            "--format",
+            "json",
+        ])))
+        .unwrap();
+        s["capacity"]["objects"].as_f64().unwrap() as u64
+    };
+    let before = used(&up);
+    let u = uri.clone();
+    rt::block_on(async move {
+        let c = NbdClient::connect(&u).await.unwrap();
+        c.trim(0, 256 << 20).await.unwrap();
+        c.disconnect().await;
+    });
+    let after = used(&up);
+    assert!(
+        before > 0 && after == 0,
+        "objects before trim {before}, after {after}"
+    );
+}
+
+/// Writes distinct 4 KiB blocks with FUA from `qd` workers until stopped,
+/// recording every acknowledged one.
+fn acked_writer(uri: String, stop: Arc<Mutex<bool>>, acked: Arc<Mutex<HashMap<u64, u64>>>) {
+    rt::block_on(async move {
+        let c = NbdClient::connect(&uri).await.unwrap();
+        let blocks = c.size_bytes / 4096;
+        let next = Arc::new(Mutex::new(0u64));
+        let mut ws = Vec::new();
+        for _ in 0..16 {
+            let (c, stop, acked, next) = (c.clone(), stop.clone(), acked.clone(), next.clone());
+            ws.push(rt::spawn(async move {
+                loop {
+                    if *stop.lock().unwrap() {
+                        return;
+                    }
+                    let n = {
+                        let mut g = next.lock().unwrap();
+                        *g += 1;
+                        *g
+                    };
+                    // each block at most once: a stride coprime with the count
+                    if n >= blocks {
+                        return;
+                    }
+                    let block = (n * 7919) % blocks;
+                    let mut b = AlignedBuf::new(4096);
+                    for (i, chunk) in b.chunks_mut(8).enumerate() {
+                        chunk.copy_from_slice(&(n ^ (i as u64) << 40).to_le_bytes());
+                    }
+                    match c.write(block * 4096, b, true).await {
+                        Ok(()) => {
+                            acked.lock().unwrap().insert(block, n);
+                        }
+                        Err(_) => return, // the server died
+                    }
+                }
+            }));
+        }
+        for w in ws {
+            w.await;
+        }
+    });
+}
+
+#[test]
+fn kill9_loses_no_acknowledged_write() {
+    let d = tempfile::tempdir().unwrap();
+    let mut up = Up::start(&d.path().join("c"), &["--osd-size", "512M"]);
+    up.volume(&["create", "db", "--size", "64M"]);
+    let acked = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(Mutex::new(false));
+    let w = {
+        let (u, s, a) = (up.uri("db"), stop.clone(), acked.clone());
+        std::thread::spawn(move || acked_writer(u, s, a))
+    };
+    // let writes flow, then kill the whole cluster mid-stream
+    let t0 = Instant::now();
+    while acked.lock().unwrap().len() < 2000 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(up.pid(), libc::SIGKILL) };
+    up.kill9();
+    *stop.lock().unwrap() = true;
+    w.join().unwrap();
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() >= 1000,
+        "only {} writes acknowledged",
+        acked.len()
+    );
+    up.spawn();
+    let uri = up.uri("db");
+    let bad = rt::block_on(async move {
+        let c = NbdClient::connect(&uri).await.unwrap();
+        let mut bad = Vec::new();
+        for (&block, &n) in &acked {
+            let b = c.read(block * 4096, 4096).await.unwrap();
+            let want = n.to_le_bytes();
+            if b[..8] != want {
+                bad.push((block, n));
+            }
+        }
+        bad
+    });
+    assert!(
+        bad.is_empty(),
+        "{} acknowledged writes lost, e.g. {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+}
+
+#[test]
+fn volumes_resize_delete_and_survive_restarts() {
+    let d = tempfile::tempdir().unwrap();
+    let mut up = Up::start(&d.path().join("c"), &["--osd-size", "512M"]);
+    up.volume(&["create", "keep", "--size", "16M"]);
+    up.volume(&["create", "gone", "--size", "16M"]);
+    assert!(!nacre(&[
+        "volume",
+        "create",
+        "keep",
+        "--size",
+        "1M",
+        "--dir",
+        up.dir()
+    ])
+    .status
+    .success());
+    assert!(!nacre(&[
+        "volume",
+        "create",
+        "bad/name",
+        "--size",
+        "1M",
+        "--dir",
+        up.dir()
+    ])
+    .status
+    .success());
+    let img = d.path().join("k.img");
+    random_file(&img, 16 << 20, 3);
+    run_tool(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&img)
+            .arg(up.uri("keep")),
+    );
+    run_tool(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&img)
+            .arg(up.uri("gone")),
+    );
+    up.volume(&["rm", "gone"]);
+    up.volume(&["resize", "keep", "--size", "32M"]);
+    up.stop();
+    up.spawn();
+    let ls: serde_json::Value =
+        serde_json::from_str(&up.volume(&["ls", "--format", "json"])).unwrap();
+    let names: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["keep"]);
+    assert_eq!(ls[0]["size_bytes"], 32 << 20);
+    // the first 16 MiB are the image, the grown part zeros
+    let back = d.path().join("back.img");
+    run_tool(tool("nbdcopy").arg(up.uri("keep")).arg(&back));
+    let b = std::fs::read(&back).unwrap();
+    assert_eq!(b.len(), 32 << 20);
+    assert!(b[..16 << 20] == std::fs::read(&img).unwrap()[..]);
+    assert!(b[16 << 20..].iter().all(|&x| x == 0));
+    // shrink, then grow: the cut part reads as zeros
+    up.volume(&["resize", "keep", "--size", "8M"]);
+    up.volume(&["resize", "keep", "--size", "16M"]);
+    run_tool(tool("nbdcopy").arg(up.uri("keep")).arg(&back));
+    let b = std::fs::read(&back).unwrap();
+    assert!(b[..8 << 20] == std::fs::read(&img).unwrap()[..8 << 20]);
+    assert!(
+        b[8 << 20..].iter().all(|&x| x == 0),
+        "data past a shrink came back"
+    );
+    // the deleted volume's objects are gone from every OSD
+    let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
+        "status",
+        "--dir",
+        up.dir(),
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    assert_eq!(
+        s["capacity"]["objects"].as_f64().unwrap() as u64,
+        3 * 8 * 1024 / 128
+    );
+    assert_eq!(s["health"], "HEALTH_OK");
+    assert!(!nacre(&["volume", "info", "gone", "--dir", up.dir()])
+        .status
+        .success());
+}
+
+fn raw_send(sock: &Path, bytes: &[u8]) -> Vec<u8> {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    got
+}
+
+#[test]
+fn bad_input_harms_nothing_else() {
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(&d.path().join("c"), &["--osd-size", "256M"]);
+    up.volume(&["create", "v", "--size", "64M"]);
+    let img = d.path().join("v.img");
+    random_file(&img, 1 << 20, 9);
+    run_tool(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&img)
+            .arg(up.uri("v")),
+    );
+
+    // garbage, a truncated header, and a valid-looking header with a bad
+    // checksum on an OSD's port: the connection is closed, nothing answers
+    let osd = up.dir.join("osd.0.sock");
+    assert!(raw_send(&osd, b"GET / HTTP/1.1\r\n\r\n").is_empty());
+    assert!(raw_send(&osd, b"NACR\x01\x02").is_empty());
+    let mut h = vec![0u8; 88];
+    h[..4].copy_from_slice(b"NACR");
+    h[4] = 1;
+    h[5] = 2;
+    h[72..76].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(raw_send(&osd, &h).is_empty());
+    random_file(&d.path().join("junk"), 100_000, 5);
+    assert!(raw_send(&osd, &std::fs::read(d.path().join("junk")).unwrap()).is_empty());
+
+    // on the NBD socket: bad client flags, a bad option magic
+    let nbd = up.nbd_sock();
+    let got = raw_send(&nbd, &[0, 0, 0, 0]);
+    assert_eq!(&got[..8], b"NBDMAGIC");
+    let mut opt = vec![0, 0, 0, 1];
+    opt.extend_from_slice(b"NOTMAGIC\0\0\0\x07\0\0\0\0");
+    assert_eq!(
+        raw_send(&nbd, &opt).len(),
+        18,
+        "only the greeting, then close"
+    );
+
+    rt::block_on(async {
+        // an unknown export is refused, the server stays up
+        let e = NbdClient::connect(&format!("nbd+unix:///nope?socket={}", nbd.display())).await;
+        assert_eq!(e.err().unwrap().kind(), std::io::ErrorKind::NotFound);
+        let c = NbdClient::connect(&up.uri("v")).await.unwrap();
+        // oversized, past the end, unaligned: error replies, connection up
+        assert_eq!(
+            c.read(0, 33 << 20).await.unwrap_err().raw_os_error(),
+            Some(22)
+        );
+        assert_eq!(
+            c.read(64 << 20, 4096).await.unwrap_err().raw_os_error(),
+            Some(22)
+        );
+        let w = c.write(64 << 20, AlignedBuf::zeroed(4096), false).await;
+        assert_eq!(w.unwrap_err().raw_os_error(), Some(28));
+        let w = c.write(100, AlignedBuf::zeroed(4096), false).await;
+        assert_eq!(w.unwrap_err().raw_os_error(), Some(22));
+        // an unaligned read is served from the enclosing sectors
+        let b = c.read(1000, 100).await.unwrap();
+        assert_eq!(&b[..], &std::fs::read(&img).unwrap()[1000..1100]);
+        c.flush().await.unwrap();
+        c.disconnect().await;
+    });
+    // a client that disconnects in the middle of a write's payload
+    let mut s = UnixStream::connect(&nbd).unwrap();
+    let mut greet = [0u8; 18];
+    s.read_exact(&mut greet).unwrap();
+    let mut m = vec![0, 0, 0, 3];
+    m.extend_from_slice(b"IHAVEOPT");
+    m.extend_from_slice(&1u32.to_be_bytes());
+    m.extend_from_slice(&1u32.to_be_bytes());
+    m.push(b'v');
+    s.write_all(&m).unwrap();
+    let mut info = [0u8; 10];
+    s.read_exact(&mut info).unwrap();
+    let mut req = Vec::new();
+    req.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    req.extend_from_slice(&[0, 0, 0, 1]);
+    req.extend_from_slice(&5u64.to_be_bytes());
+    req.extend_from_slice(&0u64.to_be_bytes());
+    req.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    req.extend_from_slice(&[0xee; 1000]);
+    s.write_all(&req).unwrap();
+    drop(s);
+
+    // the cluster is healthy and the data intact
+    std::thread::sleep(Duration::from_millis(200));
+    run_tool(
+        tool("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(&img)
+            .arg(up.uri("v")),
+    );
+    let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
+        "status",
+        "--dir",
+        up.dir(),
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    assert_eq!(s["health"], "HEALTH_OK");
+}
+
+#[test]
+fn a_full_cluster_says_enospc_and_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(&d.path().join("c"), &["--osd-size", "192M"]);
+    // thin: far larger than the cluster
+    up.volume(&["create", "big", "--size", "10G"]);
+    let uri = up.uri("big");
+    rt::block_on(async move {
+        let c = NbdClient::connect(&uri).await.unwrap();
+        let mut written = 0u64;
+        let err = loop {
+            let mut b = AlignedBuf::new(1 << 20);
+            b.fill((written >> 20) as u8);
+            match c.write(written, b, false).await {
+                Ok(()) => written += 1 << 20,
+                Err(e) => break e,
+            }
+            assert!(written < 1 << 30, "192 MiB OSDs took 1 GiB");
+        };
+        assert_eq!(err.raw_os_error(), Some(28), "{err}");
+        assert!(written >= 32 << 20, "only {written} bytes fit");
+        // what was acknowledged reads back
+        let b = c.read(0, 1 << 20).await.unwrap();
+        assert!(b.iter().all(|&x| x == 0));
+        let b = c.read(written - (1 << 20), 1 << 20).await.unwrap();
+        assert!(b.iter().all(|&x| x == ((written >> 20) - 1) as u8));
+        // trim makes room again
+        c.trim(0, (written / 2) as u32).await.unwrap();
+        let mut ok_after = false;
+        for _ in 0..50 {
+            if c.write(written, AlignedBuf::zeroed(1 << 20), false)
+                .await
+                .is_ok()
+            {
+                ok_after = true;
+                break;
+            }
+            // freed blocks return after the OSDs' next checkpoint
+            rt::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(ok_after, "space did not come back after trim");
+        c.disconnect().await;
+    });
+    let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
+        "status",
+        "--dir",
+        up.dir(),
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    assert_eq!(s["health"], "HEALTH_OK");
+}
