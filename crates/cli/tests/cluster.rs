@@ -618,3 +618,57 @@ fn a_full_cluster_says_enospc_and_recovers() {
     .unwrap();
     assert_eq!(s["health"], "HEALTH_OK");
 }
+
+fn suite_names(v: &serde_json::Value) -> Vec<String> {
+    let tests = v.as_array().expect("an array of tests");
+    for t in tests {
+        assert!(t["ops"].as_u64().unwrap() > 0, "{t}");
+    }
+    tests
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn bench_and_demo_run_the_whole_suite() {
+    let want = [
+        "randwrite-4k-qd1",
+        "randwrite-4k-qd128",
+        "randread-4k-qd1",
+        "randread-4k-qd128",
+        "write-4m-qd16",
+        "read-4m-qd16",
+    ];
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(&d.path().join("c"), &["--osd-size", "512M"]);
+    let quick = ["--runtime", "150ms", "--size", "32M", "--format", "json"];
+    let mut a = vec!["bench", "--dir", up.dir()];
+    a.extend_from_slice(&quick);
+    let v: serde_json::Value = serde_json::from_str(&ok(nacre(&a))).unwrap();
+    assert_eq!(suite_names(&v["nacre"]), want);
+    // the temporary volume is gone again
+    let ls: serde_json::Value =
+        serde_json::from_str(&up.volume(&["ls", "--format", "json"])).unwrap();
+    assert_eq!(ls, serde_json::json!([]));
+
+    up.volume(&["create", "b", "--size", "32M"]);
+    let uri = up.uri("b");
+    let mut a = vec!["bench", "--nbd", uri.as_str()];
+    a.extend_from_slice(&quick);
+    let v: serde_json::Value = serde_json::from_str(&ok(nacre(&a))).unwrap();
+    assert_eq!(suite_names(&v["nbd"]), want);
+    assert!(
+        !nacre(&["bench", "--nbd", "nbd+unix:///nope?socket=/nonexistent"])
+            .status
+            .success()
+    );
+
+    let demo_dir = d.path().join("demo");
+    let mut a = vec!["demo", "--dir", demo_dir.to_str().unwrap()];
+    a.extend_from_slice(&quick);
+    let v: serde_json::Value = serde_json::from_str(&ok(nacre(&a))).unwrap();
+    assert_eq!(suite_names(&v["nacre"]), want);
+    assert_eq!(suite_names(&v["local"]), want);
+    assert!(!demo_dir.exists(), "demo left its dir behind");
+}

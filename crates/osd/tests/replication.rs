@@ -1,0 +1,150 @@
+//! Three OSDs on one runtime, talking over unix sockets: epochs, primacy,
+//! replication to every copy, and idempotent retries.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use nacre_io::net::{Addr, Listener};
+use nacre_io::{rt, AlignedBuf};
+use nacre_meta::embedded::Embedded;
+use nacre_meta::map::{self, OsdRecord, PoolRecord};
+use nacre_net::Conn;
+use nacre_osd::{Osd, OsdConfig, OsdMap};
+use nacre_types::{pg_of, ObjectId};
+use nacre_wire::{Header, Op, Status};
+
+fn write_header(oid: ObjectId, pg: u32, request_id: u64, data: &[u8]) -> Header {
+    let mut h = Header::request(Op::Write, request_id, oid).with_payload(data);
+    h.length = data.len() as u32;
+    h.epoch = 1;
+    h.pg = pg;
+    h.client = 42;
+    h
+}
+
+#[test]
+fn primary_orders_replicates_and_refuses_what_it_must() {
+    let d = tempfile::tempdir().unwrap();
+    let osds: Vec<OsdRecord> = (0..3)
+        .map(|id| OsdRecord {
+            id,
+            addr: format!("unix:{}", d.path().join(format!("osd.{id}.sock")).display()),
+            host: format!("h{id}"),
+            rack: "r".into(),
+            weight: 1,
+        })
+        .collect();
+    let pool = PoolRecord {
+        id: 1,
+        name: "rbd".into(),
+        size: 3,
+        min_size: 2,
+        pg_count: 8,
+        failure_domain: "osd".into(),
+        object_bytes: 64 << 10,
+    };
+    let meta = Embedded::open(&d.path().join("meta")).unwrap();
+    let pgmap = map::init(&*meta, &osds, &pool).unwrap();
+    let addrs: HashMap<u32, Addr> = osds
+        .iter()
+        .map(|o| (o.id, o.addr.parse().unwrap()))
+        .collect();
+    rt::block_on(async {
+        let mut running: Vec<Rc<Osd>> = Vec::new();
+        let mut serving = Vec::new();
+        for o in &osds {
+            let cfg = OsdConfig {
+                id: o.id,
+                path: d.path().join(format!("osd.{}.img", o.id)),
+                size_bytes: 160 << 20,
+                addr: addrs[&o.id].clone(),
+                object_bytes: pool.object_bytes,
+                direct: true,
+            };
+            let map = OsdMap {
+                pgmap: pgmap.clone(),
+                addrs: addrs.clone(),
+            };
+            let osd = Osd::open(&cfg, map).await.unwrap();
+            serving.push(osd.serve(Listener::bind(&cfg.addr).unwrap()));
+            running.push(osd);
+        }
+        let oid = ObjectId::new(9, 3);
+        let pg = pg_of(oid, pool.pg_count);
+        let acting = pgmap.acting(pg).to_vec();
+        let primary = Conn::connect(&addrs[&acting[0]]).unwrap();
+        let replica = Conn::connect(&addrs[&acting[1]]).unwrap();
+        let data = vec![0x5au8; 4096];
+        let call = |c: &Rc<Conn>, h: Header, p: Option<&[u8]>| {
+            let c = c.clone();
+            let p = p.map(AlignedBuf::from_slice);
+            async move { c.call(h, p).await.unwrap() }
+        };
+
+        let r = call(&primary, write_header(oid, pg, 100, &data), Some(&data)).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, 1));
+        // a retry of the same request is answered, not applied again
+        let r = call(&primary, write_header(oid, pg, 100, &data), Some(&data)).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, 1));
+        let r = call(&primary, write_header(oid, pg, 101, &data), Some(&data)).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, 2));
+        // every copy has the newest version
+        for id in &acting {
+            assert_eq!(
+                running[*id as usize].store().version(oid),
+                Some(2),
+                "osd.{id}"
+            );
+        }
+
+        let mut stale = write_header(oid, pg, 102, &data);
+        stale.epoch = 0;
+        let r = call(&primary, stale, Some(&data)).await;
+        assert_eq!((r.h.status, r.h.epoch), (Status::StaleEpoch, 1));
+        let r = call(&replica, write_header(oid, pg, 103, &data), Some(&data)).await;
+        assert_eq!(r.h.status, Status::NotPrimary);
+        let r = call(
+            &primary,
+            write_header(oid, (pg + 1) % 8, 104, &data),
+            Some(&data),
+        )
+        .await;
+        assert_eq!(r.h.status, Status::Invalid);
+        // a replica refuses a sub-op from an older epoch too
+        let mut sub = write_header(oid, pg, 0, &data);
+        sub.op = Op::RepWrite;
+        sub.obj_version = 9;
+        sub.epoch = 7;
+        let r = call(&replica, sub, Some(&data)).await;
+        assert_eq!(r.h.status, Status::StaleEpoch);
+
+        let mut rd = Header::request(Op::Read, 0, oid);
+        rd.length = 8192;
+        rd.epoch = 1;
+        rd.pg = pg;
+        let r = call(&primary, rd, None).await;
+        assert_eq!(r.h.status, Status::Ok);
+        let got = r.payload.unwrap();
+        assert_eq!(&got[..4096], &data[..]);
+        assert!(got[4096..].iter().all(|&x| x == 0));
+        let mut missing = rd;
+        missing.oid = ObjectId::new(9, 4);
+        missing.pg = pg_of(missing.oid, 8);
+        let owner = Conn::connect(&addrs[&pgmap.acting(missing.pg)[0]]).unwrap();
+        assert_eq!(call(&owner, missing, None).await.h.status, Status::NotFound);
+
+        // delete reaches every copy
+        let mut del = Header::request(Op::Delete, 105, oid);
+        del.epoch = 1;
+        del.pg = pg;
+        del.client = 42;
+        assert_eq!(call(&primary, del, None).await.h.status, Status::Ok);
+        for id in &acting {
+            assert_eq!(running[*id as usize].store().version(oid), None, "osd.{id}");
+        }
+        drop(serving);
+        for o in running {
+            o.close().await.unwrap();
+        }
+    });
+}
