@@ -19,12 +19,12 @@ run() { # name, fio args...
     local c0 c1
     c0=$(cpu_s)
     fio --name="$name" --ioengine=nbd --uri="$uri" --size="$size" --time_based --runtime="$runtime" \
-        --output-format=json "$@" > /tmp/fio-nbd.$$.json
+        --output-format=json "$@" | sed -n "/^{/,\$p" > /tmp/fio-nbd.$$.json
     c1=$(cpu_s)
-    python3 - "$name" "$c0" "$c1" < /tmp/fio-nbd.$$.json <<'PY'
+    python3 - "$name" "$c0" "$c1" /tmp/fio-nbd.$$.json <<'PY'
 import json, sys
 name, c0, c1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-j = json.load(sys.stdin)["jobs"][0]
+j = json.load(open(sys.argv[4]))["jobs"][0]
 side = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
 ops = max(side["total_ios"], 1)
 # At QD1 with fsync the time per op is runtime / ops (fio keeps the flush
