@@ -227,6 +227,7 @@ fn real_nbd_clients_read_back_what_they_wrote() {
         "--iodepth=32",
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--do_verify=1",
         "--output-format=json",
     ]));
