@@ -149,6 +149,33 @@ impl Up {
     }
 }
 
+impl Up {
+    fn status(&self) -> serde_json::Value {
+        let out = ok(nacre(&["status", "--dir", self.dir(), "--format", "json"]));
+        serde_json::from_str(&out).unwrap()
+    }
+}
+
+/// Writes the raw image `img` into the export at `uri`.
+fn qemu_convert(img: &Path, uri: &str) {
+    run_tool(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(img)
+            .arg(uri),
+    );
+}
+
+/// Fails unless the export at `uri` holds `img` (and zeros after it).
+fn qemu_compare(img: &Path, uri: &str) {
+    run_tool(
+        tool("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(img)
+            .arg(uri),
+    );
+}
+
 impl Drop for Up {
     fn drop(&mut self) {
         self.kill9();
@@ -191,18 +218,8 @@ fn real_nbd_clients_read_back_what_they_wrote() {
     // qemu-img: a random image into the export and compared back
     let img = d.path().join("rand.img");
     random_file(&img, 24 << 20, 7);
-    run_tool(
-        tool("qemu-img")
-            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-            .arg(&img)
-            .arg(&uri),
-    );
-    run_tool(
-        tool("qemu-img")
-            .args(["compare", "-f", "raw", "-F", "raw"])
-            .arg(&img)
-            .arg(&uri),
-    );
+    qemu_convert(&img, &uri);
+    qemu_compare(&img, &uri);
 
     // nbdcopy: the export back into a file
     let back = d.path().join("back.img");
@@ -242,14 +259,7 @@ fn real_nbd_clients_read_back_what_they_wrote() {
 
     // trim gives space back: the volume's objects go away
     let used = |up: &Up| {
-        let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
-            "status",
-            "--dir",
-            up.dir(),
-            "--format",
-            "json",
-        ])))
-        .unwrap();
+        let s = up.status();
         s["capacity"]["objects"].as_f64().unwrap() as u64
     };
     let before = used(&up);
@@ -389,18 +399,8 @@ fn volumes_resize_delete_and_survive_restarts() {
     .success());
     let img = d.path().join("k.img");
     random_file(&img, 16 << 20, 3);
-    run_tool(
-        tool("qemu-img")
-            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-            .arg(&img)
-            .arg(up.uri("keep")),
-    );
-    run_tool(
-        tool("qemu-img")
-            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-            .arg(&img)
-            .arg(up.uri("gone")),
-    );
+    qemu_convert(&img, &up.uri("keep"));
+    qemu_convert(&img, &up.uri("gone"));
     up.volume(&["rm", "gone"]);
     up.volume(&["resize", "keep", "--size", "32M"]);
     up.stop();
@@ -433,14 +433,7 @@ fn volumes_resize_delete_and_survive_restarts() {
         "data past a shrink came back"
     );
     // the deleted volume's objects are gone from every OSD
-    let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
-        "status",
-        "--dir",
-        up.dir(),
-        "--format",
-        "json",
-    ])))
-    .unwrap();
+    let s = up.status();
     assert_eq!(
         s["capacity"]["objects"].as_f64().unwrap() as u64,
         3 * 8 * 1024 / 128
@@ -468,12 +461,7 @@ fn bad_input_harms_nothing_else() {
     up.volume(&["create", "v", "--size", "64M"]);
     let img = d.path().join("v.img");
     random_file(&img, 1 << 20, 9);
-    run_tool(
-        tool("qemu-img")
-            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-            .arg(&img)
-            .arg(up.uri("v")),
-    );
+    qemu_convert(&img, &up.uri("v"));
 
     // garbage, a truncated header, and a valid-looking header with a bad
     // checksum on an OSD's port: the connection is closed, nothing answers
@@ -549,20 +537,8 @@ fn bad_input_harms_nothing_else() {
 
     // the cluster is healthy and the data intact
     std::thread::sleep(Duration::from_millis(200));
-    run_tool(
-        tool("qemu-img")
-            .args(["compare", "-f", "raw", "-F", "raw"])
-            .arg(&img)
-            .arg(up.uri("v")),
-    );
-    let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
-        "status",
-        "--dir",
-        up.dir(),
-        "--format",
-        "json",
-    ])))
-    .unwrap();
+    qemu_compare(&img, &up.uri("v"));
+    let s = up.status();
     assert_eq!(s["health"], "HEALTH_OK");
 }
 
@@ -609,14 +585,7 @@ fn a_full_cluster_says_enospc_and_recovers() {
         assert!(ok_after, "space did not come back after trim");
         c.disconnect().await;
     });
-    let s: serde_json::Value = serde_json::from_str(&ok(nacre(&[
-        "status",
-        "--dir",
-        up.dir(),
-        "--format",
-        "json",
-    ])))
-    .unwrap();
+    let s = up.status();
     assert_eq!(s["health"], "HEALTH_OK");
 }
 
