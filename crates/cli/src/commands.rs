@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use nacre_bench::suite::{self, BlockTarget, SuiteOpts, SuiteResult};
+use nacre_bench::suite::{self, SuiteOpts, SuiteResult};
 use nacre_client::{Cluster, Volume};
 use nacre_io::net::Addr;
 use nacre_io::{rt, FileDev, OpenFlags};
@@ -386,6 +386,16 @@ fn print_results(
     Ok(())
 }
 
+/// The suite against the NBD export at `uri`, over one connection.
+fn nbd_suite(uri: &str, opts: &SuiteOpts) -> anyhow::Result<Vec<SuiteResult>> {
+    rt::block_on(async {
+        let c = NbdClient::connect(uri).await?;
+        let r = suite::run(Rc::new(NbdTarget(c.clone())), opts).await;
+        c.disconnect().await;
+        r
+    })
+}
+
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let mut opts = SuiteOpts {
         runtime: a.runtime,
@@ -394,13 +404,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         extra_cpu: None,
     };
     if let Some(uri) = &a.nbd {
-        let r = rt::block_on(async {
-            let c = NbdClient::connect(uri).await?;
-            let t: Rc<dyn BlockTarget> = Rc::new(NbdTarget(c.clone()));
-            let r = suite::run(t, &opts).await;
-            c.disconnect().await;
-            r
-        })?;
+        let r = nbd_suite(uri, &opts)?;
         return print_results(
             a.format,
             &[("nbd", &r)],
@@ -529,12 +533,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
                 c.name,
                 human(c.size_bytes)
             ));
-            rt::block_on(async {
-                let c = NbdClient::connect(&uri).await?;
-                let r = suite::run(Rc::new(NbdTarget(c.clone())), &opts).await;
-                c.disconnect().await;
-                r
-            })
+            nbd_suite(&uri, &opts)
         })();
         running.stop();
         let nacre = nacre?;

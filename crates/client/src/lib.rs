@@ -255,11 +255,13 @@ impl Volume {
         ObjectId::new(self.rec.id, block)
     }
 
-    fn check(&self, offset: u64, len: u64) -> Result<()> {
+    /// Checks that `offset..offset+len` is sector-aligned, non-empty, at
+    /// most `max_bytes` long and inside the volume.
+    fn check(&self, what: &str, offset: u64, len: u64, max_bytes: u64) -> Result<()> {
         let s = u64::from(SECTOR_BYTES);
-        if len == 0 || len > IO_MAX_BYTES || !offset.is_multiple_of(s) || !len.is_multiple_of(s) {
+        if len == 0 || len > max_bytes || !offset.is_multiple_of(s) || !len.is_multiple_of(s) {
             return Err(ClientError::Invalid(format!(
-                "I/O {offset}+{len}: must be {s}-byte aligned and at most {IO_MAX_BYTES} bytes"
+                "{what} {offset}+{len}: must be {s}-byte aligned and at most {max_bytes} bytes"
             )));
         }
         if offset
@@ -267,7 +269,7 @@ impl Volume {
             .is_none_or(|e| e > self.rec.size_bytes)
         {
             return Err(ClientError::Invalid(format!(
-                "I/O {offset}+{len} past the end of the {}-byte volume",
+                "{what} {offset}+{len} past the end of the {}-byte volume",
                 self.rec.size_bytes
             )));
         }
@@ -288,7 +290,7 @@ impl Volume {
 
     /// Reads `len` bytes at `offset`; unwritten ranges are zeros.
     pub async fn read(self: &Rc<Self>, offset: u64, len: u64) -> Result<AlignedBuf> {
-        self.check(offset, len)?;
+        self.check("read", offset, len, IO_MAX_BYTES)?;
         let ps: Vec<Piece> = pieces(offset, len, self.rec.object_bytes).collect();
         if let [p] = ps[..] {
             return Ok(match self.read_piece(p).await? {
@@ -330,7 +332,7 @@ impl Volume {
 
     /// Writes `data` at `offset`; returns once every replica has it durable.
     pub async fn write(self: &Rc<Self>, offset: u64, data: AlignedBuf) -> Result<()> {
-        self.check(offset, data.len() as u64)?;
+        self.check("write", offset, data.len() as u64, IO_MAX_BYTES)?;
         let ps: Vec<Piece> = pieces(offset, data.len() as u64, self.rec.object_bytes).collect();
         if let [p] = ps[..] {
             return self.write_piece(p, data).await;
@@ -363,20 +365,7 @@ impl Volume {
     /// Makes `offset..offset+len` read as zeros. Whole objects are deleted
     /// (their space returns); the partial ends are written with zeros.
     pub async fn zero(self: &Rc<Self>, offset: u64, len: u64) -> Result<()> {
-        let s = u64::from(SECTOR_BYTES);
-        if len == 0 || !offset.is_multiple_of(s) || !len.is_multiple_of(s) {
-            return Err(ClientError::Invalid(format!(
-                "zero {offset}+{len}: must be {s}-byte aligned"
-            )));
-        }
-        if offset
-            .checked_add(len)
-            .is_none_or(|e| e > self.rec.size_bytes)
-        {
-            return Err(ClientError::Invalid(format!(
-                "zero {offset}+{len} past the end"
-            )));
-        }
+        self.check("zero", offset, len, u64::MAX)?;
         let ob = self.rec.object_bytes;
         let ps: Vec<Piece> = pieces(offset, len, ob).collect();
         for chunk in ps.chunks(TRIM_PARALLEL_MAX) {
@@ -423,24 +412,20 @@ impl Cluster {
         check_size(size_bytes)?;
         let old = map::get_volume(&*self.meta, name)?
             .ok_or_else(|| ClientError::Invalid(format!("no volume {name:?}")))?;
+        // Publish the new size first, so no gateway writes past it once its
+        // next open sees the record; then drop the data a shrink cut off.
+        let rec = map::update_volume(&*self.meta, name, |r| {
+            r.size_bytes = size_bytes;
+            Ok(())
+        })?;
         if size_bytes < old.size_bytes {
             let v = Rc::new(Volume {
                 cluster: self.clone(),
                 rec: old.clone(),
             });
-            // Publish the smaller size first, so no gateway writes past it
-            // once its next open sees the record, then drop the data.
-            let rec = map::update_volume(&*self.meta, name, |r| {
-                r.size_bytes = size_bytes;
-                Ok(())
-            })?;
             v.zero(size_bytes, old.size_bytes - size_bytes).await?;
-            return Ok(rec);
         }
-        Ok(map::update_volume(&*self.meta, name, |r| {
-            r.size_bytes = size_bytes;
-            Ok(())
-        })?)
+        Ok(rec)
     }
 
     /// Deletes a volume: its objects on every OSD, then its record.

@@ -290,6 +290,14 @@ impl Stream {
         Ok(bufs)
     }
 
+    /// Sends a small message (copied into a buffer first): handshakes and
+    /// other control traffic, not payloads.
+    pub async fn send_bytes(&self, bytes: &[u8]) -> io::Result<()> {
+        self.send_all(vec![(AlignedBuf::from_slice(bytes), 0, bytes.len())])
+            .await
+            .map(drop)
+    }
+
     /// Ends the connection both ways; pending and later recvs return 0.
     pub fn shutdown(&self) {
         // SAFETY: shutdown on our own descriptor.

@@ -163,15 +163,16 @@ pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Res
             pool.min_size, pool.size
         )));
     }
-    let index = |names: Vec<&str>, n: &str| names.iter().position(|x| *x == n).unwrap_or(0) as u32;
+    // The first OSD with the same name stands for its host (rack).
+    let index = |names: &[&str], n: &str| names.iter().position(|x| *x == n).unwrap_or(0) as u32;
     let hosts: Vec<&str> = osds.iter().map(|o| o.host.as_str()).collect();
     let racks: Vec<&str> = osds.iter().map(|o| o.rack.as_str()).collect();
     let pos: Vec<nacre_placement::Osd> = osds
         .iter()
         .map(|o| nacre_placement::Osd {
             id: o.id,
-            host: index(hosts.clone(), &o.host),
-            rack: index(racks.clone(), &o.rack),
+            host: index(&hosts, &o.host),
+            rack: index(&racks, &o.rack),
             weight: o.weight.max(1),
             up: true,
         })

@@ -31,13 +31,6 @@ fn proto_err(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-async fn send(stream: &Stream, bytes: &[u8]) -> io::Result<()> {
-    stream
-        .send_all(vec![(AlignedBuf::from_slice(bytes), 0, bytes.len())])
-        .await?;
-    Ok(())
-}
-
 impl NbdClient {
     /// Connects to `uri` and selects its export with OPT_GO.
     pub async fn connect(uri: &str) -> io::Result<Rc<NbdClient>> {
@@ -63,7 +56,7 @@ impl NbdClient {
         go.extend_from_slice(u.export.as_bytes());
         go.extend_from_slice(&1u16.to_be_bytes());
         go.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        send(&stream, &go).await?;
+        stream.send_bytes(&go).await?;
         let mut size = None;
         loop {
             let mut h = [0u8; 20];

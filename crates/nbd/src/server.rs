@@ -16,14 +16,12 @@
 //! minimum block size). Unaligned reads are served from the enclosing
 //! sectors; unaligned writes and zeroes are refused with EINVAL.
 
-use std::cell::Cell;
 use std::rc::Rc;
 
 use nacre_client::{ClientError, Cluster, Volume};
 use nacre_io::net::{Listener, Stream};
-use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf};
-use nacre_net::{ByteReader, FrameSender};
+use nacre_net::{ByteReader, FrameSender, Inflight};
 
 use crate::proto::*;
 
@@ -57,13 +55,6 @@ async fn serve_conn(stream: Rc<Stream>, cluster: Rc<Cluster>) {
     stream.shutdown();
 }
 
-async fn send(stream: &Stream, bytes: &[u8]) -> std::io::Result<()> {
-    stream
-        .send_all(vec![(AlignedBuf::from_slice(bytes), 0, bytes.len())])
-        .await?;
-    Ok(())
-}
-
 fn transmission_flags() -> u16 {
     TFLAG_HAS_FLAGS
         | TFLAG_SEND_FLUSH
@@ -87,7 +78,7 @@ async fn handshake(
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    send(stream, &hello).await?;
+    stream.send_bytes(&hello).await?;
     let mut cf = [0u8; 4];
     rd.read_exact(&mut cf).await?;
     let client_flags = parse_client_flags(cf).map_err(invalid)?;
@@ -99,11 +90,9 @@ async fn handshake(
             Err(ProtoError::OptionTooBig(len)) => {
                 let opt = u32::from_be_bytes(oh[8..12].try_into().expect("4 bytes"));
                 rd.skip(u64::from(len)).await?;
-                send(
-                    stream,
-                    &option_reply(opt, REP_ERR_TOO_BIG, b"option too large"),
-                )
-                .await?;
+                stream
+                    .send_bytes(&option_reply(opt, REP_ERR_TOO_BIG, b"option too large"))
+                    .await?;
                 continue;
             }
             Err(e) => return Err(invalid(e)),
@@ -123,20 +112,24 @@ async fn handshake(
                 if client_flags & CLIENT_FLAG_NO_ZEROES == 0 {
                     b.extend_from_slice(&[0u8; 124]);
                 }
-                send(stream, &b).await?;
+                stream.send_bytes(&b).await?;
                 return Ok(Some(vol));
             }
             OPT_ABORT => {
-                send(stream, &option_reply(h.option, REP_ACK, &[])).await?;
+                stream
+                    .send_bytes(&option_reply(h.option, REP_ACK, &[]))
+                    .await?;
                 return Ok(None);
             }
             OPT_LIST => {
                 if !data.is_empty() {
-                    send(
-                        stream,
-                        &option_reply(h.option, REP_ERR_INVALID, b"LIST takes no data"),
-                    )
-                    .await?;
+                    stream
+                        .send_bytes(&option_reply(
+                            h.option,
+                            REP_ERR_INVALID,
+                            b"LIST takes no data",
+                        ))
+                        .await?;
                     continue;
                 }
                 let vols = nacre_meta::map::list_volumes(&**cluster.meta())
@@ -144,19 +137,25 @@ async fn handshake(
                 for v in vols {
                     let mut d = (v.name.len() as u32).to_be_bytes().to_vec();
                     d.extend_from_slice(v.name.as_bytes());
-                    send(stream, &option_reply(h.option, REP_SERVER, &d)).await?;
+                    stream
+                        .send_bytes(&option_reply(h.option, REP_SERVER, &d))
+                        .await?;
                 }
-                send(stream, &option_reply(h.option, REP_ACK, &[])).await?;
+                stream
+                    .send_bytes(&option_reply(h.option, REP_ACK, &[]))
+                    .await?;
             }
             OPT_INFO | OPT_GO => {
                 let go = match parse_go(&data) {
                     Ok(g) => g,
                     Err(e) => {
-                        send(
-                            stream,
-                            &option_reply(h.option, REP_ERR_INVALID, e.to_string().as_bytes()),
-                        )
-                        .await?;
+                        stream
+                            .send_bytes(&option_reply(
+                                h.option,
+                                REP_ERR_INVALID,
+                                e.to_string().as_bytes(),
+                            ))
+                            .await?;
                         continue;
                     }
                 };
@@ -164,38 +163,46 @@ async fn handshake(
                     Ok(v) => v,
                     Err(e) => {
                         let msg = format!("export {:?}: {e}", go.name);
-                        send(
-                            stream,
-                            &option_reply(h.option, REP_ERR_UNKNOWN, msg.as_bytes()),
-                        )
-                        .await?;
+                        stream
+                            .send_bytes(&option_reply(h.option, REP_ERR_UNKNOWN, msg.as_bytes()))
+                            .await?;
                         continue;
                     }
                 };
                 let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                 info.extend_from_slice(&vol.size_bytes().to_be_bytes());
                 info.extend_from_slice(&transmission_flags().to_be_bytes());
-                send(stream, &option_reply(h.option, REP_INFO, &info)).await?;
+                stream
+                    .send_bytes(&option_reply(h.option, REP_INFO, &info))
+                    .await?;
                 if go.infos.contains(&INFO_NAME) {
                     let mut d = INFO_NAME.to_be_bytes().to_vec();
                     d.extend_from_slice(go.name.as_bytes());
-                    send(stream, &option_reply(h.option, REP_INFO, &d)).await?;
+                    stream
+                        .send_bytes(&option_reply(h.option, REP_INFO, &d))
+                        .await?;
                 }
                 if go.infos.contains(&INFO_BLOCK_SIZE) {
                     let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
                     d.extend_from_slice(&(SECTOR as u32).to_be_bytes());
                     d.extend_from_slice(&4096u32.to_be_bytes());
                     d.extend_from_slice(&REQUEST_MAX_BYTES.to_be_bytes());
-                    send(stream, &option_reply(h.option, REP_INFO, &d)).await?;
+                    stream
+                        .send_bytes(&option_reply(h.option, REP_INFO, &d))
+                        .await?;
                 }
-                send(stream, &option_reply(h.option, REP_ACK, &[])).await?;
+                stream
+                    .send_bytes(&option_reply(h.option, REP_ACK, &[]))
+                    .await?;
                 if h.option == OPT_GO {
                     return Ok(Some(vol));
                 }
             }
             other => {
                 let msg = format!("option {other} is not supported");
-                send(stream, &option_reply(other, REP_ERR_UNSUP, msg.as_bytes())).await?;
+                stream
+                    .send_bytes(&option_reply(other, REP_ERR_UNSUP, msg.as_bytes()))
+                    .await?;
             }
         }
     }
@@ -203,13 +210,10 @@ async fn handshake(
 
 async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
     let tx = FrameSender::start(stream);
-    let inflight = Rc::new(Cell::new(0usize));
-    let done = Notify::new();
+    let inflight = Inflight::new(INFLIGHT_MAX);
     let name = vol.record().name.clone();
     loop {
-        while inflight.get() >= INFLIGHT_MAX {
-            done.wait().await;
-        }
+        inflight.slot().await;
         match rd.ready(REQUEST_HEADER_BYTES).await {
             Ok(true) => {}
             Ok(false) => break,
@@ -251,23 +255,16 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
             },
             _ => {}
         }
-        inflight.set(inflight.get() + 1);
-        let (vol, tx, inflight, done) = (vol.clone(), tx.clone(), inflight.clone(), done.clone());
-        rt::spawn(async move {
+        let (vol, tx) = (vol.clone(), tx.clone());
+        inflight.spawn(async move {
             let (err, payload) = match handle(&vol, req, data).await {
                 Ok(p) => (0, p),
                 Err(e) => (e, None),
             };
             let _ = tx.send_raw(&simple_reply(err, req.cookie), payload).await;
-            inflight.set(inflight.get() - 1);
-            done.notify();
         });
     }
-    while inflight.get() > 0 && !tx.is_closed() {
-        done.wait().await;
-    }
-    tx.flush().await;
-    tx.close();
+    inflight.drain(&tx).await;
 }
 
 fn errno(e: ClientError) -> u32 {

@@ -104,10 +104,7 @@ impl ByteReader {
                 if self.end == self.start {
                     return Ok(false);
                 }
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "connection closed mid-message",
-                ));
+                return Err(closed_mid_message());
             }
         }
         Ok(true)
@@ -132,10 +129,7 @@ impl ByteReader {
         let mut done = 0;
         while done < out.len() {
             if self.buffered() == 0 && !self.fill().await? {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "connection closed mid-message",
-                ));
+                return Err(closed_mid_message());
             }
             let n = self.buffered().min(out.len() - done);
             out[done..done + n].copy_from_slice(&self.buf[self.start..self.start + n]);
@@ -161,10 +155,7 @@ impl ByteReader {
     pub async fn skip(&mut self, mut len: u64) -> std::io::Result<()> {
         while len > 0 {
             if self.buffered() == 0 && !self.fill().await? {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "connection closed mid-message",
-                ));
+                return Err(closed_mid_message());
             }
             let n = (self.buffered() as u64).min(len);
             self.consume(n as usize);
@@ -172,6 +163,13 @@ impl ByteReader {
         }
         Ok(())
     }
+}
+
+fn closed_mid_message() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "connection closed mid-message",
+    )
 }
 
 fn eof_is_closed(e: std::io::Error) -> NetError {
@@ -509,16 +507,60 @@ pub async fn serve<H: Handler>(l: Listener, h: Rc<H>) {
     }
 }
 
+/// The request tasks of one server connection: at most `max` at once
+/// (the reader waits for a slot before taking the next request), and a
+/// drain that lets their replies go out before the connection closes.
+pub struct Inflight {
+    count: Rc<Cell<usize>>,
+    done: Notify,
+    max: usize,
+}
+
+impl Inflight {
+    pub fn new(max: usize) -> Inflight {
+        Inflight {
+            count: Rc::new(Cell::new(0)),
+            done: Notify::new(),
+            max,
+        }
+    }
+
+    /// Waits until fewer than `max` tasks run.
+    pub async fn slot(&self) {
+        while self.count.get() >= self.max {
+            self.done.wait().await;
+        }
+    }
+
+    /// Runs `f` as a task counted against the limit.
+    pub fn spawn(&self, f: impl std::future::Future<Output = ()> + 'static) {
+        self.count.set(self.count.get() + 1);
+        let (count, done) = (self.count.clone(), self.done.clone());
+        rt::spawn(async move {
+            f.await;
+            count.set(count.get() - 1);
+            done.notify();
+        });
+    }
+
+    /// Waits for every task (unless `tx` failed), sends what they queued
+    /// and closes `tx`.
+    pub async fn drain(&self, tx: &FrameSender) {
+        while self.count.get() > 0 && !tx.is_closed() {
+            self.done.wait().await;
+        }
+        tx.flush().await;
+        tx.close();
+    }
+}
+
 /// Serves one connection until it closes or sends a bad frame.
 pub async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>) {
     let tx = FrameSender::start(stream.clone());
     let mut rd = FrameReader::new(stream.clone());
-    let inflight = Rc::new(Cell::new(0usize));
-    let done = Notify::new();
+    let inflight = Inflight::new(SERVE_INFLIGHT_MAX);
     loop {
-        while inflight.get() >= SERVE_INFLIGHT_MAX {
-            done.wait().await;
-        }
+        inflight.slot().await;
         let f = match rd.next().await {
             Ok(Some(f)) if !f.h.reply => f,
             Ok(Some(f)) => {
@@ -535,20 +577,12 @@ pub async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>) {
                 break;
             }
         };
-        inflight.set(inflight.get() + 1);
-        let (h, tx, inflight, done) = (h.clone(), tx.clone(), inflight.clone(), done.clone());
-        rt::spawn(async move {
+        let (h, tx) = (h.clone(), tx.clone());
+        inflight.spawn(async move {
             let (rh, payload) = h.handle(f).await;
             let _ = tx.send(rh, payload).await;
-            inflight.set(inflight.get() - 1);
-            done.notify();
         });
     }
-    // Let replies already queued go out before closing.
-    while inflight.get() > 0 && !tx.is_closed() {
-        done.wait().await;
-    }
-    tx.flush().await;
-    tx.close();
+    inflight.drain(&tx).await;
     stream.shutdown();
 }

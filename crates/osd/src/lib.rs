@@ -226,7 +226,12 @@ impl Osd {
     }
 
     /// Sends a sub-op to replica `id`, reconnecting after a lost connection.
-    async fn to_replica(self: Rc<Self>, id: u32, h: Header, data: Option<AlignedBuf>) -> Status {
+    async fn to_replica(
+        self: Rc<Self>,
+        id: u32,
+        h: Header,
+        data: Option<Rc<AlignedBuf>>,
+    ) -> Status {
         let mut last = String::new();
         for _ in 0..REPLICA_ATTEMPT_MAX {
             let payload = data.as_ref().map(|d| AlignedBuf::from_slice(d));
@@ -277,17 +282,18 @@ impl Osd {
         sub.obj_version = version;
         sub.client = self.client_id;
         sub.request_id = 0;
+        // One buffer shared by the replica tasks (each sends its own copy,
+        // kept for a resend); the local write takes the original when no
+        // replica holds it any more, a copy otherwise.
+        let data = data.map(Rc::new);
         let replicas: Vec<_> = (acting.iter().skip(1))
-            .map(|&r| {
-                rt::spawn(self.clone().to_replica(
-                    r,
-                    sub,
-                    data.as_ref().map(|d| AlignedBuf::from_slice(d)),
-                ))
-            })
+            .map(|&r| rt::spawn(self.clone().to_replica(r, sub, data.clone())))
             .collect();
         let local = match data {
-            Some(d) => self.store.write(oid, version, h.offset, d).await,
+            Some(d) => {
+                let d = Rc::try_unwrap(d).unwrap_or_else(|d| AlignedBuf::from_slice(&d));
+                self.store.write(oid, version, h.offset, d).await
+            }
             None => self.store.delete(oid, version).await,
         };
         let mut status = match &local {
