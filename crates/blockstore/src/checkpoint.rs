@@ -307,8 +307,88 @@ impl Bound {
     }
 }
 
+/// A block claimed by one fold plan, from the snapshot of its checksums
+/// until its in-place writes are done and its checksums replaced (or the
+/// plan is dropped). At most one plan holds a block at any time: two plans
+/// of one block, each writing its chunks and then the block's whole
+/// checksum array, could land one's data with the other's checksums (a
+/// read fails) or the older plan last (an acknowledged write rolled back).
+pub(crate) struct FoldClaim<D: BlockDev + 'static> {
+    inner: Rc<Inner<D>>,
+    block: u32,
+    id: u64,
+}
+
+/// A claim's entry in `State::folds`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FoldClaimState {
+    pub id: u64,
+    /// The plan's in-place writes have started: reads of the block wait.
+    pub writing: bool,
+}
+
+impl<D: BlockDev + 'static> FoldClaim<D> {
+    /// Claims the block `oid` lives in. `None` if the object has no block.
+    ///
+    /// Folds are planned by one task at a time (the redo at open, then the
+    /// checkpointer, which plans each group's objects once), so a block is
+    /// never found claimed: `strict` builds assert it. Elsewhere a claimed
+    /// block is waited for, so that a bug costs a wait, never a torn fold.
+    async fn take(inner: &Rc<Inner<D>>, oid: ObjectId) -> Option<(FoldClaim<D>, u32)> {
+        loop {
+            {
+                let mut st = inner.st.borrow_mut();
+                let block = st.index.block_of(&oid)?;
+                let other = st.folds.get(&block).map(|c| c.id);
+                crate::strict_assert!(
+                    other.is_none(),
+                    "object {oid}: block {block} already has fold plan {other:?} in flight"
+                );
+                if other.is_none() {
+                    st.next_fold_id += 1;
+                    let id = st.next_fold_id;
+                    let prev = st
+                        .folds
+                        .insert(block, FoldClaimState { id, writing: false });
+                    crate::strict_assert!(prev.is_none(), "block {block} claimed twice");
+                    let claim = FoldClaim {
+                        inner: inner.clone(),
+                        block,
+                        id,
+                    };
+                    return Some((claim, block));
+                }
+            }
+            inner.flush_done.wait().await;
+        }
+    }
+
+    /// Asserts that this claim still holds its block (a pair with `take`).
+    fn check_held(&self, st: &crate::store::State) {
+        let held = st.folds.get(&self.block).map(|c| c.id);
+        crate::strict_assert!(
+            held == Some(self.id),
+            "fold plan {} of block {} lost its claim (held by {held:?})",
+            self.id,
+            self.block
+        );
+    }
+}
+
+impl<D: BlockDev + 'static> Drop for FoldClaim<D> {
+    fn drop(&mut self) {
+        let mut st = self.inner.st.borrow_mut();
+        if st.folds.get(&self.block).is_some_and(|c| c.id == self.id) {
+            st.folds.remove(&self.block);
+        }
+        drop(st);
+        self.inner.flush_done.notify();
+    }
+}
+
 /// A computed fold: the new content of an object's dirty chunks.
-pub(crate) struct FoldPlan {
+pub(crate) struct FoldPlan<D: BlockDev + 'static> {
+    claim: FoldClaim<D>,
     oid: ObjectId,
     block: u32,
     top: u64,
@@ -320,14 +400,15 @@ pub(crate) struct FoldPlan {
     pairs: Vec<u32>,
 }
 
-impl FoldPlan {
+impl<D: BlockDev + 'static> FoldPlan<D> {
     fn bytes(&self) -> usize {
         self.runs.iter().map(|(_, b)| b.len()).sum()
     }
 }
 
-/// Computes the fold of `oid`'s overlays within `bound`: reads what it
-/// needs and checks it, touching nothing on disk.
+/// Computes the fold of `oid`'s overlays within `bound`: claims the
+/// object's block (waiting for any other plan of it to finish), reads what
+/// it needs and checks it, touching nothing on disk.
 ///
 /// A chunk only partly covered by overlays keeps its other sectors. Its old
 /// bytes must match the chunk's checksum — either as read (not folded yet)
@@ -340,20 +421,26 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
     oid: ObjectId,
     bound: Bound,
-) -> Result<Option<FoldPlan>> {
+) -> Result<Option<FoldPlan<D>>> {
     let g = &inner.g;
-    let (block, ovs) = {
+    if !inner.st.borrow().index.pending.contains_key(&oid) {
+        return Ok(None);
+    }
+    let Some((claim, block)) = FoldClaim::take(inner, oid).await else {
+        return Ok(None);
+    };
+    // With the claim held, the overlays and checksums snapshotted here are
+    // the only fold of this block in flight.
+    let ovs: Vec<Overlay> = {
         let st = inner.st.borrow();
-        let (Some(p), Some(b)) = (st.index.pending.get(&oid), st.index.block_of(&oid)) else {
+        let Some(p) = st.index.pending.get(&oid) else {
             return Ok(None);
         };
-        let ovs: Vec<Overlay> = p
-            .overlays
+        p.overlays
             .iter()
             .filter(|o| bound.takes(o))
             .cloned()
-            .collect();
-        (b, ovs)
+            .collect()
     };
     if ovs.is_empty() {
         return Ok(None);
@@ -422,6 +509,7 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
     }
     let top = ovs.iter().map(|o| o.version).max().expect("non-empty");
     Ok(Some(FoldPlan {
+        claim,
         oid,
         block,
         top,
@@ -433,14 +521,17 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
 }
 
 /// Writes planned folds in place and records them in the index. Readers of
-/// these objects wait meanwhile (their blocks change under them).
+/// these blocks wait meanwhile (their content changes under them).
 pub(crate) async fn apply_folds<D: BlockDev + 'static>(
     inner: &Rc<Inner<D>>,
-    plans: Vec<FoldPlan>,
+    plans: Vec<FoldPlan<D>>,
 ) -> Result<()> {
     {
         let mut st = inner.st.borrow_mut();
-        st.flushing.extend(plans.iter().map(|p| p.oid));
+        for p in &plans {
+            p.claim.check_held(&st);
+            st.folds.get_mut(&p.block).expect("claim held").writing = true;
+        }
     }
     inner.bump_epoch();
     let mut plans = plans;
@@ -449,11 +540,14 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
         .flat_map(|p| std::mem::take(&mut p.runs))
         .collect();
     let result = write_pages(inner, writes).await;
-    let mut st = inner.st.borrow_mut();
     if result.is_ok() {
-        for p in plans {
-            st.csum.set(p.block, p.csums.into_boxed_slice());
-            let folded = st.index.retain_overlays(&p.oid, |o| !p.bound.takes(o));
+        let mut st = inner.st.borrow_mut();
+        for p in &mut plans {
+            p.claim.check_held(&st);
+            st.csum
+                .set(p.block, std::mem::take(&mut p.csums).into_boxed_slice());
+            let bound = p.bound;
+            let folded = st.index.retain_overlays(&p.oid, |o| !bound.takes(o));
             if st.index.block_of(&p.oid) == Some(p.block)
                 && st.index.blocks[p.block as usize].version.get() < p.top
             {
@@ -462,10 +556,10 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
             st.stats.flushed_overlays += folded as u64;
         }
     }
-    st.flushing.clear();
-    drop(st);
+    // Dropping the plans (on either path) releases their claims and wakes
+    // the readers and planners waiting for these blocks.
+    drop(plans);
     inner.bump_epoch();
-    inner.flush_done.notify();
     result
 }
 
@@ -542,7 +636,7 @@ async fn fold_all<D: BlockDev + 'static>(
 /// be missing or torn), before the store serves anything.
 pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<()> {
     let folds = std::mem::take(&mut inner.st.borrow_mut().replay_folds);
-    let mut last: Vec<(ObjectId, u64)> = Vec::new();
+    let mut last: crate::index::OidMap<u64> = Default::default();
     for f in folds {
         if inner.st.borrow().index.block_of(&f.oid) != Some(f.block) {
             continue;
@@ -551,15 +645,16 @@ pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>
         for p in f.pairs.chunks_exact(2) {
             cs[p[0] as usize] = p[1];
         }
-        inner
-            .st
-            .borrow_mut()
-            .csum
-            .set(f.block, cs.into_boxed_slice());
-        match last.iter_mut().find(|(o, _)| *o == f.oid) {
-            Some(e) => e.1 = e.1.max(f.version),
-            None => last.push((f.oid, f.version)),
-        }
+        let mut st = inner.st.borrow_mut();
+        // Nothing else folds while open redoes (the checkpointer starts
+        // after): no plan can hold checksums this patch would outdate.
+        crate::strict_assert!(
+            st.folds.is_empty(),
+            "a fold plan is in flight during the redo at open"
+        );
+        st.csum.set(f.block, cs.into_boxed_slice());
+        let top = last.entry(f.oid).or_default();
+        *top = (*top).max(f.version);
     }
     let mut plans = Vec::new();
     for (oid, v) in last {

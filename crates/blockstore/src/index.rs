@@ -40,7 +40,6 @@ impl Hasher for OidHasher {
 }
 
 pub type OidMap<V> = HashMap<ObjectId, V, BuildHasherDefault<OidHasher>>;
-pub type OidSet = std::collections::HashSet<ObjectId, BuildHasherDefault<OidHasher>>;
 
 /// Journal data that is newer than the object's block.
 #[derive(Clone, Debug)]

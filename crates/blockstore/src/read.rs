@@ -33,10 +33,10 @@ impl<D: BlockDev + 'static> Inner<D> {
             let epoch = self.epoch.get();
             let plan = {
                 let st = self.st.borrow();
-                if st.flushing.contains(&oid) {
+                let block = st.index.block_of(&oid).ok_or(Error::NotFound(oid))?;
+                if st.folds.get(&block).is_some_and(|c| c.writing) {
                     None
                 } else {
-                    let block = st.index.block_of(&oid).ok_or(Error::NotFound(oid))?;
                     let end = offset + len;
                     let ovs: Vec<Overlay> = st
                         .index

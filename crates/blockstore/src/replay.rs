@@ -363,7 +363,8 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         big_inflight: 0,
         failed: None,
         closing: false,
-        flushing: Default::default(),
+        folds: Default::default(),
+        next_fold_id: 0,
         replay_folds: Vec::new(),
         stats: Stats::default(),
     };

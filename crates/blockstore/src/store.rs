@@ -222,9 +222,11 @@ pub(crate) struct State {
     pub big_inflight: usize,
     pub failed: Option<String>,
     pub closing: bool,
-    /// Objects whose blocks the checkpointer is rewriting in place; reads
-    /// of them wait for `flush_done`.
-    pub flushing: crate::index::OidSet,
+    /// Blocks claimed by a fold plan in flight, one plan per block (see
+    /// `checkpoint::FoldClaim`); reads of a block whose fold is writing in
+    /// place wait for `flush_done`.
+    pub folds: std::collections::HashMap<u32, crate::checkpoint::FoldClaimState>,
+    pub next_fold_id: u64,
     /// Folds met during replay, in journal order (empty once open).
     pub replay_folds: Vec<ReplayFold>,
     pub stats: Stats,
@@ -245,7 +247,7 @@ pub(crate) struct Inner<D: BlockDev> {
     pub ckpt_done: Notify,
     /// A batch was applied to the index (or an op was queued or withdrawn).
     pub applied: Notify,
-    /// The checkpointer finished rewriting an object's block.
+    /// A fold plan released its block (its rewrite is done or abandoned).
     pub flush_done: Notify,
     /// Raised around every change that can invalidate a read in flight
     /// (in-place folding, journal trimming, block release); reads that see
@@ -281,17 +283,29 @@ impl<D: BlockDev + 'static> Store<D> {
     pub async fn open(dev: D, opts: StoreOptions) -> Result<(Store<D>, OpenReport)> {
         let (inner, report) = crate::replay::open(dev, opts).await?;
         let inner = Rc::new(inner);
-        let tasks = vec![
+        let mut tasks = vec![
             rt::spawn(crate::writer::journal_task(inner.clone())),
             rt::spawn(crate::writer::sync_task(inner.clone())),
-            rt::spawn(crate::checkpoint::checkpoint_task(inner.clone())),
         ];
         // Replay made everything it applied durable; a header must say so
         // before any block it freed is reused or any fold rewrites a block
         // (else a later replay would check old full-block records against
         // the new content and stop there).
-        inner.sync_barrier(true).await?;
-        crate::checkpoint::redo_replay_folds(&inner).await?;
+        let redone = async {
+            inner.sync_barrier(true).await?;
+            crate::checkpoint::redo_replay_folds(&inner).await
+        };
+        if let Err(e) = redone.await {
+            // The writer and syncer stop once their queues are empty.
+            inner.st.borrow_mut().closing = true;
+            inner.journal_kick.notify();
+            return Err(e);
+        }
+        // Only now may anything else plan a fold: the checkpointer would
+        // otherwise fold the same blocks as the redo, from checksums the
+        // redo has not patched yet.
+        crate::strict_assert!(inner.st.borrow().folds.is_empty());
+        tasks.push(rt::spawn(crate::checkpoint::checkpoint_task(inner.clone())));
         Ok((Store(inner, Rc::new(RefCell::new(tasks))), report))
     }
 
@@ -504,13 +518,29 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     /// A repeat of a version already taken: done once that op has finished
-    /// and, if asked, is durable.
-    async fn repeat(&self, oid: &ObjectId, durable: bool) -> Result<()> {
+    /// and, if asked, is durable — if it happened. `Ok(false)` when the op
+    /// it repeats was withdrawn (say `NoSpace`) and left the object older
+    /// than `version`: then this is a new attempt, to be admitted afresh.
+    async fn repeat(
+        &self,
+        oid: &ObjectId,
+        version: u64,
+        kind: Admit,
+        durable: bool,
+    ) -> Result<bool> {
         self.wait_idle(oid).await?;
+        let stored = self.st.borrow().index.version(oid);
+        let happened = match kind {
+            Admit::Delete => stored.is_none_or(|v| v >= version),
+            Admit::Full | Admit::Partial => stored.is_some_and(|v| v >= version),
+        };
+        if !happened {
+            return Ok(false);
+        }
         if durable {
             self.sync().await?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Admits an op on `oid`: checks its version, waits while it must not
@@ -588,8 +618,12 @@ impl<D: BlockDev + 'static> Inner<D> {
         let len = data.len() as u32;
         let full = offset == 0 && len == self.g.block_bytes;
         let kind = if full { Admit::Full } else { Admit::Partial };
-        let Some(has_block) = self.admit(oid, version, kind).await? else {
-            return self.repeat(&oid, durable).await;
+        let has_block = loop {
+            match self.admit(oid, version, kind).await? {
+                Some(has_block) => break has_block,
+                None if self.repeat(&oid, version, kind, durable).await? => return Ok(()),
+                None => continue,
+            }
         };
         let (tx, rx) = oneshot();
         if full || !has_block {
@@ -667,8 +701,12 @@ impl<D: BlockDev + 'static> Inner<D> {
         if self.current_version(&oid).is_none() {
             return Err(Error::NotFound(oid));
         }
-        if self.admit(oid, version, Admit::Delete).await?.is_none() {
-            return self.repeat(&oid, true).await;
+        loop {
+            match self.admit(oid, version, Admit::Delete).await? {
+                Some(_) => break,
+                None if self.repeat(&oid, version, Admit::Delete, true).await? => return Ok(()),
+                None => continue,
+            }
         }
         if self.st.borrow().index.version(&oid).is_none() {
             self.withdraw(&oid);

@@ -225,6 +225,50 @@ fn full_store_reports_no_space_and_recovers_after_deletes() {
     });
 }
 
+/// A write refused with NoSpace leaves nothing behind: the same version
+/// tried again (the client's retry) is a new attempt, never taken as a
+/// repeat of a write that happened — also while another write of the
+/// object is still in flight.
+#[test]
+fn a_retry_after_no_space_is_not_a_repeat() {
+    block_on(async {
+        let dev = FaultDev::new(16 * MIB, 512);
+        dev.set_yields(4);
+        let s = fresh(&dev, 64 << 10).await;
+        let mut n = 0u64;
+        while s
+            .write(ObjectId::new(3, n), 1, 0, pattern(1, 64 << 10))
+            .await
+            .is_ok()
+        {
+            n += 1;
+        }
+        let o = ObjectId::new(3, 0);
+        // A small write in flight, then a whole-block write that finds no
+        // free block, then its retry while the small one is still in flight.
+        let small = {
+            let s = s.clone();
+            nacre_io::rt::spawn(async move { s.write(o, 2, 0, pattern(2, 4096)).await })
+        };
+        nacre_io::rt::yield_now().await;
+        assert!(matches!(
+            s.write(o, 3, 0, pattern(3, 64 << 10)).await,
+            Err(Error::NoSpace)
+        ));
+        let retry = s.write(o, 3, 0, pattern(3, 64 << 10)).await;
+        small.await.unwrap();
+        match retry {
+            Err(Error::NoSpace) => {}
+            Ok(()) => assert!(
+                s.read(o, 0, 64 << 10).await.unwrap()[..] == pattern(3, 64 << 10)[..],
+                "the retry was acknowledged without being written"
+            ),
+            Err(e) => panic!("retry: {e}"),
+        }
+        assert_eq!(s.version(o), Some(if retry.is_ok() { 3 } else { 2 }));
+    });
+}
+
 #[test]
 fn journal_wraps_many_times() {
     block_on(async {

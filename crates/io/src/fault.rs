@@ -112,6 +112,15 @@ impl FaultDev {
         (FaultDev::from_image(image, self.0.align), report)
     }
 
+    /// Kills the process (`kill -9`), not the machine: this device fails
+    /// every later op with EIO, and the returned device holds every write
+    /// that completed, synced or not (the page cache survives). Writes
+    /// still in flight never land.
+    pub fn kill(&self) -> FaultDev {
+        self.0.dead.set(true);
+        FaultDev::from_image(self.0.now.borrow().clone(), self.0.align)
+    }
+
     /// Fails reads and/or writes that touch `[offset, offset + len)` with EIO.
     pub fn fail_range(&self, offset: u64, len: u64, reads: bool, writes: bool) {
         self.0.eio.borrow_mut().push(EioRange {
