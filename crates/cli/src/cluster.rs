@@ -31,6 +31,8 @@ pub struct UpOpts {
     pub dir: PathBuf,
     pub osds: u32,
     pub osd_size_bytes: u64,
+    /// Journal size of each new OSD store (`None`: the store's default).
+    pub journal_bytes: Option<u64>,
     pub replicas: u8,
     pub nbd: Addr,
 }
@@ -253,6 +255,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
                 size_bytes: o.osd_size_bytes,
                 addr: r.addr.parse().map_err(anyhow::Error::msg)?,
                 object_bytes: pool.object_bytes,
+                journal_bytes: o.journal_bytes,
                 direct,
             };
             workers.push(spawn_osd(cfg, osd_map.clone(), tx.clone())?);

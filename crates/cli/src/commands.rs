@@ -48,6 +48,7 @@ pub fn up(
     osd_size: u64,
     replicas: u8,
     nbd: Option<String>,
+    journal_bytes: Option<u64>,
 ) -> anyhow::Result<()> {
     let nbd: Addr = match nbd {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,
@@ -58,6 +59,7 @@ pub fn up(
         dir: dir.clone(),
         osds,
         osd_size_bytes: osd_size,
+        journal_bytes,
         replicas,
         nbd: nbd.clone(),
     };
@@ -227,6 +229,33 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Health checks for OSDs that hold damaged data: reads that failed their
+/// checksum, or a journal whose replay stopped before its end. Until
+/// replicas repair each other, the operator must be told which OSD it is.
+fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for (id, v) in stats {
+        let Some(v) = v else { continue };
+        let n = v["damaged_reads"].as_u64().unwrap_or(0);
+        if n > 0 {
+            let last = v["last_damage"].as_str().unwrap_or("?");
+            out.push(serde_json::json!({
+                "code": "OSD_DAMAGED",
+                "osd": id,
+                "message": format!("osd.{id} holds damaged data: {n} reads failed their checksum since it started and were refused with EIO (last: {last})")
+            }));
+        }
+        if let Some(why) = v["replay_stopped"].as_str() {
+            out.push(serde_json::json!({
+                "code": "OSD_JOURNAL_DAMAGED",
+                "osd": id,
+                "message": format!("osd.{id}: journal replay stopped before its end at open: {why}")
+            }));
+        }
+    }
+    out
+}
+
 pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     let meta = remote(dir)?;
     let (m, stats) = rt::block_on(async {
@@ -248,7 +277,8 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
         }
     }
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
-    let health = if inactive > 0 {
+    let checks = damage_checks(&stats);
+    let health = if inactive > 0 || !checks.is_empty() {
         "HEALTH_ERR"
     } else if degraded > 0 || up_count < m.osds.len() {
         "HEALTH_WARN"
@@ -262,6 +292,7 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     let vols = map::list_volumes(&*meta)?;
     let json = serde_json::json!({
         "health": health,
+        "checks": checks,
         "osds": {"total": m.osds.len(), "up": up_count},
         "pgs": {"total": pg.pg_count(), "active_clean": clean, "degraded": degraded, "inactive": inactive},
         "capacity": {"total_bytes": sum("capacity_bytes"), "used_bytes": sum("used_bytes"), "objects": sum("objects")},
@@ -275,6 +306,13 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
         Format::Json => println!("{}", serde_json::to_string_pretty(&json)?),
         Format::Table => {
             println!("health    {health}");
+            for ch in &checks {
+                println!(
+                    "          {}: {}",
+                    ch["code"].as_str().unwrap_or(""),
+                    ch["message"].as_str().unwrap_or("")
+                );
+            }
             println!("osds      {} total, {up_count} up", m.osds.len());
             println!(
                 "pgs       {} total: {clean} active+clean, {degraded} degraded, {inactive} inactive",
@@ -503,6 +541,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             dir: dir.clone(),
             osds: a.osds,
             osd_size_bytes: osd_size,
+            journal_bytes: None,
             replicas: a.replicas,
             nbd: Addr::Unix(dir.join("nbd.sock")),
         };

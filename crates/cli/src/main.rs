@@ -43,6 +43,11 @@ enum Cmd {
         /// Where the NBD gateway listens (default unix:DIR/nbd.sock).
         #[arg(long)]
         nbd: Option<String>,
+        /// Journal size of each OSD's store when it is created (default
+        /// 1/64 of the OSD, 64 MiB..1 GiB). A small journal folds and
+        /// checkpoints often.
+        #[arg(long, value_parser = args::parse_size)]
+        journal_size: Option<u64>,
     },
     /// Volumes of the cluster running in DIR.
     Volume {
@@ -152,7 +157,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             osd_size,
             replicas,
             nbd,
-        } => commands::up(dir, osds, osd_size, replicas, nbd),
+            journal_size,
+        } => commands::up(dir, osds, osd_size, replicas, nbd, journal_size),
         Cmd::Volume { cmd } => commands::volume(cmd),
         Cmd::Status { dir, format } => commands::status(&dir, format),
         Cmd::Bench(a) => commands::bench(a),

@@ -55,6 +55,8 @@ pub struct OsdConfig {
     pub size_bytes: u64,
     pub addr: Addr,
     pub object_bytes: u32,
+    /// Journal size of a new store (the store's default if `None`).
+    pub journal_bytes: Option<u64>,
     /// O_DIRECT (off only on file systems that refuse it, e.g. tmpfs).
     pub direct: bool,
 }
@@ -129,6 +131,7 @@ impl Osd {
         if new {
             let fo = FormatOptions {
                 block_bytes: cfg.object_bytes,
+                journal_bytes: cfg.journal_bytes,
                 ..FormatOptions::default()
             };
             DevStore::format(&dev, &fo).await?;
@@ -148,6 +151,14 @@ impl Osd {
             store.object_count(),
             report.records_replayed
         );
+        if let Some(why) = &report.replay_stopped {
+            tracing::error!(
+                "osd.{}: journal replay stopped before its end: {why}",
+                cfg.id
+            );
+        }
+        let stats = OsdStats::default();
+        stats.set_replay_stopped(report.replay_stopped);
         Ok(Rc::new(Osd {
             id: cfg.id,
             store,
@@ -158,7 +169,7 @@ impl Osd {
             burnt: RefCell::new(HashMap::new()),
             done: RefCell::new(ReqCache::default()),
             client_id: (1 << 63) | u64::from(cfg.id),
-            stats: OsdStats::default(),
+            stats,
         }))
     }
 
@@ -388,7 +399,17 @@ impl Handler for Osd {
                         self.stats.read_done(t, buf.len());
                         (h.reply(Status::Ok).with_payload(&buf), Some(buf))
                     }
-                    Err(e) => (h.reply(status_of(&e)), None),
+                    Err(e) => {
+                        if let StoreError::Corrupt(why) = &e {
+                            tracing::error!(
+                                "osd.{}: object {} holds damaged data: {why}",
+                                self.id,
+                                h.oid
+                            );
+                            self.stats.damaged(format!("object {}: {why}", h.oid));
+                        }
+                        (h.reply(status_of(&e)), None)
+                    }
                 }
             }
             Op::Write | Op::Delete => {

@@ -1,7 +1,7 @@
 //! An OSD's counters: client ops served as primary, replica ops, bytes,
 //! latency sums, and rates over the last completed second.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
 use nacre_blockstore::Store;
@@ -21,6 +21,11 @@ pub struct OsdStats {
     /// rates of the last complete one.
     window: Cell<Option<(Instant, [u64; 4])>>,
     rates: Cell<[f64; 4]>,
+    /// Reads that failed their checksum, and what the last one said.
+    damaged_reads: Cell<u64>,
+    last_damage: RefCell<Option<String>>,
+    /// Why the store's journal replay stopped before its end at open.
+    replay_stopped: RefCell<Option<String>>,
 }
 
 /// What `Op::Stat` answers (JSON).
@@ -41,6 +46,17 @@ pub struct OsdReport {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub objects: u64,
+    /// Reads that failed their checksum here since the OSD started: this
+    /// OSD holds damaged data (until replicas repair each other, the
+    /// operator must know).
+    #[serde(default)]
+    pub damaged_reads: u64,
+    #[serde(default)]
+    pub last_damage: Option<String>,
+    /// Replay of the store's journal stopped before its end at open
+    /// (damage in the journal, not a torn tail).
+    #[serde(default)]
+    pub replay_stopped: Option<String>,
 }
 
 fn add(c: &Cell<u64>, n: u64) {
@@ -64,6 +80,16 @@ impl OsdStats {
         add(&self.write_bytes, bytes as u64);
         add(&self.write_us_sum, t.elapsed().as_micros() as u64);
         self.tick();
+    }
+
+    /// A read found data that failed its checksum.
+    pub fn damaged(&self, what: String) {
+        add(&self.damaged_reads, 1);
+        *self.last_damage.borrow_mut() = Some(what);
+    }
+
+    pub fn set_replay_stopped(&self, why: Option<String>) {
+        *self.replay_stopped.borrow_mut() = why;
     }
 
     pub fn replica_done(&self) {
@@ -128,6 +154,9 @@ impl OsdStats {
             capacity_bytes: sp.total_bytes,
             used_bytes: sp.used_bytes,
             objects: store.object_count() as u64,
+            damaged_reads: self.damaged_reads.get(),
+            last_damage: self.last_damage.borrow().clone(),
+            replay_stopped: self.replay_stopped.borrow().clone(),
         }
     }
 }

@@ -59,6 +59,7 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
                 size_bytes: 160 << 20,
                 addr: addrs[&o.id].clone(),
                 object_bytes: pool.object_bytes,
+                journal_bytes: None,
                 direct: true,
             };
             let map = OsdMap {
