@@ -6,8 +6,13 @@
 //! Buffers of power-of-two capacity return to a per-thread pool when dropped,
 //! so the data path does not hit the allocator once it is warm.
 //!
-//! A buffer from [`AlignedBuf::new`] holds whatever its previous user left
-//! in it (never bytes from another process); [`AlignedBuf::zeroed`] clears it.
+//! Every byte of every buffer is initialised memory, so handing out `&[u8]`
+//! over it is sound: a block fresh from the allocator is zeroed
+//! (`alloc_zeroed`, which costs nothing for the large blocks the kernel
+//! maps in zeroed), and a pooled one keeps its previous user's bytes. So a
+//! buffer from [`AlignedBuf::new`] holds zeros or what a previous user of
+//! this thread left in it (never bytes from another process);
+//! [`AlignedBuf::zeroed`] clears it.
 
 use std::alloc::{self, Layout};
 use std::cell::RefCell;
@@ -63,8 +68,10 @@ impl AlignedBuf {
             }
         }
         let layout = Layout::from_size_align(cap, BUF_ALIGN).expect("buffer layout");
-        // SAFETY: layout has a non-zero size.
-        let raw = unsafe { alloc::alloc(layout) };
+        // SAFETY: layout has a non-zero size. Zeroed, because `Deref` hands
+        // out the bytes as `&[u8]`, which must never cover uninitialised
+        // memory.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
         AlignedBuf { ptr, len, cap }
     }
@@ -134,8 +141,8 @@ impl Drop for AlignedBuf {
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: ptr is valid for cap >= len bytes; all bytes are initialised
-        // memory (possibly stale), which is fine for u8.
+        // SAFETY: ptr is valid for cap >= len bytes, and all of them are
+        // initialised: zeroed at allocation, written only through `&mut`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -170,5 +177,35 @@ mod tests {
         assert_eq!(b.as_ptr(), p, "a dropped buffer is reused");
         let big = AlignedBuf::new(9 << 20);
         assert_eq!(big.as_ptr() as usize % BUF_ALIGN, 0);
+    }
+
+    /// A buffer fresh from the allocator is initialised (zeros), even where
+    /// the allocator recycles memory a previous owner filled: `Deref` must
+    /// never show uninitialised bytes. Runs on its own thread so that the
+    /// pool is empty.
+    #[test]
+    fn fresh_buffers_are_initialised() {
+        std::thread::spawn(|| {
+            for _ in 0..64 {
+                let layout = Layout::from_size_align(16384, BUF_ALIGN).unwrap();
+                // SAFETY: non-zero size; freed right after with the same layout.
+                unsafe {
+                    let p = alloc::alloc(layout);
+                    std::ptr::write_bytes(p, 0xa5, 16384);
+                    // Keep the stores: a write right before a free is dead.
+                    std::hint::black_box(std::slice::from_raw_parts(p, 16384));
+                    alloc::dealloc(p, layout);
+                }
+                let b = AlignedBuf::new(16384);
+                assert!(
+                    b.iter().all(|&x| x == 0),
+                    "a fresh buffer shows stale bytes"
+                );
+                // Keep it out of the pool so the next round allocates again.
+                std::mem::forget(b);
+            }
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -7,7 +7,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use io_uring::{opcode, types};
@@ -87,6 +87,66 @@ fn block_dev_size(file: &File) -> io::Result<u64> {
     Ok(size)
 }
 
+/// How long a lock held by a process that no longer exists may take to go:
+/// after `kill -9` the kernel closes a dead process's files only once its
+/// io_uring has finished the I/O it had in flight.
+const LOCK_DEAD_HOLDER_WAIT_MS: u64 = 10_000;
+const LOCK_RETRY_MS: u64 = 20;
+
+/// Takes an exclusive `flock` on `file`. Held by a live process: an error
+/// naming it, at once. Held by a process that has died (its io_uring still
+/// tearing down) or by one we cannot identify: waits up to
+/// `LOCK_DEAD_HOLDER_WAIT_MS` for the kernel to release it.
+fn lock_exclusive(file: &File, path: &Path) -> io::Result<()> {
+    let t0 = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on our own fd.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display())));
+        }
+        let holder = file.metadata().ok().and_then(|m| flock_holder(m.ino()));
+        let live = holder.filter(|&pid| process_alive(pid));
+        if live.is_some() || t0.elapsed().as_millis() as u64 >= LOCK_DEAD_HOLDER_WAIT_MS {
+            let who = match live.or(holder) {
+                Some(pid) => format!("in use by another process (pid {pid})"),
+                None => "in use by another process".to_string(),
+            };
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{}: {who}", path.display()),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
+    }
+}
+
+/// The pid `/proc/locks` names for an flock on inode `ino`, if any.
+fn flock_holder(ino: u64) -> Option<u32> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        // "1: FLOCK  ADVISORY  WRITE 4242 08:01:123456 0 EOF"
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let inode = f.get(5)?.rsplit(':').next()?.parse::<u64>().ok()?;
+        (f.get(1) == Some(&"FLOCK") && inode == ino).then(|| f.get(4)?.parse().ok())?
+    })
+}
+
+/// Whether `pid` is a process that still runs (not gone, not a zombie).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
 impl FileDev {
     /// Opens `path`; must be called inside [`rt::block_on`].
     pub fn open(path: &Path, flags: &OpenFlags) -> io::Result<FileDev> {
@@ -103,19 +163,7 @@ impl FileDev {
             .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;
         // One user at a time: a second store (or benchmark) on the same
         // file would overwrite the first one's data under it.
-        // SAFETY: flock on our own fd.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            let why = if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                "in use by another process".to_string()
-            } else {
-                e.to_string()
-            };
-            return Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!("{}: {why}", path.display()),
-            ));
-        }
+        lock_exclusive(&file, path)?;
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
         let size = if is_block {
@@ -373,10 +421,30 @@ mod tests {
             let e = FileDev::open(&path, &flags)
                 .err()
                 .expect("second open must fail");
-            assert!(e.to_string().contains("in use"), "{e}");
+            // Held by a live process (this one): refused at once, naming it.
+            let me = std::process::id();
+            assert!(
+                e.to_string()
+                    .contains(&format!("in use by another process (pid {me})")),
+                "{e}"
+            );
             drop(first);
             FileDev::open(&path, &flags).unwrap();
         });
+    }
+
+    #[test]
+    fn lock_holders_are_found_and_judged() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::create(dir.path().join("l")).unwrap();
+        // SAFETY: flock on our own fd.
+        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let ino = f.metadata().unwrap().ino();
+        assert_eq!(flock_holder(ino), Some(std::process::id()));
+        assert!(process_alive(std::process::id()));
+        // No such process. (Not a child we spawn: a fork would hold the
+        // other tests' locked files until its exec.)
+        assert!(!process_alive(u32::MAX));
     }
 
     #[test]
