@@ -188,17 +188,27 @@ async fn write_pages<D: BlockDev + 'static>(
         while inflight.len() >= window {
             let h: rt::JoinHandle<std::io::Result<()>> =
                 inflight.pop_front().expect("window is full");
-            h.await?;
+            if let Err(e) = h.await {
+                // Let the writes already sent land before the caller
+                // releases the blocks they write (readers would see them).
+                for h in inflight {
+                    let _ = h.await;
+                }
+                return Err(e.into());
+            }
         }
         let this = inner.clone();
         inflight.push_back(rt::spawn(async move {
             this.dev.write_at(buf, pos).await.map(drop)
         }));
     }
+    let mut result = Ok(());
     for h in inflight {
-        h.await?;
+        if let Err(e) = h.await {
+            result = Err(e.into());
+        }
     }
-    Ok(())
+    result
 }
 
 async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<()> {
@@ -328,39 +338,40 @@ pub(crate) struct FoldClaimState {
 }
 
 impl<D: BlockDev + 'static> FoldClaim<D> {
-    /// Claims the block `oid` lives in. `None` if the object has no block.
+    /// Claims the block `oid` lives in. `Ok(None)` if the object has no
+    /// block.
     ///
     /// Folds are planned by one task at a time (the redo at open, then the
-    /// checkpointer, which plans each group's objects once), so a block is
-    /// never found claimed: `strict` builds assert it. Elsewhere a claimed
-    /// block is waited for, so that a bug costs a wait, never a torn fold.
-    async fn take(inner: &Rc<Inner<D>>, oid: ObjectId) -> Option<(FoldClaim<D>, u32)> {
-        loop {
-            {
-                let mut st = inner.st.borrow_mut();
-                let block = st.index.block_of(&oid)?;
-                let other = st.folds.get(&block).map(|c| c.id);
-                crate::strict_assert!(
-                    other.is_none(),
-                    "object {oid}: block {block} already has fold plan {other:?} in flight"
-                );
-                if other.is_none() {
-                    st.next_fold_id += 1;
-                    let id = st.next_fold_id;
-                    let prev = st
-                        .folds
-                        .insert(block, FoldClaimState { id, writing: false });
-                    crate::strict_assert!(prev.is_none(), "block {block} claimed twice");
-                    let claim = FoldClaim {
-                        inner: inner.clone(),
-                        block,
-                        id,
-                    };
-                    return Some((claim, block));
-                }
-            }
-            inner.flush_done.wait().await;
+    /// checkpointer, which plans each group's objects once and applies a
+    /// group before planning the next), so a block is never found claimed:
+    /// `strict` builds assert it, and other builds fail the fold (which
+    /// stops the store's writes) rather than wait — the claim may belong to
+    /// the very group that is waiting, and folding anyway could tear data.
+    fn take(inner: &Rc<Inner<D>>, oid: ObjectId) -> Result<Option<(FoldClaim<D>, u32)>> {
+        let mut st = inner.st.borrow_mut();
+        let Some(block) = st.index.block_of(&oid) else {
+            return Ok(None);
+        };
+        if let Some(other) = st.folds.get(&block) {
+            crate::strict_assert!(
+                false,
+                "object {oid}: block {block} already has fold plan {} in flight",
+                other.id
+            );
+            return Err(Error::Failed(format!(
+                "object {oid}: block {block} already has a fold in flight"
+            )));
         }
+        st.next_fold_id += 1;
+        let id = st.next_fold_id;
+        st.folds
+            .insert(block, FoldClaimState { id, writing: false });
+        let claim = FoldClaim {
+            inner: inner.clone(),
+            block,
+            id,
+        };
+        Ok(Some((claim, block)))
     }
 
     /// Asserts that this claim still holds its block (a pair with `take`).
@@ -426,7 +437,7 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
     if !inner.st.borrow().index.pending.contains_key(&oid) {
         return Ok(None);
     }
-    let Some((claim, block)) = FoldClaim::take(inner, oid).await else {
+    let Some((claim, block)) = FoldClaim::take(inner, oid)? else {
         return Ok(None);
     };
     // With the claim held, the overlays and checksums snapshotted here are
@@ -563,6 +574,23 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
     result
 }
 
+/// Waits for every planning task (also after one failed, so that no plan,
+/// and no claim, outlives the group) and adds their plans to `plans`.
+async fn collect_plans<D: BlockDev + 'static>(
+    planning: Vec<rt::JoinHandle<Result<Option<FoldPlan<D>>>>>,
+    plans: &mut Vec<FoldPlan<D>>,
+) -> Result<()> {
+    let mut result = Ok(());
+    for h in planning {
+        match h.await {
+            Ok(Some(p)) => plans.push(p),
+            Ok(None) => {}
+            Err(e) => result = result.and(Err(e)),
+        }
+    }
+    result
+}
+
 /// Folds every object's overlays before `j`, journaling each group of folds
 /// (durably) before writing it in place.
 async fn fold_all<D: BlockDev + 'static>(
@@ -574,7 +602,6 @@ async fn fold_all<D: BlockDev + 'static>(
     while oids.peek().is_some() {
         // Plan a group concurrently (each plan may read from the disk).
         let mut plans = Vec::new();
-        let mut bytes = 0;
         let mut planning = Vec::new();
         for oid in oids.by_ref() {
             let this = inner.clone();
@@ -582,22 +609,14 @@ async fn fold_all<D: BlockDev + 'static>(
                 plan_fold(&this, oid, Bound::Before(j)).await
             }));
             if planning.len() >= FOLD_PLANS_INFLIGHT_MAX {
-                for h in planning.drain(..) {
-                    if let Some(p) = h.await? {
-                        bytes += p.bytes();
-                        plans.push(p);
-                    }
-                }
+                collect_plans(std::mem::take(&mut planning), &mut plans).await?;
+                let bytes: usize = plans.iter().map(FoldPlan::bytes).sum();
                 if plans.len() >= FOLD_GROUP_OBJECTS_MAX || bytes >= FOLD_GROUP_BYTES_MAX {
                     break;
                 }
             }
         }
-        for h in planning {
-            if let Some(p) = h.await? {
-                plans.push(p);
-            }
-        }
+        collect_plans(planning, &mut plans).await?;
         if plans.is_empty() {
             continue;
         }

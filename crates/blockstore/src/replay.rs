@@ -365,6 +365,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         closing: false,
         folds: Default::default(),
         next_fold_id: 0,
+        withdrawn: Default::default(),
         replay_folds: Vec::new(),
         stats: Stats::default(),
     };

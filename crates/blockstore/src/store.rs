@@ -227,6 +227,9 @@ pub(crate) struct State {
     /// place wait for `flush_done`.
     pub folds: std::collections::HashMap<u32, crate::checkpoint::FoldClaimState>,
     pub next_fold_id: u64,
+    /// Per object, the newest write version withdrawn before it reached
+    /// the journal (`NoSpace`): a repeat of it is a new attempt.
+    pub withdrawn: OidMap<u64>,
     /// Folds met during replay, in journal order (empty once open).
     pub replay_folds: Vec<ReplayFold>,
     pub stats: Stats,
@@ -271,6 +274,8 @@ impl<D: BlockDev + 'static> Clone for Store<D> {
 /// Reads attempt at most this many times when concurrent maintenance moves
 /// the data under them.
 pub(crate) const READ_RETRY_MAX: u32 = 64;
+/// Withdrawn writes remembered for their repeats (see `Inner::repeat`).
+const WITHDRAWN_MAX: usize = 65_536;
 
 impl<D: BlockDev + 'static> Store<D> {
     /// Formats `dev` as an empty store (destroying what it held).
@@ -517,25 +522,19 @@ impl<D: BlockDev + 'static> Inner<D> {
         }
     }
 
-    /// A repeat of a version already taken: done once that op has finished
-    /// and, if asked, is durable — if it happened. `Ok(false)` when the op
-    /// it repeats was withdrawn (say `NoSpace`) and left the object older
-    /// than `version`: then this is a new attempt, to be admitted afresh.
-    async fn repeat(
-        &self,
-        oid: &ObjectId,
-        version: u64,
-        kind: Admit,
-        durable: bool,
-    ) -> Result<bool> {
+    /// A repeat of a write version already taken: done once that write has
+    /// finished and, if asked, is durable. `Ok(false)` when the write it
+    /// repeats was withdrawn (`NoSpace`): then this is a new attempt, to be
+    /// admitted afresh. Only a recorded withdrawal says so — not the stored
+    /// version, which a delete admitted meanwhile may have removed.
+    async fn repeat(&self, oid: &ObjectId, version: u64, durable: bool) -> Result<bool> {
         self.wait_idle(oid).await?;
-        let stored = self.st.borrow().index.version(oid);
-        let happened = match kind {
-            Admit::Delete => stored.is_none_or(|v| v >= version),
-            Admit::Full | Admit::Partial => stored.is_some_and(|v| v >= version),
-        };
-        if !happened {
-            return Ok(false);
+        {
+            let mut st = self.st.borrow_mut();
+            if st.withdrawn.get(oid) == Some(&version) {
+                st.withdrawn.remove(oid);
+                return Ok(false);
+            }
         }
         if durable {
             self.sync().await?;
@@ -576,8 +575,30 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     /// Withdraws an admitted op that never reached the queue.
-    fn withdraw(&self, oid: &ObjectId) {
+    /// Withdraws an admitted op that never reached the queue; `write` is
+    /// the version of a withdrawn write, which a repeat must not take as
+    /// done.
+    fn withdraw(&self, oid: &ObjectId, write: Option<u64>) {
         let mut st = self.st.borrow_mut();
+        if let Some(v) = write {
+            if st.withdrawn.len() >= WITHDRAWN_MAX {
+                // Only entries above the stored version can still be met
+                // by a repeat (anything at or below it is stale or done).
+                let State {
+                    withdrawn, index, ..
+                } = &mut *st;
+                withdrawn.retain(|o, w| index.version(o).is_none_or(|s| s < *w));
+                if withdrawn.len() >= WITHDRAWN_MAX {
+                    tracing::warn!(
+                        "{} withdrawn writes remembered; forgetting them",
+                        withdrawn.len()
+                    );
+                    withdrawn.clear();
+                }
+            }
+            let e = st.withdrawn.entry(*oid).or_default();
+            *e = (*e).max(v);
+        }
         if let Some(f) = st.inflight.get_mut(oid) {
             f.preparing -= 1;
             f.count -= 1;
@@ -621,7 +642,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         let has_block = loop {
             match self.admit(oid, version, kind).await? {
                 Some(has_block) => break has_block,
-                None if self.repeat(&oid, version, kind, durable).await? => return Ok(()),
+                None if self.repeat(&oid, version, durable).await? => return Ok(()),
                 None => continue,
             }
         };
@@ -641,7 +662,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                     b
                 }
                 Err(e) => {
-                    self.withdraw(&oid);
+                    self.withdraw(&oid, Some(version));
                     return Err(e);
                 }
             };
@@ -701,15 +722,11 @@ impl<D: BlockDev + 'static> Inner<D> {
         if self.current_version(&oid).is_none() {
             return Err(Error::NotFound(oid));
         }
-        loop {
-            match self.admit(oid, version, Admit::Delete).await? {
-                Some(_) => break,
-                None if self.repeat(&oid, version, Admit::Delete, true).await? => return Ok(()),
-                None => continue,
-            }
-        }
+        // A delete is never a repeat: at the version of the last write it
+        // is still a delete.
+        self.admit(oid, version, Admit::Delete).await?;
         if self.st.borrow().index.version(&oid).is_none() {
-            self.withdraw(&oid);
+            self.withdraw(&oid, None);
             return Err(Error::NotFound(oid));
         }
         let (tx, rx) = oneshot();

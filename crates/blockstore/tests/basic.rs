@@ -269,6 +269,36 @@ fn a_retry_after_no_space_is_not_a_repeat() {
     });
 }
 
+/// A repeat of a write that raced a delete of the object is not a new
+/// write: the object stays deleted.
+#[test]
+fn a_repeat_racing_a_delete_does_not_resurrect() {
+    block_on(async {
+        let dev = FaultDev::new(16 * MIB, 512);
+        dev.set_yields(4);
+        let s = fresh(&dev, 64 << 10).await;
+        let o = ObjectId::new(3, 0);
+        s.write(o, 4, 0, pattern(1, 64 << 10)).await.unwrap();
+        let spawn = |f: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Error>>>>| {
+            nacre_io::rt::spawn(f)
+        };
+        let (a, b, c) = (s.clone(), s.clone(), s.clone());
+        let write = spawn(Box::pin(
+            async move { a.write(o, 5, 0, pattern(2, 4096)).await },
+        ));
+        nacre_io::rt::yield_now().await;
+        let delete = spawn(Box::pin(async move { b.delete(o, 6).await }));
+        nacre_io::rt::yield_now().await;
+        let retry = spawn(Box::pin(
+            async move { c.write(o, 5, 0, pattern(2, 4096)).await },
+        ));
+        write.await.unwrap();
+        delete.await.unwrap();
+        let _ = retry.await;
+        assert_eq!(s.version(o), None, "a deleted object came back");
+    });
+}
+
 #[test]
 fn journal_wraps_many_times() {
     block_on(async {

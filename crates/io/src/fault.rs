@@ -113,12 +113,16 @@ impl FaultDev {
     }
 
     /// Kills the process (`kill -9`), not the machine: this device fails
-    /// every later op with EIO, and the returned device holds every write
-    /// that completed, synced or not (the page cache survives). Writes
-    /// still in flight never land.
+    /// every later op with EIO, and the returned device reads every write
+    /// that completed, synced or not (the page cache survives). What was
+    /// not synced is still not durable there: a later power cut decides
+    /// its fate. Writes still in flight never land.
     pub fn kill(&self) -> FaultDev {
         self.0.dead.set(true);
-        FaultDev::from_image(self.0.now.borrow().clone(), self.0.align)
+        let d = FaultDev::from_image(self.0.now.borrow().clone(), self.0.align);
+        *d.0.durable.borrow_mut() = self.0.durable.borrow().clone();
+        *d.0.unsynced.borrow_mut() = self.0.unsynced.borrow().clone();
+        d
     }
 
     /// Fails reads and/or writes that touch `[offset, offset + len)` with EIO.
