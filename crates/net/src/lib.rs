@@ -33,6 +33,14 @@ const SEND_QUEUE_MAX_BYTES: usize = 64 << 20;
 const OWN_ID_BIT: u64 = 1 << 62;
 /// Requests in flight on one client connection.
 pub const CONN_INFLIGHT_MAX: usize = 1024;
+/// How long a request may wait for its reply. A peer that leaves one
+/// request unanswered this long is dead or drowning: the connection is torn
+/// down, every request on it fails (`Timeout` for the late ones, `Closed`
+/// for the rest) and callers reconnect or give up.
+pub const RPC_TIMEOUT_MS: u64 = 10_000;
+/// Deadlines are checked this many times per timeout (one timer per
+/// connection, not one per request).
+const DEADLINE_CHECKS_PER_TIMEOUT: u32 = 8;
 /// Requests a server handles at once for one connection; beyond it, it
 /// stops reading that connection.
 pub const SERVE_INFLIGHT_MAX: usize = 512;
@@ -43,6 +51,8 @@ pub enum NetError {
     Wire(#[from] WireError),
     #[error("connection closed")]
     Closed,
+    #[error("no reply within {0} ms")]
+    Timeout(u64),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
@@ -361,10 +371,20 @@ impl FrameSender {
 
 type Waiter = Sender<Result<Frame, NetError>>;
 
-/// The client side of a connection: requests out, replies matched by id.
+/// A request waiting for its reply, and when it stops waiting.
+struct Pending {
+    waiter: Waiter,
+    deadline: std::time::Instant,
+}
+
+type PendingMap = Rc<RefCell<HashMap<u64, Pending>>>;
+
+/// The client side of a connection: requests out, replies matched by id,
+/// each with a deadline (`RPC_TIMEOUT_MS` unless connected with another).
 pub struct Conn {
     tx: FrameSender,
-    pending: Rc<RefCell<HashMap<u64, Waiter>>>,
+    pending: PendingMap,
+    timeout: std::time::Duration,
     slots: Notify,
     next_id: Cell<u64>,
     stream: Rc<Stream>,
@@ -374,10 +394,21 @@ pub struct Conn {
 impl Conn {
     /// Connects to `addr` and starts the reply reader.
     pub fn connect(addr: &Addr) -> Result<Rc<Conn>, NetError> {
+        Self::connect_with_timeout(addr, std::time::Duration::from_millis(RPC_TIMEOUT_MS))
+    }
+
+    /// Like [`Conn::connect`], with another deadline for every request.
+    /// Deadlines need the io_uring runtime (timers); without it requests
+    /// wait for their reply or for the connection to close.
+    pub fn connect_with_timeout(
+        addr: &Addr,
+        timeout: std::time::Duration,
+    ) -> Result<Rc<Conn>, NetError> {
         let stream = Rc::new(Stream::connect(addr)?);
         let c = Rc::new(Conn {
             tx: FrameSender::start(stream.clone()),
             pending: Rc::new(RefCell::new(HashMap::new())),
+            timeout,
             slots: Notify::new(),
             next_id: Cell::new(1),
             stream: stream.clone(),
@@ -390,6 +421,9 @@ impl Conn {
             c.slots.clone(),
             addr.clone(),
         ));
+        if rt::has_uring() {
+            rt::spawn(deadline_watch(Rc::downgrade(&c)));
+        }
         Ok(c)
     }
 
@@ -427,7 +461,14 @@ impl Conn {
         );
         let id = h.request_id;
         let (tx, rx) = oneshot();
-        self.pending.borrow_mut().insert(id, tx);
+        let deadline = std::time::Instant::now() + self.timeout;
+        self.pending.borrow_mut().insert(
+            id,
+            Pending {
+                waiter: tx,
+                deadline,
+            },
+        );
         if let Err(e) = self.tx.send(h, payload).await {
             self.pending.borrow_mut().remove(&id);
             return Err(e);
@@ -449,9 +490,54 @@ impl Drop for Conn {
     }
 }
 
+/// Fails the requests of `conn` whose deadline passed, and tears the
+/// connection down with them (its peer is not answering). Ends with the
+/// connection.
+async fn deadline_watch(conn: std::rc::Weak<Conn>) {
+    let every = match conn.upgrade() {
+        Some(c) => c.timeout / DEADLINE_CHECKS_PER_TIMEOUT,
+        None => return,
+    };
+    loop {
+        rt::sleep(every).await;
+        let Some(c) = conn.upgrade() else { return };
+        if c.is_closed() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let late: Vec<Waiter> = {
+            let mut p = c.pending.borrow_mut();
+            let ids: Vec<u64> = p
+                .iter()
+                .filter(|(_, w)| w.deadline <= now)
+                .map(|(&id, _)| id)
+                .collect();
+            ids.iter()
+                .filter_map(|id| p.remove(id))
+                .map(|w| w.waiter)
+                .collect()
+        };
+        if late.is_empty() {
+            continue;
+        }
+        let ms = c.timeout.as_millis() as u64;
+        tracing::warn!(
+            "{}: {} requests unanswered after {ms} ms; closing the connection",
+            c.peer,
+            late.len()
+        );
+        for w in late {
+            w.send(Err(NetError::Timeout(ms)));
+        }
+        c.close();
+        c.slots.notify();
+        return;
+    }
+}
+
 async fn reply_reader(
     mut rd: FrameReader,
-    pending: Rc<RefCell<HashMap<u64, Waiter>>>,
+    pending: PendingMap,
     tx: FrameSender,
     slots: Notify,
     peer: Addr,
@@ -461,7 +547,7 @@ async fn reply_reader(
             Ok(Some(f)) if f.h.reply => {
                 let w = pending.borrow_mut().remove(&f.h.request_id);
                 match w {
-                    Some(w) => w.send(Ok(f)),
+                    Some(w) => w.waiter.send(Ok(f)),
                     None => break format!("reply to unknown request {}", f.h.request_id),
                 }
                 slots.notify();
@@ -476,7 +562,11 @@ async fn reply_reader(
     }
     rd.rd.stream.shutdown();
     tx.close();
-    let waiters: Vec<Waiter> = pending.borrow_mut().drain().map(|(_, w)| w).collect();
+    let waiters: Vec<Waiter> = pending
+        .borrow_mut()
+        .drain()
+        .map(|(_, w)| w.waiter)
+        .collect();
     for w in waiters {
         w.send(Err(NetError::Closed));
     }

@@ -107,6 +107,12 @@ impl ReqCache {
     }
 }
 
+/// The client id an OSD sends its sub-ops with: bit 63 set (no client
+/// library id has it), the OSD id below.
+pub fn osd_client_id(osd: u32) -> u64 {
+    (1 << 63) | u64::from(osd)
+}
+
 fn status_of(e: &StoreError) -> Status {
     match e {
         StoreError::NotFound(_) => Status::NotFound,
@@ -168,7 +174,7 @@ impl Osd {
             unbusy: Notify::new(),
             burnt: RefCell::new(HashMap::new()),
             done: RefCell::new(ReqCache::default()),
-            client_id: (1 << 63) | u64::from(cfg.id),
+            client_id: osd_client_id(cfg.id),
             stats,
         }))
     }
@@ -206,14 +212,26 @@ impl Osd {
         if need_primary && acting.first() != Some(&self.id) {
             return Some(Status::NotPrimary);
         }
-        if !need_primary && !acting.contains(&self.id) {
-            return Some(Status::NotPrimary);
+        if !need_primary {
+            // A sub-op is taken only from the PG's primary in this epoch
+            // (it sends as `osd_client_id(primary)`), and only by a member.
+            let from_primary = acting.first().map(|&p| osd_client_id(p)) == Some(h.client);
+            if !from_primary || !acting.contains(&self.id) || acting.first() == Some(&self.id) {
+                return Some(Status::NotPrimary);
+            }
         }
         None
     }
 
     async fn lock(&self, oid: ObjectId) {
         while !self.busy.borrow_mut().insert(oid) {
+            self.unbusy.wait().await;
+        }
+    }
+
+    /// Waits until no write or delete of `oid` is in flight.
+    async fn wait_unbusy(&self, oid: ObjectId) {
+        while self.busy.borrow().contains(&oid) {
             self.unbusy.wait().await;
         }
     }
@@ -394,6 +412,10 @@ impl Handler for Osd {
         match h.op {
             Op::Read => {
                 let t = self.stats.start();
+                // Only committed data: a write of this object in flight may
+                // be on this copy and not yet on the others; wait for it to
+                // be acknowledged or to fail.
+                self.wait_unbusy(h.oid).await;
                 match self.store.read(h.oid, h.offset, h.length).await {
                     Ok(buf) => {
                         self.stats.read_done(t, buf.len());

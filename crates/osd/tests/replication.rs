@@ -9,7 +9,7 @@ use nacre_io::{rt, AlignedBuf};
 use nacre_meta::embedded::Embedded;
 use nacre_meta::map::{self, OsdRecord, PoolRecord};
 use nacre_net::Conn;
-use nacre_osd::{Osd, OsdConfig, OsdMap};
+use nacre_osd::{osd_client_id, Osd, OsdConfig, OsdMap};
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status};
 
@@ -22,13 +22,20 @@ fn write_header(oid: ObjectId, pg: u32, request_id: u64, data: &[u8]) -> Header 
     h
 }
 
-#[test]
-fn primary_orders_replicates_and_refuses_what_it_must() {
-    let d = tempfile::tempdir().unwrap();
+/// Three OSDs' records, a 3-replica pool of 8 PGs, its PG table and the
+/// OSDs' addresses, in `d`.
+struct Setup {
+    osds: Vec<OsdRecord>,
+    pool: PoolRecord,
+    pgmap: map::PgMap,
+    addrs: HashMap<u32, Addr>,
+}
+
+fn setup(d: &std::path::Path) -> Setup {
     let osds: Vec<OsdRecord> = (0..3)
         .map(|id| OsdRecord {
             id,
-            addr: format!("unix:{}", d.path().join(format!("osd.{id}.sock")).display()),
+            addr: format!("unix:{}", d.join(format!("osd.{id}.sock")).display()),
             host: format!("h{id}"),
             rack: "r".into(),
             weight: 1,
@@ -43,31 +50,51 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         failure_domain: "osd".into(),
         object_bytes: 64 << 10,
     };
-    let meta = Embedded::open(&d.path().join("meta")).unwrap();
+    let meta = Embedded::open(&d.join("meta")).unwrap();
     let pgmap = map::init(&*meta, &osds, &pool).unwrap();
-    let addrs: HashMap<u32, Addr> = osds
+    let addrs = osds
         .iter()
         .map(|o| (o.id, o.addr.parse().unwrap()))
         .collect();
+    Setup {
+        osds,
+        pool,
+        pgmap,
+        addrs,
+    }
+}
+
+/// Opens OSD `id` of `s` in `d` and serves it.
+async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, rt::JoinHandle<()>) {
+    let cfg = OsdConfig {
+        id,
+        path: d.join(format!("osd.{id}.img")),
+        size_bytes: 160 << 20,
+        addr: s.addrs[&id].clone(),
+        object_bytes: s.pool.object_bytes,
+        journal_bytes: None,
+        direct: true,
+    };
+    let map = OsdMap {
+        pgmap: s.pgmap.clone(),
+        addrs: s.addrs.clone(),
+    };
+    let osd = Osd::open(&cfg, map).await.unwrap();
+    let serving = osd.serve(Listener::bind(&cfg.addr).unwrap());
+    (osd, serving)
+}
+
+#[test]
+fn primary_orders_replicates_and_refuses_what_it_must() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    let (pool, pgmap, addrs) = (&st.pool, &st.pgmap, &st.addrs);
     rt::block_on(async {
         let mut running: Vec<Rc<Osd>> = Vec::new();
         let mut serving = Vec::new();
-        for o in &osds {
-            let cfg = OsdConfig {
-                id: o.id,
-                path: d.path().join(format!("osd.{}.img", o.id)),
-                size_bytes: 160 << 20,
-                addr: addrs[&o.id].clone(),
-                object_bytes: pool.object_bytes,
-                journal_bytes: None,
-                direct: true,
-            };
-            let map = OsdMap {
-                pgmap: pgmap.clone(),
-                addrs: addrs.clone(),
-            };
-            let osd = Osd::open(&cfg, map).await.unwrap();
-            serving.push(osd.serve(Listener::bind(&cfg.addr).unwrap()));
+        for o in &st.osds {
+            let (osd, srv) = start_osd(d.path(), &st, o.id).await;
+            serving.push(srv);
             running.push(osd);
         }
         let oid = ObjectId::new(9, 3);
@@ -118,6 +145,14 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         sub.epoch = 7;
         let r = call(&replica, sub, Some(&data)).await;
         assert_eq!(r.h.status, Status::StaleEpoch);
+        // ... and one that does not come from the PG's primary, at any epoch
+        sub.epoch = 1;
+        let r = call(&replica, sub, Some(&data)).await;
+        assert_eq!(r.h.status, Status::NotPrimary, "a client's RepWrite");
+        sub.client = osd_client_id(acting[2]);
+        let r = call(&replica, sub, Some(&data)).await;
+        assert_eq!(r.h.status, Status::NotPrimary, "another replica's RepWrite");
+        assert_eq!(running[acting[1] as usize].store().version(oid), Some(2));
 
         let mut rd = Header::request(Op::Read, 0, oid);
         rd.length = 8192;
@@ -147,5 +182,60 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         for o in running {
             o.close().await.unwrap();
         }
+    });
+}
+
+/// A read on the primary returns only acknowledged data: while a write of
+/// the object waits for a replica that does not answer, a read of it waits
+/// too (it would otherwise see the primary's own copy of a write that may
+/// still fail and vanish at the next failover).
+#[test]
+fn reads_wait_for_writes_in_flight() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    let oid = ObjectId::new(9, 3);
+    let pg = pg_of(oid, st.pool.pg_count);
+    let acting = st.pgmap.acting(pg).to_vec();
+    rt::block_on(async {
+        let (primary, _s0) = start_osd(d.path(), &st, acting[0]).await;
+        let (_replica, _s1) = start_osd(d.path(), &st, acting[1]).await;
+        // The third copy accepts connections and never answers.
+        let silent = Listener::bind(&st.addrs[&acting[2]]).unwrap();
+        let _hold = rt::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok(s) = silent.accept().await {
+                kept.push(s);
+            }
+        });
+        let conn = Conn::connect(&st.addrs[&acting[0]]).unwrap();
+        let data = vec![0x77u8; 4096];
+        let write = {
+            let (c, h) = (conn.clone(), write_header(oid, pg, 1, &data));
+            let p = AlignedBuf::from_slice(&data);
+            rt::spawn(async move { c.call(h, Some(p)).await })
+        };
+        // The primary's own copy is written; the write waits for osd.silent.
+        while primary.store().version(oid).is_none() {
+            rt::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let mut rd = Header::request(Op::Read, 0, oid);
+        rd.length = 4096;
+        rd.epoch = 1;
+        rd.pg = pg;
+        let read_done = Rc::new(std::cell::Cell::new(false));
+        let read = {
+            let (c, done) = (conn.clone(), read_done.clone());
+            rt::spawn(async move {
+                let r = c.call(rd, None).await;
+                done.set(true);
+                r
+            })
+        };
+        rt::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !read_done.get(),
+            "a read returned data whose write is not acknowledged"
+        );
+        drop((write, read));
     });
 }
