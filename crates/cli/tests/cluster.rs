@@ -87,7 +87,11 @@ impl Up {
             .expect("start nacre up");
         self.child = Some(child);
         let t0 = Instant::now();
-        // Ready once the NBD socket answers and status reports every OSD up.
+        // Ready once this process has written its pid (it does so after
+        // everything listens: a socket file or a lease left by a killed
+        // predecessor proves nothing), the NBD socket answers and status
+        // reports every OSD up.
+        let pid = self.child.as_ref().unwrap().id().to_string();
         loop {
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
@@ -96,7 +100,9 @@ impl Up {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("nacre up exited: {st}");
             }
-            if UnixStream::connect(self.nbd_sock()).is_ok() {
+            let started =
+                std::fs::read_to_string(self.dir.join("nacre.pid")).is_ok_and(|p| p.trim() == pid);
+            if started && UnixStream::connect(self.nbd_sock()).is_ok() {
                 let out = nacre(&["status", "--dir", self.dir(), "--format", "json"]);
                 if out.status.success() {
                     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
