@@ -12,7 +12,12 @@
 //!    allows;
 //! 3. given the previous table, as few replicas as possible move: every
 //!    replica stays where it was while its OSD is up, in a distinct domain
-//!    and under its target; only the rest is placed anew.
+//!    and under its target; only the rest is placed anew;
+//! 4. the first OSD of each PG is its primary (which serves every client
+//!    op of the PG): each OSD is primary for a share of the PGs
+//!    proportional to the replicas it holds, within one of that integer
+//!    target where the table allows, and a PG keeps its previous primary
+//!    unless balance needs it to change (reordering a PG moves no data).
 //!
 //! Cost: O(slots · log OSDs); 10 000 OSDs and 1 000 000 PGs of 3 replicas
 //! take a few seconds (`cargo bench -p nacre-placement`).
@@ -303,10 +308,106 @@ pub fn place(osds: &[Osd], pool: &Pool, prev: Option<&Table>) -> Result<Table, P
             dheap.extend(skipped.drain(..));
         }
     }
-    Ok(Table {
+    let mut t = Table {
         size: pool.size,
         osds: out,
-    })
+    };
+    balance_primaries(&mut t, prev);
+    Ok(t)
+}
+
+/// Puts each PG's primary first, so that every OSD is primary for its
+/// share of the PGs (by the replicas it holds, apportioned to whole PGs).
+///
+/// Starts from the previous primaries where they are still members (else
+/// the member furthest below its share), then moves primaries from OSDs
+/// above their share to OSDs below it along augmenting paths: an OSD above
+/// hands one of its PGs to another member of that PG, which, if it is not
+/// below its share itself, hands on one of its own, and so on. Each path
+/// lowers the total excess by one; O(PGs · size) per path.
+fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
+    let size = t.size as usize;
+    let pgs = t.pgs() as usize;
+    if size < 2 || pgs == 0 {
+        return;
+    }
+    let mut ids: Vec<u32> = t.osds.clone();
+    ids.sort_unstable();
+    ids.dedup();
+    let ix: HashMap<u32, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let mut replicas = vec![0u64; ids.len()];
+    for &o in &t.osds {
+        replicas[ix[&o]] += 1;
+    }
+    let target = apportion(pgs as u64, &replicas, u64::MAX);
+    let mut prim = vec![0u64; ids.len()];
+    let mut first = vec![0usize; pgs]; // slot of each PG's primary
+    for (pg, slot) in first.iter_mut().enumerate() {
+        let row = &t.osds[pg * size..(pg + 1) * size];
+        let keep = prev
+            .filter(|p| p.size == t.size && (pg as u32) < p.pgs())
+            .and_then(|p| row.iter().position(|&o| o == p.pg(pg as u32)[0]))
+            .filter(|&s| prim[ix[&row[s]]] < target[ix[&row[s]]]);
+        *slot = keep.unwrap_or_else(|| {
+            (0..size)
+                .max_by_key(|&s| {
+                    let i = ix[&row[s]];
+                    (target[i] as i64 - prim[i] as i64, Reverse(row[s]))
+                })
+                .expect("size >= 2")
+        });
+        prim[ix[&row[*slot]]] += 1;
+    }
+    // PGs each OSD is primary of (rebuilt lazily: entries may be stale).
+    let mut led: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
+    for pg in 0..pgs {
+        led[ix[&t.osds[pg * size + first[pg]]]].push(pg);
+    }
+    for start in 0..ids.len() {
+        while prim[start] > target[start] {
+            // Breadth-first over OSDs: parent[v] = (u, pg) means u hands pg to v.
+            let mut parent: Vec<Option<(usize, usize)>> = vec![None; ids.len()];
+            let mut seen = vec![false; ids.len()];
+            seen[start] = true;
+            let mut queue = std::collections::VecDeque::from([start]);
+            let mut end = None;
+            'search: while let Some(u) = queue.pop_front() {
+                for &pg in &led[u] {
+                    let row = &t.osds[pg * size..(pg + 1) * size];
+                    if ix[&row[first[pg]]] != u {
+                        continue; // stale entry
+                    }
+                    for &o in row {
+                        let v = ix[&o];
+                        if seen[v] {
+                            continue;
+                        }
+                        seen[v] = true;
+                        parent[v] = Some((u, pg));
+                        if prim[v] < target[v] {
+                            end = Some(v);
+                            break 'search;
+                        }
+                        queue.push_back(v);
+                    }
+                }
+            }
+            let Some(mut v) = end else {
+                break; // no path: the table allows no better for this OSD
+            };
+            prim[v] += 1;
+            while let Some((u, pg)) = parent[v] {
+                let row = &t.osds[pg * size..(pg + 1) * size];
+                first[pg] = row.iter().position(|&o| ix[&o] == v).expect("member");
+                led[v].push(pg);
+                v = u;
+            }
+            prim[start] -= 1;
+        }
+    }
+    for (pg, &slot) in first.iter().enumerate() {
+        t.osds[pg * size..(pg + 1) * size].swap(0, slot);
+    }
 }
 
 /// Replicas that are on another OSD in `b` than in `a` (per PG, as a set).

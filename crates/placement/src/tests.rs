@@ -22,6 +22,29 @@ fn topology() -> impl Strategy<Value = Vec<(u32, Vec<u32>)>> {
     prop::collection::vec((0u32..4, prop::collection::vec(1u32..5, 1..5)), 4..12)
 }
 
+/// Each OSD is primary (first in the row) of a share of the PGs within one
+/// of its replicas' share of them.
+fn check_primaries(t: &Table) -> Result<(), TestCaseError> {
+    let counts = t.counts();
+    let total: u64 = counts.values().sum();
+    let mut prim: HashMap<u32, u64> = HashMap::new();
+    for pg in 0..t.pgs() {
+        *prim.entry(t.pg(pg)[0]).or_default() += 1;
+    }
+    for (&o, &c) in &counts {
+        let ideal = c as f64 * f64::from(t.pgs()) / total as f64;
+        let p = prim.get(&o).copied().unwrap_or(0) as f64;
+        prop_assert!(
+            (p - ideal).abs() < 2.0,
+            "osd {} is primary of {} PGs, its share is {:.1}",
+            o,
+            p,
+            ideal
+        );
+    }
+    Ok(())
+}
+
 fn check_domains(osds: &[Osd], pool: &Pool, t: &Table) -> Result<(), TestCaseError> {
     let by_id: HashMap<u32, &Osd> = osds.iter().map(|o| (o.id, o)).collect();
     for pg in 0..pool.pgs {
@@ -65,6 +88,24 @@ proptest! {
             let c = *counts.get(&o.id).unwrap_or(&0) as i64;
             prop_assert!((c - target[i] as i64).abs() <= 1, "osd {} has {} replicas, target {}", o.id, c, target[i]);
         }
+        check_primaries(&t)?;
+    }
+
+    #[test]
+    fn primaries_stay_balanced_and_mostly_put_after_a_change(hosts in topology(), pgs in 128u32..600, w in 1u32..5) {
+        let mut osds = cluster(&hosts);
+        let pool = Pool { pgs, size: 3, domain: FailureDomain::Osd };
+        prop_assume!(osds.len() > 4);
+        let before = place(&osds, &pool, None).unwrap();
+        osds.push(Osd { id: osds.len() as u32, host: 99, rack: 9, weight: w, up: true });
+        let after = place(&osds, &pool, Some(&before)).unwrap();
+        check_primaries(&after)?;
+        // Primaries change only where the new OSD took a replica (maybe
+        // the primary's) or where balance hands it one (each hand-over may
+        // shift a few others along its path, rarely more than one).
+        let kept = (0..pgs).filter(|&pg| after.pg(pg)[0] == before.pg(pg)[0]).count() as u32;
+        let new_share = after.counts().get(&(osds.len() as u32 - 1)).copied().unwrap_or(0) as u32;
+        prop_assert!(pgs - kept <= 2 * new_share + 2, "kept {} of {} primaries; the new OSD holds {}", kept, pgs, new_share);
     }
 
     #[test]
@@ -140,4 +181,22 @@ fn impossible_pools_are_refused() {
         place(&osds, &rack2, None),
         Err(PlacementError::TooFewDomains { .. })
     ));
+}
+
+/// The one-machine default (3 OSDs, 3 replicas): every OSD holds every PG,
+/// and each is primary of a third of them.
+#[test]
+fn three_osds_three_replicas_share_the_primaries() {
+    let osds = cluster(&[(0, vec![1]), (0, vec![1]), (0, vec![1])]);
+    let pool = Pool {
+        pgs: 64,
+        size: 3,
+        domain: FailureDomain::Osd,
+    };
+    let t = place(&osds, &pool, None).unwrap();
+    let mut prim = [0u32; 3];
+    for pg in 0..64 {
+        prim[t.pg(pg)[0] as usize] += 1;
+    }
+    assert!(prim.iter().all(|&p| (21..=22).contains(&p)), "{prim:?}");
 }
