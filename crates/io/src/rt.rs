@@ -15,6 +15,13 @@
 //! When io_uring cannot be set up (old kernel, seccomp, `NACRE_NO_URING=1`)
 //! the runtime runs without a ring: tasks still work, timers sleep the
 //! thread, and devices fall back to plain pread/pwrite (the log says so).
+//!
+//! [`block_on_virtual`] runs the same code on **virtual time**: [`sleep`]
+//! and [`monotonic`] read a clock that only moves when no task is ready and
+//! no kernel op is in flight, and then jumps straight to the earliest timer.
+//! Timers due at the same instant fire in the order they were set. A
+//! simulation of many nodes and hours of timeouts runs as fast as its work,
+//! and the same inputs give the same schedule.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -92,6 +99,48 @@ struct Core {
     free_tasks: RefCell<Vec<usize>>,
     ready: Arc<ReadyQueue>,
     reactor: Option<Reactor>,
+    clock: Clock,
+}
+
+/// Where [`monotonic`] and [`sleep`] get their time.
+enum Clock {
+    Real(std::time::Instant),
+    Virtual(VirtualClock),
+}
+
+#[derive(Default)]
+struct VirtualClock {
+    now: Cell<Duration>,
+    /// (deadline, sequence) of every pending sleep, earliest first.
+    timers: RefCell<std::collections::BinaryHeap<std::cmp::Reverse<(Duration, u64)>>>,
+    wakers: RefCell<std::collections::HashMap<u64, Waker>>,
+    next: Cell<u64>,
+}
+
+impl VirtualClock {
+    /// Moves the clock to the earliest pending timer and wakes every sleep
+    /// due then. False when no timer is pending.
+    fn advance(&self) -> bool {
+        let Some(std::cmp::Reverse((at, _))) = self.timers.borrow().peek().copied() else {
+            return false;
+        };
+        self.now.set(self.now.get().max(at));
+        loop {
+            let due = {
+                let mut t = self.timers.borrow_mut();
+                match t.peek() {
+                    Some(std::cmp::Reverse((d, _))) if *d <= self.now.get() => t.pop(),
+                    _ => None,
+                }
+            };
+            let Some(std::cmp::Reverse((_, seq))) = due else {
+                return true;
+            };
+            if let Some(w) = self.wakers.borrow_mut().remove(&seq) {
+                w.wake();
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -132,11 +181,22 @@ fn new_reactor() -> Option<Reactor> {
 /// Tasks still running when `f` finishes are dropped, and the call returns
 /// once the kernel has finished every op they had in flight.
 pub fn block_on<F: Future>(f: F) -> F::Output {
+    start(f, Clock::Real(std::time::Instant::now()))
+}
+
+/// Like [`block_on`], on virtual time (see the module docs): for
+/// simulations and tests of timeouts.
+pub fn block_on_virtual<F: Future>(f: F) -> F::Output {
+    start(f, Clock::Virtual(VirtualClock::default()))
+}
+
+fn start<F: Future>(f: F, clock: Clock) -> F::Output {
     let core = Rc::new(Core {
         tasks: RefCell::new(Vec::new()),
         free_tasks: RefCell::new(Vec::new()),
         ready: Arc::new(ReadyQueue(Mutex::new(Vec::new()))),
         reactor: new_reactor(),
+        clock,
     });
     CORE.with(|c| {
         let mut c = c.borrow_mut();
@@ -178,7 +238,16 @@ fn run<F: Future>(core: &Rc<Core>, f: F) -> F::Output {
             }
         }
         std::mem::swap(&mut batch, &mut core.ready.0.lock().expect("ready queue"));
-        let idle = batch.is_empty();
+        let mut idle = batch.is_empty();
+        if let Clock::Virtual(vc) = &core.clock {
+            // Time moves only when nothing else can: no task ready, no
+            // kernel op in flight.
+            let io = core.reactor.as_ref().is_some_and(|r| r.inflight.get() > 0);
+            if idle && !io && vc.advance() {
+                std::mem::swap(&mut batch, &mut core.ready.0.lock().expect("ready queue"));
+                idle = batch.is_empty();
+            }
+        }
         match &core.reactor {
             Some(r) if r.inflight.get() > 0 || idle => {
                 if idle && r.inflight.get() == 0 {
@@ -317,8 +386,52 @@ pub async fn yield_now() {
     .await
 }
 
-/// Sleeps for `d` (an io_uring timeout; a thread sleep without a ring).
+/// Time since the runtime started: real (monotonic) under [`block_on`],
+/// virtual under [`block_on_virtual`].
+pub fn monotonic() -> Duration {
+    match &core().clock {
+        Clock::Real(t0) => t0.elapsed(),
+        Clock::Virtual(vc) => vc.now.get(),
+    }
+}
+
+/// True when [`sleep`] waits without blocking the thread (an io_uring
+/// timer, or virtual time): timeouts can run beside other tasks.
+pub fn has_timers() -> bool {
+    let c = core();
+    matches!(c.clock, Clock::Virtual(_)) || c.reactor.is_some()
+}
+
+/// A sleep on virtual time: registered on first poll, done once the
+/// clock has passed its deadline.
+async fn virtual_sleep(d: Duration) {
+    let c = core();
+    let Clock::Virtual(vc) = &c.clock else {
+        unreachable!("virtual sleep on a real clock")
+    };
+    let deadline = vc.now.get() + d;
+    let seq = vc.next.get();
+    vc.next.set(seq + 1);
+    vc.timers
+        .borrow_mut()
+        .push(std::cmp::Reverse((deadline, seq)));
+    std::future::poll_fn(|cx| {
+        if vc.now.get() >= deadline {
+            Poll::Ready(())
+        } else {
+            vc.wakers.borrow_mut().insert(seq, cx.waker().clone());
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Sleeps for `d` (an io_uring timeout; a thread sleep without a ring;
+/// virtual under [`block_on_virtual`]).
 pub async fn sleep(d: Duration) {
+    if matches!(core().clock, Clock::Virtual(_)) {
+        return virtual_sleep(d).await;
+    }
     if !has_uring() {
         std::thread::sleep(d);
         return;
@@ -474,6 +587,35 @@ impl Drop for Op {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Virtual time: hours of sleeps take no wall time, wake in deadline
+    /// order (ties in the order they were set), and `monotonic` follows.
+    #[test]
+    fn virtual_time_jumps_to_the_next_timer_in_order() {
+        let t0 = std::time::Instant::now();
+        let order = block_on_virtual(async {
+            let order = Rc::new(RefCell::new(Vec::new()));
+            let mut hs = Vec::new();
+            for (name, secs) in [("c", 3600u64), ("a", 5), ("b", 5), ("d", 1)] {
+                let o = order.clone();
+                hs.push(spawn(async move {
+                    sleep(Duration::from_secs(secs)).await;
+                    o.borrow_mut().push((name, monotonic().as_secs()));
+                }));
+            }
+            for h in hs {
+                h.await;
+            }
+            assert_eq!(monotonic(), Duration::from_secs(3600));
+            assert!(has_timers());
+            Rc::try_unwrap(order).unwrap().into_inner()
+        });
+        assert_eq!(order, [("d", 1), ("a", 5), ("b", 5), ("c", 3600)]);
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "virtual sleeps took wall time"
+        );
+    }
 
     #[test]
     fn tasks_run_and_join() {

@@ -374,7 +374,8 @@ type Waiter = Sender<Result<Frame, NetError>>;
 /// A request waiting for its reply, and when it stops waiting.
 struct Pending {
     waiter: Waiter,
-    deadline: std::time::Instant,
+    /// On the runtime's clock (`rt::monotonic`, virtual in simulations).
+    deadline: std::time::Duration,
 }
 
 type PendingMap = Rc<RefCell<HashMap<u64, Pending>>>;
@@ -398,8 +399,9 @@ impl Conn {
     }
 
     /// Like [`Conn::connect`], with another deadline for every request.
-    /// Deadlines need the io_uring runtime (timers); without it requests
-    /// wait for their reply or for the connection to close.
+    /// Deadlines need timers that do not block the thread (io_uring, or
+    /// virtual time); without them requests wait for their reply or for
+    /// the connection to close.
     pub fn connect_with_timeout(
         addr: &Addr,
         timeout: std::time::Duration,
@@ -421,7 +423,7 @@ impl Conn {
             c.slots.clone(),
             addr.clone(),
         ));
-        if rt::has_uring() {
+        if rt::has_timers() {
             rt::spawn(deadline_watch(Rc::downgrade(&c)));
         }
         Ok(c)
@@ -461,7 +463,7 @@ impl Conn {
         );
         let id = h.request_id;
         let (tx, rx) = oneshot();
-        let deadline = std::time::Instant::now() + self.timeout;
+        let deadline = rt::monotonic() + self.timeout;
         self.pending.borrow_mut().insert(
             id,
             Pending {
@@ -504,7 +506,7 @@ async fn deadline_watch(conn: std::rc::Weak<Conn>) {
         if c.is_closed() {
             return;
         }
-        let now = std::time::Instant::now();
+        let now = rt::monotonic();
         let late: Vec<Waiter> = {
             let mut p = c.pending.borrow_mut();
             let ids: Vec<u64> = p
