@@ -575,6 +575,46 @@ async fn reply_reader(
     slots.notify();
 }
 
+/// A request/reply channel to one peer (a [`Conn`] over a socket, or a
+/// simulated link).
+pub trait Rpc: 'static {
+    /// Sends a request and waits for its reply, within the channel's
+    /// deadline.
+    fn call(
+        &self,
+        h: Header,
+        payload: Option<AlignedBuf>,
+    ) -> impl std::future::Future<Output = Result<Frame, NetError>>;
+    fn is_closed(&self) -> bool;
+}
+
+/// How a node reaches its peers: [`Sockets`] in a cluster, an in-process
+/// network with injected faults in the simulator.
+pub trait Transport: 'static {
+    type Conn: Rpc;
+    fn connect(&self, addr: &Addr) -> Result<Rc<Self::Conn>, NetError>;
+}
+
+/// Real connections (unix or TCP sockets).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sockets;
+
+impl Transport for Sockets {
+    type Conn = Conn;
+    fn connect(&self, addr: &Addr) -> Result<Rc<Conn>, NetError> {
+        Conn::connect(addr)
+    }
+}
+
+impl Rpc for Conn {
+    async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        Conn::call(self, h, payload).await
+    }
+    fn is_closed(&self) -> bool {
+        Conn::is_closed(self)
+    }
+}
+
 /// What a server does with each request.
 pub trait Handler: 'static {
     /// Handles one request; returns the reply header and payload.

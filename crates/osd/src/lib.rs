@@ -28,12 +28,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use nacre_blockstore::{Error as StoreError, FormatOptions, Store, StoreOptions};
+use nacre_blockstore::{Error as StoreError, FormatOptions, OpenReport, Store, StoreOptions};
 use nacre_io::net::{Addr, Listener};
 use nacre_io::sync::Notify;
-use nacre_io::{rt, AlignedBuf, FileDev, OpenFlags};
+use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
 use nacre_meta::map::PgMap;
-use nacre_net::{Conn, Frame, Handler, NetError};
+use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status};
 
@@ -68,13 +68,15 @@ pub struct OsdMap {
     pub addrs: HashMap<u32, Addr>,
 }
 
-type DevStore = Store<FileDev>;
-
-pub struct Osd {
+/// An OSD: its store on a device `D` (a file or block device in a cluster,
+/// the fault-injecting device in the simulator) and its peers over a
+/// transport `T` (sockets, or the simulator's network).
+pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     pub id: u32,
-    store: DevStore,
+    store: Store<D>,
+    transport: T,
     map: RefCell<OsdMap>,
-    peers: RefCell<HashMap<u32, Rc<Conn>>>,
+    peers: RefCell<HashMap<u32, Rc<T::Conn>>>,
     /// Objects with a write or delete in flight, and a wake-up for waiters.
     busy: RefCell<HashSet<ObjectId>>,
     unbusy: Notify,
@@ -124,7 +126,7 @@ fn status_of(e: &StoreError) -> Status {
     }
 }
 
-impl Osd {
+impl Osd<FileDev, Sockets> {
     /// Opens (formatting a new file) the OSD's store. Runs inside `block_on`.
     pub async fn open(cfg: &OsdConfig, map: OsdMap) -> Result<Rc<Osd>, StoreError> {
         let new = !cfg.path.exists();
@@ -140,9 +142,9 @@ impl Osd {
                 journal_bytes: cfg.journal_bytes,
                 ..FormatOptions::default()
             };
-            DevStore::format(&dev, &fo).await?;
+            Store::format(&dev, &fo).await?;
         }
-        let (store, report) = DevStore::open(dev, StoreOptions::default()).await?;
+        let (store, report) = Store::open(dev, StoreOptions::default()).await?;
         if store.block_bytes() != cfg.object_bytes {
             return Err(StoreError::Invalid(format!(
                 "{}: store blocks are {} bytes, the pool's objects {}",
@@ -157,31 +159,43 @@ impl Osd {
             store.object_count(),
             report.records_replayed
         );
+        Ok(Osd::with_store(cfg.id, store, &report, map, Sockets))
+    }
+
+    /// Serves the wire protocol on `l` until the returned task is dropped.
+    pub fn serve(self: &Rc<Self>, l: Listener) -> rt::JoinHandle<()> {
+        rt::spawn(nacre_net::serve(l, self.clone()))
+    }
+}
+
+impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
+    /// An OSD on an open store (`report` is what its open found), reaching
+    /// its peers through `transport`.
+    pub fn with_store(
+        id: u32,
+        store: Store<D>,
+        report: &OpenReport,
+        map: OsdMap,
+        transport: T,
+    ) -> Rc<Self> {
         if let Some(why) = &report.replay_stopped {
-            tracing::error!(
-                "osd.{}: journal replay stopped before its end: {why}",
-                cfg.id
-            );
+            tracing::error!("osd.{id}: journal replay stopped before its end: {why}");
         }
         let stats = OsdStats::default();
-        stats.set_replay_stopped(report.replay_stopped);
-        Ok(Rc::new(Osd {
-            id: cfg.id,
+        stats.set_replay_stopped(report.replay_stopped.clone());
+        Rc::new(Osd {
+            id,
             store,
+            transport,
             map: RefCell::new(map),
             peers: RefCell::new(HashMap::new()),
             busy: RefCell::new(HashSet::new()),
             unbusy: Notify::new(),
             burnt: RefCell::new(HashMap::new()),
             done: RefCell::new(ReqCache::default()),
-            client_id: osd_client_id(cfg.id),
+            client_id: osd_client_id(id),
             stats,
-        }))
-    }
-
-    /// Serves the wire protocol on `l` until the returned task is dropped.
-    pub fn serve(self: &Rc<Self>, l: Listener) -> rt::JoinHandle<()> {
-        rt::spawn(nacre_net::serve(l, self.clone()))
+        })
     }
 
     /// Checkpoints and closes the store (the last step of a clean stop).
@@ -190,7 +204,7 @@ impl Osd {
         self.store.clone().close().await
     }
 
-    pub fn store(&self) -> &DevStore {
+    pub fn store(&self) -> &Store<D> {
         &self.store
     }
 
@@ -241,7 +255,7 @@ impl Osd {
         self.unbusy.notify();
     }
 
-    fn peer(&self, id: u32) -> Result<Rc<Conn>, NetError> {
+    fn peer(&self, id: u32) -> Result<Rc<T::Conn>, NetError> {
         if let Some(c) = self.peers.borrow().get(&id) {
             if !c.is_closed() {
                 return Ok(c.clone());
@@ -249,7 +263,7 @@ impl Osd {
         }
         let addr = (self.map.borrow().addrs.get(&id).cloned())
             .ok_or_else(|| NetError::Protocol(format!("no address for osd.{id}")))?;
-        let c = Conn::connect(&addr)?;
+        let c = self.transport.connect(&addr)?;
         self.peers.borrow_mut().insert(id, c.clone());
         Ok(c)
     }
@@ -396,7 +410,7 @@ impl Osd {
     }
 }
 
-impl Handler for Osd {
+impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
     async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
         let h = f.h;
         let route = match h.op {

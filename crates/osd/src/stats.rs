@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
 use nacre_blockstore::Store;
-use nacre_io::FileDev;
+use nacre_io::BlockDev;
 use serde::{Deserialize, Serialize};
 
 #[derive(Default)]
@@ -129,7 +129,7 @@ impl OsdStats {
         }
     }
 
-    pub fn report(&self, id: u32, store: &Store<FileDev>) -> OsdReport {
+    pub fn report<D: BlockDev + 'static>(&self, id: u32, store: &Store<D>) -> OsdReport {
         self.tick();
         let idle = self
             .window
