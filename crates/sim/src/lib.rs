@@ -1,0 +1,378 @@
+//! The cluster simulator: real OSDs (`nacre_osd::Osd`, the same code as in
+//! `nacre up`) on fault-injecting devices, talking over an in-process
+//! network that a seed makes drop, delay, duplicate and lose the replies of
+//! messages, on virtual time (`rt::block_on_virtual`), with OSDs that crash
+//! (power cut of their device) and restart. In the spirit of FoundationDB's
+//! simulation and TigerBeetle's VOPR: a seed is a whole history, and the
+//! same seed replays the same history.
+//!
+//! What is built so far (issue 8, step 5 of docs/internals/replication.md
+//! §11): the network, crashes and restarts, and a harness for client ops.
+//! The cluster map does not change yet (no leader, no peering), so a down
+//! primary makes its PGs unavailable until it restarts.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::Duration;
+
+use nacre_blockstore::{FormatOptions, Store, StoreOptions};
+use nacre_io::fault::SplitMix;
+use nacre_io::net::Addr;
+use nacre_io::{rt, AlignedBuf, FaultDev};
+use nacre_meta::map::PgMap;
+use nacre_net::{Frame, Handler, NetError, Rpc, Transport};
+use nacre_osd::{Osd, OsdMap};
+use nacre_types::{pg_of, ObjectId};
+use nacre_wire::Header;
+
+/// How often (per thousand messages) each fault strikes, and how long a
+/// message may be delayed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// The request never arrives.
+    pub drop_per_mille: u32,
+    /// The request is handled, the reply never arrives.
+    pub reply_drop_per_mille: u32,
+    /// The request arrives twice.
+    pub dup_per_mille: u32,
+    /// Each way, a delay up to this.
+    pub delay_ms_max: u64,
+}
+
+type Serve = Rc<dyn Fn(Frame) -> Pin<Box<dyn Future<Output = (Header, Option<AlignedBuf>)>>>>;
+
+struct NetState {
+    /// What serves each address, with its incarnation (raised at every
+    /// attach and detach: a call in flight to an older one fails, as a
+    /// connection to a process that died does).
+    nodes: RefCell<HashMap<String, (Serve, u64)>>,
+    incarnations: Cell<u64>,
+    /// Fired at every detach.
+    changed: nacre_io::sync::Notify,
+    rng: RefCell<SplitMix>,
+    faults: Cell<Faults>,
+    /// How long a caller waits for a reply that does not come.
+    deadline: Duration,
+    /// Print every message (`NACRE_SIM_TRACE`).
+    trace: bool,
+}
+
+/// The in-process network: a [`Transport`] whose links are function calls
+/// into the addressed node, with faults drawn from one seeded generator.
+#[derive(Clone)]
+pub struct Net(Rc<NetState>);
+
+impl Net {
+    pub fn new(seed: u64, deadline: Duration) -> Net {
+        Net(Rc::new(NetState {
+            nodes: RefCell::new(HashMap::new()),
+            incarnations: Cell::new(0),
+            changed: nacre_io::sync::Notify::new(),
+            rng: RefCell::new(SplitMix(seed)),
+            faults: Cell::new(Faults::default()),
+            deadline,
+            trace: std::env::var_os("NACRE_SIM_TRACE").is_some(),
+        }))
+    }
+
+    /// Serves requests to `addr` with `h`, replacing what served it.
+    pub fn attach<H: Handler>(&self, addr: &Addr, h: Rc<H>) {
+        let serve: Serve = Rc::new(move |f| Box::pin(h.clone().handle(f)));
+        let n = self.0.incarnations.get() + 1;
+        self.0.incarnations.set(n);
+        self.0
+            .nodes
+            .borrow_mut()
+            .insert(addr.to_string(), (serve, n));
+    }
+
+    /// Nothing answers at `addr` any more (a crashed node is silent), and
+    /// calls in flight to it fail.
+    pub fn detach(&self, addr: &Addr) {
+        self.0.nodes.borrow_mut().remove(&addr.to_string());
+        self.0.changed.notify();
+    }
+
+    fn incarnation(&self, addr: &str) -> Option<u64> {
+        self.0.nodes.borrow().get(addr).map(|(_, n)| *n)
+    }
+
+    pub fn set_faults(&self, f: Faults) {
+        self.0.faults.set(f);
+    }
+
+    /// A draw from the simulation's generator.
+    pub fn below(&self, n: u64) -> u64 {
+        self.0.rng.borrow_mut().below(n)
+    }
+
+    /// Gives a device its own speed (0–2 ms per op, drawn from the seed),
+    /// so that copies of one write finish at different times.
+    fn disk_timing(&self, dev: &FaultDev) {
+        dev.set_yields(1);
+        dev.set_latency(Some(Duration::from_micros(self.below(2000))));
+    }
+
+    fn strikes(&self, per_mille: u32) -> bool {
+        per_mille > 0 && self.below(1000) < u64::from(per_mille)
+    }
+
+    async fn delay(&self) {
+        let max = self.0.faults.get().delay_ms_max;
+        if max > 0 {
+            rt::sleep(Duration::from_micros(self.below(max * 1000))).await;
+        }
+    }
+}
+
+impl Transport for Net {
+    type Conn = SimConn;
+    fn connect(&self, addr: &Addr) -> Result<Rc<SimConn>, NetError> {
+        Ok(Rc::new(SimConn {
+            net: self.clone(),
+            to: addr.to_string(),
+        }))
+    }
+}
+
+/// A link to one node of the simulated network.
+pub struct SimConn {
+    net: Net,
+    to: String,
+}
+
+impl SimConn {
+    /// The handler's reply, unless the node goes away first (`Closed`) or
+    /// the deadline passes (`Timeout`).
+    async fn reply_or_gone<F: Future<Output = (Header, Option<AlignedBuf>)>>(
+        &self,
+        reply: F,
+        inc: u64,
+    ) -> Result<(Header, Option<AlignedBuf>), NetError> {
+        let deadline = rt::monotonic() + self.net.0.deadline;
+        let mut reply = std::pin::pin!(reply);
+        let mut timer = Box::pin(rt::sleep(self.net.0.deadline));
+        let mut gone = Box::pin(self.net.0.changed.wait());
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(r) = reply.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Ok(r));
+            }
+            if self.net.incarnation(&self.to) != Some(inc) {
+                return std::task::Poll::Ready(Err(NetError::Closed));
+            }
+            if gone.as_mut().poll(cx).is_ready() {
+                gone = Box::pin(self.net.0.changed.wait());
+                cx.waker().wake_by_ref();
+            }
+            if timer.as_mut().poll(cx).is_ready() || rt::monotonic() >= deadline {
+                return std::task::Poll::Ready(Err(NetError::Timeout(
+                    self.net.0.deadline.as_millis() as u64,
+                )));
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
+    async fn time_out(&self) -> Result<Frame, NetError> {
+        rt::sleep(self.net.0.deadline).await;
+        Err(NetError::Timeout(self.net.0.deadline.as_millis() as u64))
+    }
+}
+
+impl Rpc for SimConn {
+    async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        let r = self.call_inner(h, payload).await;
+        if self.net.0.trace {
+            eprintln!(
+                "{:>10.3} net: {:?} {} v{} to {} -> {:?}",
+                rt::monotonic().as_secs_f64(),
+                h.op,
+                h.oid,
+                h.obj_version,
+                self.to,
+                r.as_ref().map(|f| f.h.status)
+            );
+        }
+        r
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl SimConn {
+    async fn call_inner(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        let f = self.net.0.faults.get();
+        if self.net.strikes(f.drop_per_mille) {
+            return self.time_out().await;
+        }
+        self.net.delay().await;
+        let serve = self.net.0.nodes.borrow().get(&self.to).cloned();
+        let Some((serve, inc)) = serve else {
+            return self.time_out().await;
+        };
+        if self.net.strikes(f.dup_per_mille) {
+            let copy = Frame {
+                h,
+                payload: payload.as_ref().map(|p| AlignedBuf::from_slice(p)),
+            };
+            let s = serve.clone();
+            rt::spawn(async move {
+                s(copy).await;
+            });
+        }
+        // The node handles the request as its own task, as a server does:
+        // a caller that stops waiting does not cancel the work (handlers
+        // hold per-object locks across awaits).
+        let handling = rt::spawn(serve(Frame { h, payload }));
+        let (rh, rp) = match self.reply_or_gone(handling, inc).await {
+            Ok(r) => r,
+            Err(e) => return Err(e),
+        };
+        if self.net.strikes(f.reply_drop_per_mille) {
+            return self.time_out().await;
+        }
+        self.net.delay().await;
+        Ok(Frame { h: rh, payload: rp })
+    }
+}
+
+pub type SimOsd = Osd<FaultDev, Net>;
+
+/// One simulated OSD: its device (which survives crashes, as a disk does)
+/// and the running instance, if it is up.
+pub struct Node {
+    pub id: u32,
+    pub addr: Addr,
+    pub dev: FaultDev,
+    pub osd: Option<Rc<SimOsd>>,
+}
+
+/// Store parameters of every simulated OSD: small, so that crashes copy
+/// little and journals wrap.
+pub const OBJECT_BYTES: u32 = 16 << 10;
+const DEV_BYTES: u64 = 16 << 20;
+const JOURNAL_BYTES: u64 = 2_359_296;
+
+/// A cluster of `osds` OSDs with one pool of `pgs` PGs of `size` copies.
+/// Shared by the tasks of a simulation (`Rc`); no borrow is held across an
+/// await.
+pub struct Cluster {
+    pub net: Net,
+    pub map: OsdMap,
+    pub nodes: RefCell<Vec<Node>>,
+}
+
+impl Cluster {
+    /// Formats every OSD's device and starts them. Inside `block_on_virtual`.
+    pub async fn new(net: Net, osds: u32, size: u8, pgs: u32) -> Rc<Cluster> {
+        let addrs: HashMap<u32, Addr> = (0..osds)
+            .map(|id| (id, Addr::Tcp(format!("osd{id}:6800"))))
+            .collect();
+        // Every PG on `size` consecutive OSDs, primaries rotating.
+        let table: Vec<u32> = (0..pgs)
+            .flat_map(|pg| (0..u32::from(size)).map(move |k| (pg + k) % osds))
+            .collect();
+        let map = OsdMap {
+            pgmap: PgMap {
+                pool: 1,
+                epoch: 1,
+                size,
+                osds: table,
+            },
+            addrs: addrs.clone(),
+        };
+        let mut nodes = Vec::new();
+        for id in 0..osds {
+            let dev = FaultDev::new(DEV_BYTES, 512);
+            let fo = FormatOptions {
+                block_bytes: OBJECT_BYTES,
+                journal_bytes: Some(JOURNAL_BYTES),
+                zero_journal: false,
+                ..FormatOptions::default()
+            };
+            Store::format(&dev, &fo)
+                .await
+                .expect("format a simulated OSD");
+            net.disk_timing(&dev);
+            nodes.push(Node {
+                id,
+                addr: addrs[&id].clone(),
+                dev,
+                osd: None,
+            });
+        }
+        let c = Rc::new(Cluster {
+            net,
+            map,
+            nodes: RefCell::new(nodes),
+        });
+        for id in 0..osds {
+            c.start(id).await;
+        }
+        c
+    }
+
+    /// Opens OSD `id`'s store (replaying its journal) and attaches it.
+    pub async fn start(&self, id: u32) {
+        let (dev, addr) = {
+            let n = &self.nodes.borrow()[id as usize];
+            assert!(n.osd.is_none(), "osd.{id} is already up");
+            (n.dev.clone(), n.addr.clone())
+        };
+        let (store, report) = Store::open(dev, StoreOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("osd.{id} does not reopen: {e}"));
+        let osd = Osd::with_store(id, store, &report, self.map.clone(), self.net.clone());
+        self.net.attach(&addr, osd.clone());
+        self.nodes.borrow_mut()[id as usize].osd = Some(osd);
+    }
+
+    /// Cuts OSD `id`'s power: it stops answering, its device keeps what a
+    /// power cut leaves (`seed` decides the fate of unsynced writes). Its
+    /// old instance's tasks find a dead device.
+    pub fn crash(&self, id: u32, seed: u64) {
+        let mut nodes = self.nodes.borrow_mut();
+        let n = &mut nodes[id as usize];
+        self.net.detach(&n.addr);
+        n.osd = None;
+        let (dev, _) = n.dev.power_cut(seed);
+        self.net.disk_timing(&dev);
+        n.dev = dev;
+    }
+
+    pub fn is_up(&self, id: u32) -> bool {
+        self.nodes.borrow()[id as usize].osd.is_some()
+    }
+
+    /// The running instance of OSD `id`.
+    pub fn osd(&self, id: u32) -> Option<Rc<SimOsd>> {
+        self.nodes.borrow()[id as usize].osd.clone()
+    }
+
+    /// The PG of `oid` and its acting set.
+    pub fn route(&self, oid: ObjectId) -> (u32, Vec<u32>) {
+        let pm = &self.map.pgmap;
+        let pg = pg_of(oid, pm.pg_count());
+        (pg, pm.acting(pg).to_vec())
+    }
+
+    /// Sends a client request for `h.oid` to its primary over the
+    /// simulated network (with its faults), epoch and PG filled in.
+    pub async fn call(
+        &self,
+        mut h: Header,
+        payload: Option<AlignedBuf>,
+    ) -> Result<Frame, NetError> {
+        let (pg, acting) = self.route(h.oid);
+        h.pg = pg;
+        h.epoch = self.map.pgmap.epoch;
+        let conn = self.net.connect(&self.map.addrs[&acting[0]])?;
+        conn.call(h, payload).await
+    }
+}
