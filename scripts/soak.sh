@@ -12,6 +12,8 @@
 #   scripts/soak.sh crash [CASES]    the blockstore's model-based crash test
 #                                    (power cuts and kills) with CASES random
 #                                    sequences (default 20000)
+#   scripts/soak.sh sim [SEEDS]      the cluster simulator's read invariant
+#                                    over SEEDS seeds (default 10000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,8 +45,15 @@ crash)
         --features strict --test crash -- acknowledged_writes_survive_power_cuts
     echo "== soak crash: nothing found in $cases sequences"
     ;;
+sim)
+    seeds=${2:-10000}
+    echo "== soak sim: $seeds seeds"
+    NACRE_SIM_SEEDS=$seeds cargo test --release --locked -p nacre-sim --test sim \
+        -- acknowledged_ops_survive_faults_and_crashes
+    echo "== soak sim: nothing found in $seeds seeds"
+    ;;
 *)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
