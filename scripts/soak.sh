@@ -53,7 +53,7 @@ sim)
     echo "== soak sim: nothing found in $seeds seeds"
     ;;
 *)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
