@@ -334,10 +334,15 @@ fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
     let mut ids: Vec<u32> = t.osds.clone();
     ids.sort_unstable();
     ids.dedup();
-    let ix: HashMap<u32, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    // OSD id → dense index (ids are small integers; a table, not a hash).
+    let mut ix = vec![usize::MAX; *ids.last().expect("a PG has OSDs") as usize + 1];
+    for (i, &id) in ids.iter().enumerate() {
+        ix[id as usize] = i;
+    }
+    let ix = |id: &u32| ix[*id as usize];
     let mut replicas = vec![0u64; ids.len()];
     for &o in &t.osds {
-        replicas[ix[&o]] += 1;
+        replicas[ix(&o)] += 1;
     }
     let target = apportion(pgs as u64, &replicas, u64::MAX);
     let mut prim = vec![0u64; ids.len()];
@@ -347,21 +352,21 @@ fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
         let keep = prev
             .filter(|p| p.size == t.size && (pg as u32) < p.pgs())
             .and_then(|p| row.iter().position(|&o| o == p.pg(pg as u32)[0]))
-            .filter(|&s| prim[ix[&row[s]]] < target[ix[&row[s]]]);
+            .filter(|&s| prim[ix(&row[s])] < target[ix(&row[s])]);
         *slot = keep.unwrap_or_else(|| {
             (0..size)
                 .max_by_key(|&s| {
-                    let i = ix[&row[s]];
+                    let i = ix(&row[s]);
                     (target[i] as i64 - prim[i] as i64, Reverse(row[s]))
                 })
                 .expect("size >= 2")
         });
-        prim[ix[&row[*slot]]] += 1;
+        prim[ix(&row[*slot])] += 1;
     }
     // PGs each OSD is primary of (rebuilt lazily: entries may be stale).
     let mut led: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
     for pg in 0..pgs {
-        led[ix[&t.osds[pg * size + first[pg]]]].push(pg);
+        led[ix(&t.osds[pg * size + first[pg]])].push(pg);
     }
     for start in 0..ids.len() {
         while prim[start] > target[start] {
@@ -374,11 +379,11 @@ fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
             'search: while let Some(u) = queue.pop_front() {
                 for &pg in &led[u] {
                     let row = &t.osds[pg * size..(pg + 1) * size];
-                    if ix[&row[first[pg]]] != u {
+                    if ix(&row[first[pg]]) != u {
                         continue; // stale entry
                     }
                     for &o in row {
-                        let v = ix[&o];
+                        let v = ix(&o);
                         if seen[v] {
                             continue;
                         }
@@ -398,7 +403,7 @@ fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
             prim[v] += 1;
             while let Some((u, pg)) = parent[v] {
                 let row = &t.osds[pg * size..(pg + 1) * size];
-                first[pg] = row.iter().position(|&o| ix[&o] == v).expect("member");
+                first[pg] = row.iter().position(|&o| ix(&o) == v).expect("member");
                 led[v].push(pg);
                 v = u;
             }
