@@ -2,24 +2,49 @@
 
 use std::time::Duration;
 
-/// "4G", "128K", "64MiB", "512" (bytes). Binary units.
+/// The units a size may carry (binary: K = 1024).
+pub const SIZE_UNITS: &str = "B, K/KiB, M/MiB, G/GiB, T/TiB (binary)";
+
+/// "4G", "1.5G", "128K", "64MiB", "512" (bytes). Binary units; a fraction
+/// is rounded down to whole bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("size {s:?}: expected a number with an optional K/M/G/T unit"))?;
+    let bad =
+        || format!("size {s:?}: expected a number and a unit: {SIZE_UNITS}, e.g. 20G or 1.5T");
+    if num.is_empty() || num.matches('.').count() > 1 {
+        return Err(bad());
+    }
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        u => return Err(format!("size {s:?}: unknown unit {u:?}")),
+        u => return Err(format!("size {s:?}: unknown unit {u:?}; use {SIZE_UNITS}")),
     };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+    let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| bad())?
+    };
+    let mut bytes = whole
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))?;
+    if !frac.is_empty() {
+        // digits / 10^n of a unit, exactly, in 128 bits.
+        let digits: u128 = frac.parse().map_err(|_| bad())?;
+        let scale = 10u128.checked_pow(frac.len() as u32).ok_or_else(bad)?;
+        let part = digits * (1u128 << shift) / scale;
+        bytes = bytes
+            .checked_add(part as u64)
+            .ok_or_else(|| format!("size {s:?} is too large"))?;
+    }
+    Ok(bytes)
 }
 
 /// "10s", "500ms", "2m", "10" (seconds).
@@ -54,6 +79,12 @@ mod tests {
         assert_eq!(parse_size("128K"), Ok(128 << 10));
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
         assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("0.5k"), Ok(512));
+        assert_eq!(parse_size(".25M"), Ok(256 << 10));
+        assert!(parse_size("1.2.3G").is_err());
+        assert!(parse_size("10X").unwrap_err().contains("K/KiB"));
+        assert!(parse_size("G").unwrap_err().contains("e.g. 20G"));
         assert!(parse_size("").is_err());
         assert!(parse_size("4X").is_err());
         assert!(parse_size("-1G").is_err());

@@ -59,6 +59,8 @@ pub struct Running {
     pub nbd: Addr,
     pub dir: PathBuf,
     workers: Vec<Worker>,
+    /// The OSDs' unix sockets, removed at stop.
+    sockets: Vec<PathBuf>,
     keepalive_stop: Arc<AtomicBool>,
     keepalive: Option<JoinHandle<()>>,
 }
@@ -274,6 +276,12 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         nbd: o.nbd.clone(),
         dir: o.dir.clone(),
         workers,
+        sockets: (m.osds.iter())
+            .filter_map(|r| match r.addr.parse::<Addr>() {
+                Ok(Addr::Unix(p)) => Some(p),
+                _ => None,
+            })
+            .collect(),
         keepalive_stop: Arc::new(AtomicBool::new(false)),
         keepalive: None,
     };
@@ -344,6 +352,9 @@ impl Running {
         }
         let _ = std::fs::remove_file(self.dir.join("nacre.pid"));
         let _ = std::fs::remove_file(meta_socket(&self.dir));
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
         if let Addr::Unix(p) = &self.nbd {
             let _ = std::fs::remove_file(p);
         }

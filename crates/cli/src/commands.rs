@@ -50,6 +50,9 @@ pub fn up(
     nbd: Option<String>,
     journal_bytes: Option<u64>,
 ) -> anyhow::Result<()> {
+    // Absolute, so that what it prints (attach URIs, sockets) works from
+    // anywhere.
+    let dir = std::path::absolute(&dir).with_context(|| format!("--dir {}", dir.display()))?;
     let nbd: Addr = match nbd {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,
         None => Addr::Unix(dir.join("nbd.sock")),
@@ -87,10 +90,21 @@ pub fn up(
         println!("attach: nbd://{hp}/VOLUME");
     }
     let sig = wait_for_signal(&set);
-    eprintln!("nacre up: signal {sig}, stopping");
+    eprintln!("nacre up: {}, stopping", signal_name(sig));
     running.stop();
     eprintln!("nacre up: stopped");
     Ok(())
+}
+
+/// What the operator sent, by name.
+fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT (Ctrl-C)".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
+        s => format!("signal {s}"),
+    }
 }
 
 fn remote(dir: &Path) -> anyhow::Result<Arc<dyn MetaStore>> {
@@ -110,6 +124,8 @@ pub enum VolumeCmd {
     /// Create a thin volume.
     Create {
         name: String,
+        /// Size: a number and a unit (B, K, M, G, T; binary), e.g. 20G or
+        /// 1.5T. Thin: nothing is allocated until written.
         #[arg(long, value_parser = parse_size)]
         size: u64,
         #[arg(long)]
@@ -133,6 +149,7 @@ pub enum VolumeCmd {
     /// Grow or shrink a volume (shrinking discards the data past the end).
     Resize {
         name: String,
+        /// New size: a number and a unit (B, K, M, G, T; binary).
         #[arg(long, value_parser = parse_size)]
         size: u64,
         #[arg(long)]
@@ -199,7 +216,7 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
         }
         VolumeCmd::Info { name, dir, format } => {
             let v = map::get_volume(&*remote(&dir)?, &name)?
-                .with_context(|| format!("no volume {name:?}"))?;
+                .ok_or_else(|| nacre_client::ClientError::NoVolume(name.clone()))?;
             match format {
                 Format::Json => println!("{}", volume_json(&v)),
                 Format::Table => {
@@ -295,9 +312,9 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
         "checks": checks,
         "osds": {"total": m.osds.len(), "up": up_count},
         "pgs": {"total": pg.pg_count(), "active_clean": clean, "degraded": degraded, "inactive": inactive},
-        "capacity": {"total_bytes": sum("capacity_bytes"), "used_bytes": sum("used_bytes"), "objects": sum("objects")},
+        "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
         "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
-                      "read_bytes_per_s": sum("read_bytes_per_s"), "write_bytes_per_s": sum("write_bytes_per_s")},
+                      "read_bytes_per_s": sum("read_bytes_per_s") as u64, "write_bytes_per_s": sum("write_bytes_per_s") as u64},
         "pool": {"name": pool.name, "size": pool.size, "min_size": pool.min_size, "pg_count": pool.pg_count},
         "volumes": vols.len(),
         "osd": stats.iter().map(|(id, v)| serde_json::json!({"id": id, "up": m.is_up(*id), "stats": v})).collect::<Vec<_>>(),
@@ -603,4 +620,16 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             humantime(a.runtime)
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::signal_name;
+
+    #[test]
+    fn signals_are_named() {
+        assert_eq!(signal_name(libc::SIGINT), "SIGINT (Ctrl-C)");
+        assert_eq!(signal_name(libc::SIGTERM), "SIGTERM");
+        assert_eq!(signal_name(64), "signal 64");
+    }
 }

@@ -35,7 +35,8 @@ enum Cmd {
         dir: PathBuf,
         #[arg(long, default_value_t = 3)]
         osds: u32,
-        /// Size of each OSD's file when it is created.
+        /// Size of each OSD's file when it is created: a number and a unit
+        /// (B, K, M, G, T; binary), e.g. 4G or 1.5T.
         #[arg(long, value_parser = args::parse_size, default_value = "4G")]
         osd_size: u64,
         #[arg(long, default_value_t = 3)]
@@ -131,9 +132,12 @@ fn block_bytes(v: u64) -> anyhow::Result<u32> {
 fn main() {
     let level = std::env::var("NACRE_LOG").unwrap_or_else(|_| "warn".into());
     let level = level.parse().unwrap_or(tracing::Level::WARN);
+    // Colours only for a person at a terminal, not in logs and pipes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     let cli = Cli::parse();
     if !matches!(cli.cmd, Cmd::Up { .. } | Cmd::Demo(_) | Cmd::Bench(_)) {

@@ -151,3 +151,51 @@ fn bad_arguments_give_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a Nacre store"));
 }
+
+/// Log lines carry no colour codes when stderr is not a terminal (a pipe,
+/// a file, a test log).
+#[test]
+fn logs_are_plain_text_when_piped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.img");
+    let p = path.to_str().unwrap();
+    assert!(nacre(&["store", "format", "--path", p, "--size", "64M"])
+        .status
+        .success());
+    let out = Command::new(env!("CARGO_BIN_EXE_nacre"))
+        .args(["store", "info", "--path", p])
+        .env("NACRE_NO_URING", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("io_uring disabled"), "{err}");
+    assert!(
+        !err.contains('\x1b'),
+        "colour codes in a piped log: {err:?}"
+    );
+}
+
+/// Sizes take decimals and say which units they know.
+#[test]
+fn sizes_take_decimals_and_name_their_units() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.img");
+    let p = path.to_str().unwrap();
+    let out = nacre(&["store", "format", "--path", p, "--size", "96.5M"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        96 * (1 << 20) + (1 << 19)
+    );
+    let out = nacre(&["store", "format", "--path", p, "--size", "10X"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("unknown unit") && err.contains("G/GiB"),
+        "{err}"
+    );
+}

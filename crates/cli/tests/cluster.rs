@@ -576,17 +576,43 @@ fn volumes_resize_delete_and_survive_restarts() {
     let mut up = Up::start(&d.path().join("c"), &["--osd-size", "512M"]);
     up.volume(&["create", "keep", "--size", "16M"]);
     up.volume(&["create", "gone", "--size", "16M"]);
-    assert!(!nacre(&[
+    // A duplicate says so in the user's terms (no internal layer names),
+    // and a missing volume reads the same from every command.
+    let dup = nacre(&[
         "volume",
         "create",
         "keep",
         "--size",
         "1M",
         "--dir",
-        up.dir()
-    ])
-    .status
-    .success());
+        up.dir(),
+    ]);
+    let err = String::from_utf8_lossy(&dup.stderr);
+    assert!(!dup.status.success());
+    assert!(
+        err.contains("a volume named \"keep\" already exists") && !err.contains("meta store"),
+        "{err}"
+    );
+    for cmd in [
+        &["volume", "info", "nope", "--dir", up.dir()][..],
+        &[
+            "volume",
+            "resize",
+            "nope",
+            "--size",
+            "1M",
+            "--dir",
+            up.dir(),
+        ][..],
+    ] {
+        let out = nacre(cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("no volume named \"nope\" (`nacre volume ls` lists them)"),
+            "{cmd:?}: {err}"
+        );
+    }
     assert!(!nacre(&[
         "volume",
         "create",
@@ -604,7 +630,22 @@ fn volumes_resize_delete_and_survive_restarts() {
     qemu_convert(&img, &up.uri("gone"));
     up.volume(&["rm", "gone"]);
     up.volume(&["resize", "keep", "--size", "32M"]);
+    let st = up.status();
+    for k in ["total_bytes", "used_bytes", "objects"] {
+        assert!(
+            st["capacity"][k].is_u64(),
+            "capacity.{k} = {}",
+            st["capacity"][k]
+        );
+    }
     up.stop();
+    // A clean stop leaves no sockets behind.
+    let left: Vec<String> = std::fs::read_dir(&up.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sock"))
+        .collect();
+    assert!(left.is_empty(), "sockets left after a clean stop: {left:?}");
     up.spawn();
     let ls: serde_json::Value =
         serde_json::from_str(&up.volume(&["ls", "--format", "json"])).unwrap();
@@ -842,4 +883,38 @@ fn bench_and_demo_run_the_whole_suite() {
     assert_eq!(suite_names(&v["nacre"]), want);
     assert_eq!(suite_names(&v["local"]), want);
     assert!(!demo_dir.exists(), "demo left its dir behind");
+}
+
+/// A relative `--dir` still prints attach URIs that work from anywhere.
+#[test]
+fn a_relative_dir_prints_absolute_paths() {
+    use std::io::BufRead;
+    let d = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nacre"))
+        .args(["up", "--dir", "rel", "--osd-size", "256M"])
+        .current_dir(d.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let attach = std::io::BufReader::new(out)
+        .lines()
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("attach:"))
+        .expect("nacre up prints how to attach");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    let want = d
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join("rel")
+        .join("nbd.sock");
+    assert!(
+        attach.contains(&format!("socket={}", want.display())),
+        "{attach} (want {})",
+        want.display()
+    );
 }

@@ -41,6 +41,8 @@ pub enum ClientError {
     NoSpace,
     #[error("invalid request: {0}")]
     Invalid(String),
+    #[error("no volume named {0:?} (`nacre volume ls` lists them)")]
+    NoVolume(String),
     #[error("data failed its checksum: {0}")]
     Corrupt(String),
     #[error("cluster unavailable: {0}")]
@@ -236,7 +238,7 @@ impl Volume {
     /// Opens volume `name` (its record is read once, now).
     pub fn open(cluster: &Rc<Cluster>, name: &str) -> Result<Volume> {
         let rec = map::get_volume(&**cluster.meta(), name)?
-            .ok_or_else(|| ClientError::Invalid(format!("no volume {name:?}")))?;
+            .ok_or_else(|| ClientError::NoVolume(name.to_string()))?;
         Ok(Volume {
             cluster: cluster.clone(),
             rec,
@@ -411,7 +413,7 @@ impl Cluster {
     ) -> Result<VolumeRecord> {
         check_size(size_bytes)?;
         let old = map::get_volume(&*self.meta, name)?
-            .ok_or_else(|| ClientError::Invalid(format!("no volume {name:?}")))?;
+            .ok_or_else(|| ClientError::NoVolume(name.to_string()))?;
         // Publish the new size first, so no gateway writes past it once its
         // next open sees the record; then drop the data a shrink cut off.
         let rec = map::update_volume(&*self.meta, name, |r| {
@@ -431,7 +433,7 @@ impl Cluster {
     /// Deletes a volume: its objects on every OSD, then its record.
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
         let rec = map::get_volume(&*self.meta, name)?
-            .ok_or_else(|| ClientError::Invalid(format!("no volume {name:?}")))?;
+            .ok_or_else(|| ClientError::NoVolume(name.to_string()))?;
         let osds: Vec<u32> = self.map.borrow().osds.iter().map(|o| o.id).collect();
         for osd in osds {
             let h = Header::request(Op::PurgeVolume, 0, ObjectId::new(rec.id, 0));

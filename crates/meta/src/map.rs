@@ -315,7 +315,7 @@ pub fn create_volume(
         }
         if matches!(r.results.first(), Some(OpResult::Get(kvs)) if !kvs.is_empty()) {
             return Err(MetaError::Invalid(format!(
-                "volume {name:?} already exists"
+                "a volume named {name:?} already exists (`nacre volume ls` lists them)"
             )));
         }
     }

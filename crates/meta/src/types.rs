@@ -171,7 +171,9 @@ pub enum MetaError {
     Compacted { asked: Revision, oldest: Revision },
     #[error("meta store: lease {0} not found")]
     LeaseNotFound(LeaseId),
-    #[error("meta store: {0}")]
+    /// A request the cluster map refuses; the text names the thing and
+    /// the problem, for the user.
+    #[error("{0}")]
     Invalid(String),
     #[error("meta store: watch ended: {0}")]
     WatchEnded(String),
