@@ -93,13 +93,6 @@ fn pg_count_for(osds: u32, replicas: u8) -> u32 {
 /// Creates the map on first start; checks it against `o` afterwards.
 fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
     if !map::initialised(meta)? {
-        if o.osds == 0 || u32::from(o.replicas) > o.osds || o.replicas == 0 {
-            bail!(
-                "--replicas {} needs 1..={} (the number of OSDs)",
-                o.replicas,
-                o.osds
-            );
-        }
         let osds: Vec<OsdRecord> = (0..o.osds)
             .map(|id| OsdRecord {
                 id,
@@ -227,10 +220,53 @@ fn spawn_gateway(
 }
 
 /// Starts everything; returns once the OSDs and the gateway listen.
+/// Refuses, with a message that says what to do, options that cannot make
+/// a cluster — before anything is created.
+fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
+    if o.osds == 0 {
+        bail!("--osds 0: a cluster needs at least one OSD (the default is 3)");
+    }
+    if o.replicas == 0 || u32::from(o.replicas) > o.osds {
+        bail!(
+            "--replicas {}: each copy needs its own OSD, so it must be between 1 and --osds ({})",
+            o.replicas,
+            o.osds
+        );
+    }
+    if o.dir.exists() && !o.dir.is_dir() {
+        bail!(
+            "--dir {} is a file; give a directory (it is created if missing)",
+            o.dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The pid in `DIR/nacre.pid`, if that process still runs.
+fn running_pid(dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join("nacre.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+}
+
 pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
+    check_opts(o)?;
     std::fs::create_dir_all(&o.dir).with_context(|| format!("create {}", o.dir.display()))?;
-    let meta = Embedded::open(&o.dir.join("meta"))
-        .with_context(|| format!("cluster in {}", o.dir.display()))?;
+    let meta = match Embedded::open(&o.dir.join("meta")) {
+        Ok(m) => m,
+        Err(e) => {
+            if let Some(pid) = running_pid(&o.dir) {
+                bail!(
+                    "a cluster is already running in {} (nacre up, pid {pid}); use it, or stop it first",
+                    o.dir.display()
+                );
+            }
+            return Err(anyhow::Error::new(e).context(format!("cluster in {}", o.dir.display())));
+        }
+    };
     init_or_check(&*meta, o)?;
     nacre_meta::remote::serve(meta.clone(), &meta_socket(&o.dir)).context("meta socket")?;
     let m = map::load(&*meta)?;

@@ -918,3 +918,52 @@ fn a_relative_dir_prints_absolute_paths() {
         want.display()
     );
 }
+
+/// Options that cannot make a cluster are refused before anything is
+/// created, each with a message that says what to do; a second `nacre up`
+/// on a running cluster's dir names the one that runs.
+#[test]
+fn up_refuses_what_cannot_work_and_says_why() {
+    let d = tempfile::tempdir().unwrap();
+    let x = d.path().join("x");
+    let xs = x.to_str().unwrap();
+    let cases: [(&[&str], &str); 2] = [
+        (&["--osds", "0"], "a cluster needs at least one OSD"),
+        (
+            &["--osds", "2", "--replicas", "3"],
+            "must be between 1 and --osds (2)",
+        ),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["up", "--dir", xs];
+        args.extend_from_slice(extra);
+        let out = nacre(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{extra:?}: {err}"
+        );
+        assert!(!x.exists(), "{extra:?} left {} behind", x.display());
+    }
+    let file = d.path().join("afile");
+    std::fs::write(&file, b"").unwrap();
+    let out = nacre(&["up", "--dir", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is a file; give a directory"),
+        "{err}"
+    );
+
+    let up = Up::start(&d.path().join("c"), &["--osd-size", "256M"]);
+    let out = nacre(&["up", "--dir", up.dir(), "--osd-size", "256M"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let pid = up.child.as_ref().unwrap().id();
+    assert!(
+        !out.status.success()
+            && err.contains(&format!(
+                "already running in {} (nacre up, pid {pid})",
+                up.dir()
+            )),
+        "{err}"
+    );
+}
