@@ -545,6 +545,24 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         bail!("{} exists; give another --dir", dir.display());
     }
     let dir = std::path::absolute(&dir)?;
+    // Ctrl-C or SIGTERM mid-run: remove the cluster's files (GiBs) and say
+    // so, instead of leaving them behind.
+    let set = block_stop_signals();
+    {
+        let dir = dir.clone();
+        std::thread::Builder::new()
+            .name("demo-signals".into())
+            .spawn(move || {
+                let sig = wait_for_signal(&set);
+                let _ = std::fs::remove_dir_all(&dir);
+                eprintln!(
+                    "nacre demo: {}; removed {}",
+                    signal_name(sig),
+                    dir.display()
+                );
+                std::process::exit(130);
+            })?;
+    }
     let progress = a.format == Format::Table;
     let say = |m: &str| {
         if progress {

@@ -967,3 +967,32 @@ fn up_refuses_what_cannot_work_and_says_why() {
         "{err}"
     );
 }
+
+/// Ctrl-C during `nacre demo` removes the demo's cluster files and says so.
+#[test]
+fn an_interrupted_demo_cleans_up() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("demo");
+    let child = Command::new(env!("CARGO_BIN_EXE_nacre"))
+        .args(["demo", "--runtime", "30s", "--size", "64M", "--dir"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !dir.join("nbd.sock").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the demo's cluster did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("SIGINT (Ctrl-C); removed"), "{err}");
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
