@@ -42,7 +42,12 @@ pub struct Faults {
     pub delay_ms_max: u64,
 }
 
-type Serve = Rc<dyn Fn(Frame) -> Pin<Box<dyn Future<Output = (Header, Option<AlignedBuf>)>>>>;
+type Handling = Pin<Box<dyn Future<Output = (Header, Option<AlignedBuf>)>>>;
+/// A node's request handler, reached weakly: the network must not keep a
+/// node alive (a node holds the network as its transport, so a strong
+/// reference would be a cycle that leaks every simulated disk). `None`
+/// once the node is gone.
+type Serve = Rc<dyn Fn(Frame) -> Option<Handling>>;
 
 struct NetState {
     /// What serves each address, with its incarnation (raised at every
@@ -80,7 +85,11 @@ impl Net {
 
     /// Serves requests to `addr` with `h`, replacing what served it.
     pub fn attach<H: Handler>(&self, addr: &Addr, h: Rc<H>) {
-        let serve: Serve = Rc::new(move |f| Box::pin(h.clone().handle(f)));
+        let node = Rc::downgrade(&h);
+        let serve: Serve = Rc::new(move |f| {
+            let h = node.upgrade()?;
+            Some(Box::pin(h.handle(f)) as Handling)
+        });
         let n = self.0.incarnations.get() + 1;
         self.0.incarnations.set(n);
         self.0
@@ -152,7 +161,6 @@ impl SimConn {
         reply: F,
         inc: u64,
     ) -> Result<(Header, Option<AlignedBuf>), NetError> {
-        let deadline = rt::monotonic() + self.net.0.deadline;
         let mut reply = std::pin::pin!(reply);
         let mut timer = Box::pin(rt::sleep(self.net.0.deadline));
         let mut gone = Box::pin(self.net.0.changed.wait());
@@ -167,7 +175,7 @@ impl SimConn {
                 gone = Box::pin(self.net.0.changed.wait());
                 cx.waker().wake_by_ref();
             }
-            if timer.as_mut().poll(cx).is_ready() || rt::monotonic() >= deadline {
+            if timer.as_mut().poll(cx).is_ready() {
                 return std::task::Poll::Ready(Err(NetError::Timeout(
                     self.net.0.deadline.as_millis() as u64,
                 )));
@@ -221,15 +229,17 @@ impl SimConn {
                 h,
                 payload: payload.as_ref().map(|p| AlignedBuf::from_slice(p)),
             };
-            let s = serve.clone();
-            rt::spawn(async move {
-                s(copy).await;
-            });
+            if let Some(dup) = serve(copy) {
+                rt::spawn(dup);
+            }
         }
         // The node handles the request as its own task, as a server does:
         // a caller that stops waiting does not cancel the work (handlers
         // hold per-object locks across awaits).
-        let handling = rt::spawn(serve(Frame { h, payload }));
+        let Some(handling) = serve(Frame { h, payload }) else {
+            return self.time_out().await;
+        };
+        let handling = rt::spawn(handling);
         let (rh, rp) = match self.reply_or_gone(handling, inc).await {
             Ok(r) => r,
             Err(e) => return Err(e),
