@@ -338,8 +338,8 @@ pub(crate) struct FoldClaimState {
 }
 
 impl<D: BlockDev + 'static> FoldClaim<D> {
-    /// Claims the block `oid` lives in. `Ok(None)` if the object has no
-    /// block.
+    /// Claims the block `oid` lives in (`claim.block`). `Ok(None)` if the
+    /// object has no block.
     ///
     /// Folds are planned by one task at a time (the redo at open, then the
     /// checkpointer, which plans each group's objects once and applies a
@@ -347,7 +347,7 @@ impl<D: BlockDev + 'static> FoldClaim<D> {
     /// `strict` builds assert it, and other builds fail the fold (which
     /// stops the store's writes) rather than wait — the claim may belong to
     /// the very group that is waiting, and folding anyway could tear data.
-    fn take(inner: &Rc<Inner<D>>, oid: ObjectId) -> Result<Option<(FoldClaim<D>, u32)>> {
+    fn take(inner: &Rc<Inner<D>>, oid: ObjectId) -> Result<Option<FoldClaim<D>>> {
         let mut st = inner.st.borrow_mut();
         let Some(block) = st.index.block_of(&oid) else {
             return Ok(None);
@@ -366,12 +366,11 @@ impl<D: BlockDev + 'static> FoldClaim<D> {
         let id = st.next_fold_id;
         st.folds
             .insert(block, FoldClaimState { id, writing: false });
-        let claim = FoldClaim {
+        Ok(Some(FoldClaim {
             inner: inner.clone(),
             block,
             id,
-        };
-        Ok(Some((claim, block)))
+        }))
     }
 
     /// Asserts that this claim still holds its block (a pair with `take`).
@@ -399,9 +398,9 @@ impl<D: BlockDev + 'static> Drop for FoldClaim<D> {
 
 /// A computed fold: the new content of an object's dirty chunks.
 pub(crate) struct FoldPlan<D: BlockDev + 'static> {
+    /// Holds the block (`claim.block`) until the plan is applied or dropped.
     claim: FoldClaim<D>,
     oid: ObjectId,
-    block: u32,
     top: u64,
     bound: Bound,
     /// (device offset, bytes) of each run of dirty chunks.
@@ -418,8 +417,8 @@ impl<D: BlockDev + 'static> FoldPlan<D> {
 }
 
 /// Computes the fold of `oid`'s overlays within `bound`: claims the
-/// object's block (waiting for any other plan of it to finish), reads what
-/// it needs and checks it, touching nothing on disk.
+/// object's block (see [`FoldClaim::take`]), reads what it needs and checks
+/// it, touching nothing on disk.
 ///
 /// A chunk only partly covered by overlays keeps its other sectors. Its old
 /// bytes must match the chunk's checksum — either as read (not folded yet)
@@ -437,9 +436,10 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
     if !inner.st.borrow().index.pending.contains_key(&oid) {
         return Ok(None);
     }
-    let Some((claim, block)) = FoldClaim::take(inner, oid)? else {
+    let Some(claim) = FoldClaim::take(inner, oid)? else {
         return Ok(None);
     };
+    let block = claim.block;
     // With the claim held, the overlays and checksums snapshotted here are
     // the only fold of this block in flight.
     let ovs: Vec<Overlay> = {
@@ -522,7 +522,6 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
     Ok(Some(FoldPlan {
         claim,
         oid,
-        block,
         top,
         bound,
         runs,
@@ -541,7 +540,10 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
         let mut st = inner.st.borrow_mut();
         for p in &plans {
             p.claim.check_held(&st);
-            st.folds.get_mut(&p.block).expect("claim held").writing = true;
+            st.folds
+                .get_mut(&p.claim.block)
+                .expect("claim held")
+                .writing = true;
         }
     }
     inner.bump_epoch();
@@ -555,14 +557,16 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
         let mut st = inner.st.borrow_mut();
         for p in &mut plans {
             p.claim.check_held(&st);
-            st.csum
-                .set(p.block, std::mem::take(&mut p.csums).into_boxed_slice());
+            st.csum.set(
+                p.claim.block,
+                std::mem::take(&mut p.csums).into_boxed_slice(),
+            );
             let bound = p.bound;
             let folded = st.index.retain_overlays(&p.oid, |o| !bound.takes(o));
-            if st.index.block_of(&p.oid) == Some(p.block)
-                && st.index.blocks[p.block as usize].version.get() < p.top
+            if st.index.block_of(&p.oid) == Some(p.claim.block)
+                && st.index.blocks[p.claim.block as usize].version.get() < p.top
             {
-                st.index.set_version(p.block, p.top);
+                st.index.set_version(p.claim.block, p.top);
             }
             st.stats.flushed_overlays += folded as u64;
         }
@@ -630,7 +634,7 @@ async fn fold_all<D: BlockDev + 'static>(
                     version: p.top,
                     offset: 0,
                     len: 0,
-                    block: p.block,
+                    block: p.claim.block,
                     csums: p.pairs.clone(),
                     data_pos: 0,
                 },

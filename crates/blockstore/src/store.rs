@@ -574,7 +574,6 @@ impl<D: BlockDev + 'static> Inner<D> {
         }
     }
 
-    /// Withdraws an admitted op that never reached the queue.
     /// Withdraws an admitted op that never reached the queue; `write` is
     /// the version of a withdrawn write, which a repeat must not take as
     /// done.

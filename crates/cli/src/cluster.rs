@@ -249,7 +249,7 @@ fn running_pid(dir: &Path) -> Option<u32> {
         .trim()
         .parse()
         .ok()?;
-    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+    nacre_io::file::process_alive(pid).then_some(pid)
 }
 
 pub fn start(o: &UpOpts) -> anyhow::Result<Running> {

@@ -136,7 +136,7 @@ fn flock_holder(ino: u64) -> Option<u32> {
 }
 
 /// Whether `pid` is a process that still runs (not gone, not a zombie).
-fn process_alive(pid: u32) -> bool {
+pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // "pid (comm) S ...": the state follows the last ')'.
         Ok(stat) => stat

@@ -593,10 +593,10 @@ impl Drop for Op {
 mod tests {
     use super::*;
 
-    /// A timer whose sleep is already over wakes nobody; time goes on to
-    /// the next.
+    /// A sleep of zero is over at once and leaves no timer behind (such a
+    /// timer would wake nobody); time goes on to the next one.
     #[test]
-    fn virtual_time_skips_dropped_sleeps() {
+    fn virtual_time_after_a_zero_sleep() {
         block_on_virtual(async {
             // Due at once: done at its first poll, its timer still set.
             sleep(Duration::ZERO).await;

@@ -83,7 +83,6 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Versions handed out by writes that failed somewhere: never reused.
     burnt: RefCell<HashMap<ObjectId, u64>>,
     done: RefCell<ReqCache>,
-    client_id: u64,
     pub stats: OsdStats,
 }
 
@@ -193,7 +192,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             unbusy: Notify::new(),
             burnt: RefCell::new(HashMap::new()),
             done: RefCell::new(ReqCache::default()),
-            client_id: osd_client_id(id),
             stats,
         })
     }
@@ -323,7 +321,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             Op::RepWrite
         };
         sub.obj_version = version;
-        sub.client = self.client_id;
+        sub.client = osd_client_id(self.id);
         sub.request_id = 0;
         // One buffer shared by the replica tasks (each sends its own copy,
         // kept for a resend); the local write takes the original when no
