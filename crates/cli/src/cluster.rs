@@ -239,6 +239,24 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
             o.dir.display()
         );
     }
+    // A new cluster: its OSD stores must be possible at these sizes (the
+    // same layout check formatting does, before any file exists).
+    if !o.dir.join("meta").exists() {
+        nacre_blockstore::Geometry::plan(
+            [0; 16],
+            o.osd_size_bytes,
+            OBJECT_BYTES,
+            4096,
+            o.journal_bytes,
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--osd-size {} / --journal-size {}: an OSD store cannot be made: {e}",
+                o.osd_size_bytes,
+                o.journal_bytes.map_or("default".into(), |j| j.to_string())
+            )
+        })?;
+    }
     Ok(())
 }
 

@@ -927,11 +927,16 @@ fn up_refuses_what_cannot_work_and_says_why() {
     let d = tempfile::tempdir().unwrap();
     let x = d.path().join("x");
     let xs = x.to_str().unwrap();
-    let cases: [(&[&str], &str); 2] = [
+    let cases: [(&[&str], &str); 4] = [
         (&["--osds", "0"], "a cluster needs at least one OSD"),
         (
             &["--osds", "2", "--replicas", "3"],
             "must be between 1 and --osds (2)",
+        ),
+        (&["--osd-size", "1M"], "an OSD store cannot be made"),
+        (
+            &["--journal-size", "1K"],
+            "an OSD store cannot be made: invalid request: journal size 1024",
         ),
     ];
     for (extra, want) in cases {
