@@ -317,14 +317,17 @@ pub fn place(osds: &[Osd], pool: &Pool, prev: Option<&Table>) -> Result<Table, P
 }
 
 /// Puts each PG's primary first, so that every OSD is primary for its
-/// share of the PGs (by the replicas it holds, apportioned to whole PGs).
+/// share of the PGs: with `r` replicas in a pool of size `size`, between
+/// ⌊r / size⌋ and ⌈r / size⌉ of them.
 ///
-/// Starts from the previous primaries where they are still members (else
-/// the member furthest below its share), then moves primaries from OSDs
-/// above their share to OSDs below it along augmenting paths: an OSD above
-/// hands one of its PGs to another member of that PG, which, if it is not
-/// below its share itself, hands on one of its own, and so on. Each path
-/// lowers the total excess by one; O(PGs · size) per path.
+/// Starts from the previous primaries wherever they are still members
+/// (else the member furthest below its share) and moves only what leaves
+/// that band, along augmenting paths: an OSD above it hands one of its
+/// PGs to another member, which, if that takes it above the band itself,
+/// hands on one of its own, and so on; an OSD below it takes a PG from a
+/// member that can spare one, the same way backwards. A band rather than
+/// exact targets keeps primaries put when counts shift by a replica or
+/// two. O(PGs · size) per path.
 fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
     let size = t.size as usize;
     let pgs = t.pgs() as usize;
@@ -340,75 +343,102 @@ fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
         ix[id as usize] = i;
     }
     let ix = |id: &u32| ix[*id as usize];
-    let mut replicas = vec![0u64; ids.len()];
-    for &o in &t.osds {
+    let n = ids.len();
+    let mut replicas = vec![0u64; n];
+    // PGs each OSD is a member of.
+    let mut member: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (k, &o) in t.osds.iter().enumerate() {
         replicas[ix(&o)] += 1;
+        member[ix(&o)].push(k / size);
     }
-    let target = apportion(pgs as u64, &replicas, u64::MAX);
-    let mut prim = vec![0u64; ids.len()];
+    let lo: Vec<u64> = replicas.iter().map(|&r| r / size as u64).collect();
+    let hi: Vec<u64> = replicas.iter().map(|&r| r.div_ceil(size as u64)).collect();
+    let mut prim = vec![0u64; n];
     let mut first = vec![0usize; pgs]; // slot of each PG's primary
     for (pg, slot) in first.iter_mut().enumerate() {
         let row = &t.osds[pg * size..(pg + 1) * size];
         let keep = prev
             .filter(|p| p.size == t.size && (pg as u32) < p.pgs())
-            .and_then(|p| row.iter().position(|&o| o == p.pg(pg as u32)[0]))
-            .filter(|&s| prim[ix(&row[s])] < target[ix(&row[s])]);
+            .and_then(|p| row.iter().position(|&o| o == p.pg(pg as u32)[0]));
         *slot = keep.unwrap_or_else(|| {
             (0..size)
                 .max_by_key(|&s| {
                     let i = ix(&row[s]);
-                    (target[i] as i64 - prim[i] as i64, Reverse(row[s]))
+                    (hi[i] as i64 - prim[i] as i64, Reverse(row[s]))
                 })
                 .expect("size >= 2")
         });
         prim[ix(&row[*slot])] += 1;
     }
-    // PGs each OSD is primary of (rebuilt lazily: entries may be stale).
-    let mut led: Vec<Vec<usize>> = vec![Vec::new(); ids.len()];
-    for pg in 0..pgs {
-        led[ix(&t.osds[pg * size + first[pg]])].push(pg);
-    }
-    for start in 0..ids.len() {
-        while prim[start] > target[start] {
-            // Breadth-first over OSDs: parent[v] = (u, pg) means u hands pg to v.
-            let mut parent: Vec<Option<(usize, usize)>> = vec![None; ids.len()];
-            let mut seen = vec![false; ids.len()];
-            seen[start] = true;
-            let mut queue = std::collections::VecDeque::from([start]);
-            let mut end = None;
-            'search: while let Some(u) = queue.pop_front() {
-                for &pg in &led[u] {
-                    let row = &t.osds[pg * size..(pg + 1) * size];
-                    if ix(&row[first[pg]]) != u {
-                        continue; // stale entry
+    let leader = |first: &[usize], pg: usize| ix(&t.osds[pg * size + first[pg]]);
+    // One breadth-first search for a path of hand-overs from `start`:
+    // `shed` moves a PG away from `start` (forward: start's PGs to their
+    // other members, ending at one below `hi`); otherwise a PG comes to
+    // `start` (backward: from the leaders of start's PGs, ending at one
+    // above `lo`). Applies the path; false when there is none.
+    let path = |start: usize, shed: bool, first: &mut Vec<usize>, prim: &mut Vec<u64>| {
+        let mut parent: Vec<Option<(usize, usize)>> = vec![None; n];
+        let mut seen = vec![false; n];
+        seen[start] = true;
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut end = None;
+        'search: while let Some(u) = queue.pop_front() {
+            for &pg in &member[u] {
+                let l = leader(first, pg);
+                let next: Vec<usize> = if shed {
+                    if l != u {
+                        continue;
                     }
-                    for &o in row {
-                        let v = ix(&o);
-                        if seen[v] {
-                            continue;
-                        }
-                        seen[v] = true;
-                        parent[v] = Some((u, pg));
-                        if prim[v] < target[v] {
-                            end = Some(v);
-                            break 'search;
-                        }
-                        queue.push_back(v);
+                    t.osds[pg * size..(pg + 1) * size].iter().map(ix).collect()
+                } else {
+                    if l == u {
+                        continue;
                     }
+                    vec![l]
+                };
+                for v in next {
+                    if seen[v] {
+                        continue;
+                    }
+                    seen[v] = true;
+                    parent[v] = Some((u, pg));
+                    let done = if shed {
+                        prim[v] < hi[v]
+                    } else {
+                        prim[v] > lo[v]
+                    };
+                    if done {
+                        end = Some(v);
+                        break 'search;
+                    }
+                    queue.push_back(v);
                 }
             }
-            let Some(mut v) = end else {
-                break; // no path: the table allows no better for this OSD
-            };
-            prim[v] += 1;
-            while let Some((u, pg)) = parent[v] {
-                let row = &t.osds[pg * size..(pg + 1) * size];
-                first[pg] = row.iter().position(|&o| ix(&o) == v).expect("member");
-                led[v].push(pg);
-                v = u;
-            }
-            prim[start] -= 1;
         }
+        let Some(mut v) = end else {
+            return false;
+        };
+        if shed {
+            prim[v] += 1;
+            prim[start] -= 1;
+        } else {
+            prim[v] -= 1;
+            prim[start] += 1;
+        }
+        // Walk back: each step's PG goes to its new leader.
+        while let Some((u, pg)) = parent[v] {
+            let to = if shed { v } else { u };
+            let row = &t.osds[pg * size..(pg + 1) * size];
+            first[pg] = row.iter().position(|o| ix(o) == to).expect("member");
+            v = u;
+        }
+        true
+    };
+    for start in 0..n {
+        while prim[start] > hi[start] && path(start, true, &mut first, &mut prim) {}
+    }
+    for start in 0..n {
+        while prim[start] < lo[start] && path(start, false, &mut first, &mut prim) {}
     }
     for (pg, &slot) in first.iter().enumerate() {
         t.osds[pg * size..(pg + 1) * size].swap(0, slot);
