@@ -303,6 +303,7 @@ async fn run_async(opts: &StoreBenchOpts) -> anyhow::Result<StoreBenchReport> {
         opts.block_bytes,
         dev.align_bytes().max(512),
         opts.journal_bytes,
+        nacre_blockstore::LogRegion::DEFAULT,
     )?;
     // Leave 1/16 of the blocks free: whole-block rewrites go to fresh
     // blocks, and the old ones return only at the next checkpoint.

@@ -16,6 +16,10 @@
 //!    the older slot, whose pages and journal are both still there.
 //! 4. Only then does the journal tail move to J and do blocks freed before
 //!    J become allocatable.
+//!
+//! PG logs (see `pglog`) follow the same steps: every log changed since the
+//! last checkpoint is captured after J and written whole to the copy of
+//! its slot that the committed checkpoint does not use.
 
 use std::rc::Rc;
 
@@ -27,7 +31,8 @@ use zerocopy::IntoBytes;
 use crate::error::{Error, Result};
 use crate::format::RecordKind;
 use crate::format::{
-    page_crc, CheckpointHeader, Geometry, PageMeta, CKPT_MAGIC, FORMAT_VERSION, PAGE_BYTES,
+    page_crc, CheckpointHeader, Geometry, LogSlotMeta, PageMeta, CKPT_MAGIC, FORMAT_VERSION,
+    PAGE_BYTES,
 };
 use crate::index::Overlay;
 use crate::journal::Record;
@@ -141,11 +146,16 @@ pub(crate) fn encode_slot(
     gen: u64,
     obj: &[PageMeta],
     csum: &[PageMeta],
+    pglog: &[LogSlotMeta],
 ) -> AlignedBuf {
     let mut buf = AlignedBuf::zeroed(g.slot_bytes as usize);
     let table_at = PAGE_BYTES as usize;
     let mut at = table_at;
     for m in obj.iter().chain(csum.iter()) {
+        buf[at..at + 8].copy_from_slice(m.as_bytes());
+        at += 8;
+    }
+    for m in pglog {
         buf[at..at + 8].copy_from_slice(m.as_bytes());
         at += 8;
     }
@@ -159,8 +169,10 @@ pub(crate) fn encode_slot(
         gen: U64::new(gen),
         objtab_pages: U32::new(g.objtab_pages),
         csumtab_pages: U32::new(g.csumtab_pages),
+        pglog_slots: U32::new(g.pglog.slots),
         pagetab_crc: U32::new(nacre_types::crc32c(&buf[table_at..at])),
         crc: U32::new(0),
+        pad: U32::new(0),
     };
     h.crc = U32::new(nacre_types::crc32c(h.as_bytes()));
     buf[..std::mem::size_of::<CheckpointHeader>()].copy_from_slice(h.as_bytes());
@@ -231,7 +243,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         inner.st.borrow_mut().csum.merge(g, b);
     }
     // Changed pages to their shadow copies.
-    let (writes, obj_metas, csum_metas, csum_pages) = {
+    let (writes, obj_metas, csum_metas, csum_pages, pglog_metas) = {
         let mut st = inner.st.borrow_mut();
         let mut writes = Vec::new();
         let mut obj_metas = st.obj_metas.clone();
@@ -259,7 +271,11 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
             writes.push((g.csumtab_page_pos(p, copy), buf));
             csum_pages.push(p);
         }
-        (writes, obj_metas, csum_metas, csum_pages)
+        let (slots, pglog_metas) = st.pglogs.checkpoint();
+        for (slot, copy, buf) in slots {
+            writes.push((g.pglog_slot_pos(slot, copy), buf));
+        }
+        (writes, obj_metas, csum_metas, csum_pages, pglog_metas)
     };
     write_pages(inner, writes).await?;
     if !inner.opts.immediate_commit {
@@ -269,7 +285,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         let st = inner.st.borrow();
         (1 - st.ckpt_slot, st.ckpt_seq + 1, st.gen)
     };
-    let buf = encode_slot(g, seq, j, gen, &obj_metas, &csum_metas);
+    let buf = encode_slot(g, seq, j, gen, &obj_metas, &csum_metas, &pglog_metas);
     inner.dev.write_at(buf, g.slot_pos(slot)).await?;
     if !inner.opts.immediate_commit {
         inner.dev.sync().await?;
@@ -290,6 +306,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     st.ckpt_seq = seq;
     st.obj_metas = obj_metas;
     st.csum.commit(csum_metas, &csum_pages);
+    st.pglogs.metas = pglog_metas;
     st.tail = j;
     st.alloc.release(&releasing);
     st.releasing = 0;
@@ -637,6 +654,7 @@ async fn fold_all<D: BlockDev + 'static>(
                     block: p.claim.block,
                     csums: p.pairs.clone(),
                     data_pos: 0,
+                    entry: None,
                 },
                 data: None,
                 data_done: None,

@@ -27,6 +27,8 @@ pub enum Error {
     WrongStore { expected: String, found: String },
     #[error("device too small: {have} bytes, need at least {need}")]
     DeviceTooSmall { have: u64, need: u64 },
+    #[error("every one of the store's {slots} PG log slots is taken (format the store with more)")]
+    PgLogsFull { slots: u32 },
     #[error("store stopped after an I/O error and accepts no more writes: {0}")]
     Failed(String),
     /// Internal: the journal has no room for a batch until a checkpoint.

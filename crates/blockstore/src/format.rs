@@ -12,6 +12,7 @@
 //!         checkpoint slot 1
 //!         object table          (2 shadow copies of every page)
 //!         checksum table        (2 shadow copies of every page)
+//!         PG log region         (2 shadow copies of every slot)
 //!         journal ring
 //!         data blocks           (aligned to min(block size, 1 MiB))
 //! ```
@@ -22,10 +23,11 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::error::{Error, Result};
 
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const SB_MAGIC: [u8; 8] = *b"NACREBS\0";
 pub const CKPT_MAGIC: [u8; 8] = *b"NACRECKP";
 pub const BATCH_MAGIC: u32 = 0x4e4a_524e; // "NRJN"
+pub const PGLOG_MAGIC: [u8; 8] = *b"NACREPGL";
 pub const PAGE_BYTES: u64 = 4096;
 /// Object-table entries per 4 KiB page (170 × 24 = 4080; 16 bytes unused).
 pub const OBJ_ENTRIES_PER_PAGE: u32 = 170;
@@ -66,10 +68,13 @@ pub struct Superblock {
     pub journal_offset: U64,
     pub journal_bytes: U64,
     pub data_offset: U64,
+    pub pglog_offset: U64,
+    pub pglog_slots: U32,
+    pub pglog_slot_pages: U32,
     pub crc: U32,
     pub pad: U32,
 }
-const _: () = assert!(std::mem::size_of::<Superblock>() == 128);
+const _: () = assert!(std::mem::size_of::<Superblock>() == 144);
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
 #[repr(C)]
@@ -86,10 +91,12 @@ pub struct CheckpointHeader {
     pub gen: U64,
     pub objtab_pages: U32,
     pub csumtab_pages: U32,
+    pub pglog_slots: U32,
     pub pagetab_crc: U32,
     pub crc: U32,
+    pub pad: U32,
 }
-const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == 72);
+const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == 80);
 
 /// Where the current copy of one table page is, and its crc.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq)]
@@ -167,15 +174,35 @@ pub enum RecordKind {
     /// `version` into block `location`; the checksum list holds
     /// (chunk index, new crc32c) pairs of the chunks that change.
     Fold = 4,
+    /// A PG log entry alone (no data): a tombstone for an object this copy
+    /// lacks, or history adopted from another copy.
+    Log = 5,
+    /// Drops the entries of PG `volume` newer than `version`.
+    PgRewind = 6,
+    /// Drops the whole log of PG `volume`.
+    PgRemove = 7,
 }
 
 impl RecordKind {
+    /// A client op on an object, admitted (and counted in flight) per
+    /// object; the other kinds are the checkpointer's or change only a
+    /// PG log.
+    pub fn is_object_op(self) -> bool {
+        matches!(
+            self,
+            RecordKind::Small | RecordKind::Big | RecordKind::Delete
+        )
+    }
+
     pub fn from_u32(v: u32) -> Option<Self> {
         match v {
             1 => Some(RecordKind::Small),
             2 => Some(RecordKind::Big),
             3 => Some(RecordKind::Delete),
             4 => Some(RecordKind::Fold),
+            5 => Some(RecordKind::Log),
+            6 => Some(RecordKind::PgRewind),
+            7 => Some(RecordKind::PgRemove),
             _ => None,
         }
     }
@@ -192,11 +219,84 @@ pub struct RecordHeader {
     pub offset: U32,
     /// Small: offset of the data from the batch start. Big: data block number.
     pub location: U32,
-    /// Number of crc32c values that follow this header.
+    /// Number of crc32c values that follow this header (after the log
+    /// entry, if there is one).
     pub ncsum: U32,
-    pub pad: U32,
+    /// `REC_FLAG_LOGGED`: a [`LogEntryDisk`] follows this header.
+    pub flags: U32,
 }
 const _: () = assert!(std::mem::size_of::<RecordHeader>() == 48);
+
+pub const REC_FLAG_LOGGED: u32 = 1;
+
+/// One PG log entry as stored, in a journal record and in a log slot.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct LogEntryDisk {
+    pub pg: U64,
+    pub version: U64,
+    pub volume: U64,
+    pub obj_block: U64,
+    pub client: U64,
+    pub request: U64,
+    pub offset: U32,
+    pub len: U32,
+    pub op: U32,
+    pub pad: U32,
+}
+const _: () = assert!(std::mem::size_of::<LogEntryDisk>() == 64);
+
+/// The head of a PG log slot; the entries follow it, sorted by version.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug)]
+#[repr(C)]
+pub struct LogSlotHeader {
+    pub magic: [u8; 8],
+    pub pg: U64,
+    /// Versions at or below this were trimmed.
+    pub tail: U64,
+    pub count: U32,
+    pub pad: U32,
+    /// Kept for per-PG state of the OSD (zero today).
+    pub reserved: [u8; 96],
+}
+const _: () = assert!(std::mem::size_of::<LogSlotHeader>() == 128);
+
+/// Where the current copy of one PG log slot is: its crc (of the pages
+/// written), which copy, and how many pages (0: the slot is free).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct LogSlotMeta {
+    pub crc: U32,
+    pub copy: U16,
+    pub pages: U16,
+}
+const _: () = assert!(std::mem::size_of::<LogSlotMeta>() == 8);
+
+/// The PG log region's shape, fixed at format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogRegion {
+    /// PG logs the store can hold (one slot each).
+    pub slots: u32,
+    /// 4 KiB pages per slot: the longest log a slot holds is
+    /// `(pages × 4096 − 128) / 64` entries.
+    pub slot_pages: u32,
+}
+
+impl LogRegion {
+    /// 256 PGs of 510 entries each: 16 MiB with both copies.
+    pub const DEFAULT: LogRegion = LogRegion {
+        slots: 256,
+        slot_pages: 8,
+    };
+    pub const SLOTS_MAX: u32 = 65_536;
+    pub const SLOT_PAGES_MAX: u32 = 64;
+
+    /// Entries one slot holds.
+    pub fn entries_per_slot(&self) -> usize {
+        (self.slot_pages as usize * PAGE_BYTES as usize - std::mem::size_of::<LogSlotHeader>())
+            / std::mem::size_of::<LogEntryDisk>()
+    }
+}
 
 /// The store's geometry, derived from the superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,6 +315,8 @@ pub struct Geometry {
     pub journal_offset: u64,
     pub journal_bytes: u64,
     pub data_offset: u64,
+    pub pglog_offset: u64,
+    pub pglog: LogRegion,
 }
 
 fn round_up(v: u64, to: u64) -> u64 {
@@ -261,6 +363,13 @@ impl Geometry {
         )
     }
 
+    /// Device offset of copy `copy` of PG log slot `slot`.
+    pub fn pglog_slot_pos(&self, slot: u32, copy: u32) -> u64 {
+        let pages = u64::from(self.pglog.slot_pages);
+        self.pglog_offset
+            + (u64::from(copy) * u64::from(self.pglog.slots) + u64::from(slot)) * pages * PAGE_BYTES
+    }
+
     pub fn obj_page_of(block: u32) -> u32 {
         block / OBJ_ENTRIES_PER_PAGE
     }
@@ -272,7 +381,19 @@ impl Geometry {
         block_bytes: u32,
         sector_bytes: u32,
         journal_bytes: Option<u64>,
+        pglog: LogRegion,
     ) -> Result<Geometry> {
+        if !(1..=LogRegion::SLOTS_MAX).contains(&pglog.slots)
+            || !(1..=LogRegion::SLOT_PAGES_MAX).contains(&pglog.slot_pages)
+        {
+            return Err(Error::Invalid(format!(
+                "PG log region of {} slots of {} pages: slots must be 1..={}, pages 1..={}",
+                pglog.slots,
+                pglog.slot_pages,
+                LogRegion::SLOTS_MAX,
+                LogRegion::SLOT_PAGES_MAX
+            )));
+        }
         if !block_bytes.is_power_of_two()
             || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
         {
@@ -310,11 +431,15 @@ impl Geometry {
             let spb = u64::from(block_bytes / CSUM_CHUNK_BYTES);
             let objtab_pages = nblocks.div_ceil(u64::from(OBJ_ENTRIES_PER_PAGE)).max(1);
             let csumtab_pages = (nblocks * spb).div_ceil(u64::from(CSUMS_PER_PAGE)).max(1);
-            let slot_bytes = PAGE_BYTES + round_up((objtab_pages + csumtab_pages) * 8, PAGE_BYTES);
+            let slots = u64::from(pglog.slots);
+            let slot_bytes =
+                PAGE_BYTES + round_up((objtab_pages + csumtab_pages + slots) * 8, PAGE_BYTES);
             let slot_offset = 2 * PAGE_BYTES;
             let objtab_offset = slot_offset + 2 * slot_bytes;
             let csumtab_offset = objtab_offset + 2 * objtab_pages * PAGE_BYTES;
-            let journal_offset = csumtab_offset + 2 * csumtab_pages * PAGE_BYTES;
+            let pglog_offset = csumtab_offset + 2 * csumtab_pages * PAGE_BYTES;
+            let journal_offset =
+                pglog_offset + 2 * slots * u64::from(pglog.slot_pages) * PAGE_BYTES;
             let data_offset = round_up(
                 journal_offset + journal,
                 u64::from(block_bytes).min(1 << 20),
@@ -334,6 +459,8 @@ impl Geometry {
                 journal_offset,
                 journal_bytes: journal,
                 data_offset,
+                pglog_offset,
+                pglog,
             }
         };
         let fixed = layout(DATA_BLOCKS_MIN);
@@ -376,6 +503,9 @@ impl Geometry {
             journal_offset: U64::new(self.journal_offset),
             journal_bytes: U64::new(self.journal_bytes),
             data_offset: U64::new(self.data_offset),
+            pglog_offset: U64::new(self.pglog_offset),
+            pglog_slots: U32::new(self.pglog.slots),
+            pglog_slot_pages: U32::new(self.pglog.slot_pages),
             crc: U32::new(0),
             pad: U32::new(0),
         };
@@ -389,6 +519,19 @@ impl Geometry {
             .map_err(|_| Error::NotAStore("superblock shorter than its header".into()))?;
         if sb.magic != SB_MAGIC {
             return Err(Error::NotAStore("no Nacre superblock magic".into()));
+        }
+        // Format 1 had a 128-byte superblock (crc at 120): a store of that
+        // format is named as such, not called damaged.
+        if sb.format_version.get() == 1 && bytes.len() >= 128 {
+            let mut v1 = bytes[..128].to_vec();
+            let crc = u32::from_le_bytes(v1[120..124].try_into().expect("4 bytes"));
+            v1[120..124].fill(0);
+            if nacre_types::crc32c(&v1) == crc {
+                return Err(Error::UnsupportedVersion {
+                    found: 1,
+                    supported: FORMAT_VERSION,
+                });
+            }
         }
         let mut check = sb;
         check.crc = U32::new(0);
@@ -407,6 +550,10 @@ impl Geometry {
             sb.block_bytes.get(),
             sb.sector_bytes.get(),
             Some(sb.journal_bytes.get()),
+            LogRegion {
+                slots: sb.pglog_slots.get(),
+                slot_pages: sb.pglog_slot_pages.get(),
+            },
         )
         .map_err(|e| Error::Corrupt(format!("superblock geometry: {e}")))?;
         // The stored layout must be exactly what this build computes from
@@ -430,11 +577,19 @@ mod tests {
 
     #[test]
     fn golden_superblock_bytes() {
-        let g = Geometry::plan([7; 16], 1 << 30, 128 << 10, 512, Some(16 << 20)).unwrap();
+        let g = Geometry::plan(
+            [7; 16],
+            1 << 30,
+            128 << 10,
+            512,
+            Some(16 << 20),
+            LogRegion::DEFAULT,
+        )
+        .unwrap();
         let sb = g.to_superblock();
         let b = sb.as_bytes();
         assert_eq!(&b[..8], b"NACREBS\0");
-        assert_eq!(&b[8..12], &1u32.to_le_bytes());
+        assert_eq!(&b[8..12], &2u32.to_le_bytes());
         assert_eq!(&b[32..36], &(128u32 << 10).to_le_bytes());
         assert_eq!(Geometry::from_superblock(b).unwrap(), g);
         // Any flipped bit is caught.
@@ -443,6 +598,17 @@ mod tests {
         assert!(matches!(
             Geometry::from_superblock(&bad),
             Err(Error::Corrupt(_))
+        ));
+        // A format-1 superblock (128 bytes, crc at 120) is named.
+        let mut v1 = b[..128].to_vec();
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        v1[120..128].fill(0);
+        let crc = nacre_types::crc32c(&v1);
+        v1[120..124].copy_from_slice(&crc.to_le_bytes());
+        v1.resize(4096, 0); // as read: a whole page
+        assert!(matches!(
+            Geometry::from_superblock(&v1),
+            Err(Error::UnsupportedVersion { found: 1, .. })
         ));
         let mut other = b.to_vec();
         other[..8].copy_from_slice(b"XFSB\0\0\0\0");
@@ -460,10 +626,15 @@ mod tests {
             (4 << 30, 4 << 20),
             (100 << 20, 1 << 20),
         ] {
-            let g = Geometry::plan([0; 16], dev, bs, 512, None).unwrap();
+            let g = Geometry::plan([0; 16], dev, bs, 512, None, LogRegion::DEFAULT).unwrap();
             assert!(g.objtab_offset >= g.slot_pos(1) + g.slot_bytes);
             assert!(g.csumtab_offset >= g.objtab_page_pos(g.objtab_pages - 1, 1) + PAGE_BYTES);
-            assert!(g.journal_offset >= g.csumtab_page_pos(g.csumtab_pages - 1, 1) + PAGE_BYTES);
+            assert!(g.pglog_offset >= g.csumtab_page_pos(g.csumtab_pages - 1, 1) + PAGE_BYTES);
+            assert!(
+                g.journal_offset
+                    >= g.pglog_slot_pos(g.pglog.slots - 1, 1)
+                        + u64::from(g.pglog.slot_pages) * PAGE_BYTES
+            );
             assert!(g.data_offset >= g.journal_offset + g.journal_bytes);
             assert!(g.block_offset(g.nblocks) <= dev);
             assert!(
@@ -478,15 +649,15 @@ mod tests {
     #[test]
     fn small_devices_and_bad_sizes_are_refused() {
         assert!(matches!(
-            Geometry::plan([0; 16], 1 << 20, 128 << 10, 512, None),
+            Geometry::plan([0; 16], 1 << 20, 128 << 10, 512, None, LogRegion::DEFAULT),
             Err(Error::DeviceTooSmall { .. })
         ));
         assert!(matches!(
-            Geometry::plan([0; 16], 1 << 30, 3000, 512, None),
+            Geometry::plan([0; 16], 1 << 30, 3000, 512, None, LogRegion::DEFAULT),
             Err(Error::Invalid(_))
         ));
         assert!(matches!(
-            Geometry::plan([0; 16], 1 << 30, 8 << 20, 512, None),
+            Geometry::plan([0; 16], 1 << 30, 8 << 20, 512, None, LogRegion::DEFAULT),
             Err(Error::Invalid(_))
         ));
     }
@@ -499,8 +670,8 @@ mod robustness {
 
     proptest! {
         #[test]
-        fn damaged_superblocks_are_refused(at in 0usize..128, x in 1u8..=255) {
-            let g = Geometry::plan([9; 16], 1 << 30, 128 << 10, 512, None).unwrap();
+        fn damaged_superblocks_are_refused(at in 0usize..144, x in 1u8..=255) {
+            let g = Geometry::plan([9; 16], 1 << 30, 128 << 10, 512, None, LogRegion::DEFAULT).unwrap();
             let mut b = g.to_superblock().as_bytes().to_vec();
             b[at] ^= x;
             prop_assert!(Geometry::from_superblock(&b).is_err());

@@ -238,7 +238,15 @@ mod tests {
 
     #[test]
     fn set_move_clear() {
-        let g = Geometry::plan([0; 16], 64 << 20, 4096, 512, Some(4 << 20)).unwrap();
+        let g = Geometry::plan(
+            [0; 16],
+            64 << 20,
+            4096,
+            512,
+            Some(4 << 20),
+            crate::LogRegion::DEFAULT,
+        )
+        .unwrap();
         let mut ix = Index::new(&g);
         let a = ObjectId::new(1, 1);
         ix.set_block(a, 7, 3);

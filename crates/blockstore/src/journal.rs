@@ -18,12 +18,14 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::format::{
-    BatchHeader, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_MAGIC, FORMAT_VERSION,
-    RECORDS_PER_BATCH_MAX,
+    BatchHeader, LogEntryDisk, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_MAGIC,
+    FORMAT_VERSION, RECORDS_PER_BATCH_MAX, REC_FLAG_LOGGED,
 };
+use crate::pglog::LogEntry;
 
 const HDR_BYTES: usize = std::mem::size_of::<BatchHeader>();
 const REC_BYTES: usize = std::mem::size_of::<RecordHeader>();
+const ENTRY_BYTES: usize = std::mem::size_of::<LogEntryDisk>();
 /// Record-header region of one batch, at most.
 pub const BATCH_HDR_BYTES_MAX: u64 = 64 << 10;
 /// Small-write data in one batch, at most (unless one write is bigger):
@@ -59,6 +61,28 @@ pub struct Record {
     pub csums: Vec<u32>,
     /// Small: logical journal position of the data (set when encoded or parsed).
     pub data_pos: u64,
+    /// The PG log entry of a Small, Big, Delete or Log record (for
+    /// PgRewind and PgRemove, the PG is `oid.volume` and the version the
+    /// record's).
+    pub entry: Option<LogEntry>,
+}
+
+impl Record {
+    /// A record that only changes a PG log: `Log` (an entry), `PgRewind`
+    /// (to `version`) or `PgRemove`.
+    pub fn pg_op(kind: RecordKind, pg: u64, version: u64, entry: Option<LogEntry>) -> Record {
+        Record {
+            kind,
+            oid: entry.map_or(ObjectId::new(pg, 0), |e| e.oid),
+            version,
+            offset: 0,
+            len: 0,
+            block: 0,
+            csums: Vec::new(),
+            data_pos: 0,
+            entry,
+        }
+    }
 }
 
 /// Bytes the header region of a batch with these records takes, unpadded.
@@ -68,7 +92,7 @@ pub fn header_bytes(records: &[&Record]) -> usize {
 
 /// Bytes one record takes in a batch's header region.
 pub fn record_bytes(r: &Record) -> usize {
-    REC_BYTES + 4 * r.csums.len()
+    REC_BYTES + r.entry.map_or(0, |_| ENTRY_BYTES) + 4 * r.csums.len()
 }
 
 fn pad(v: usize, to: usize) -> usize {
@@ -109,7 +133,7 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
                 l
             }
             RecordKind::Big | RecordKind::Fold => r.block,
-            RecordKind::Delete => 0,
+            RecordKind::Delete | RecordKind::Log | RecordKind::PgRewind | RecordKind::PgRemove => 0,
         };
         let rh = RecordHeader {
             kind: U32::new(r.kind as u32),
@@ -120,10 +144,18 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
             offset: U32::new(r.offset),
             location: U32::new(location),
             ncsum: U32::new(r.csums.len() as u32),
-            pad: U32::new(0),
+            flags: U32::new(if r.entry.is_some() {
+                REC_FLAG_LOGGED
+            } else {
+                0
+            }),
         };
         buf[at..at + REC_BYTES].copy_from_slice(rh.as_bytes());
         at += REC_BYTES;
+        if let Some(e) = &r.entry {
+            buf[at..at + ENTRY_BYTES].copy_from_slice(e.to_disk().as_bytes());
+            at += ENTRY_BYTES;
+        }
         for c in &r.csums {
             buf[at..at + 4].copy_from_slice(&c.to_le_bytes());
             at += 4;
@@ -274,6 +306,20 @@ pub fn parse_batch(
             .and_then(|b| RecordHeader::read_from_bytes(b).ok())
             .ok_or_else(|| damaged("record header past the header region"))?;
         at += REC_BYTES;
+        let flags = rh.flags.get();
+        if flags & !REC_FLAG_LOGGED != 0 {
+            return Err(damaged("unknown record flags"));
+        }
+        let entry = if flags & REC_FLAG_LOGGED != 0 {
+            let d = buf
+                .get(at..(at + ENTRY_BYTES).min(hdr_bytes))
+                .and_then(|b| LogEntryDisk::read_from_bytes(b).ok())
+                .ok_or_else(|| damaged("log entry past the header region"))?;
+            at += ENTRY_BYTES;
+            Some(LogEntry::from_disk(&d).ok_or_else(|| damaged("impossible log entry"))?)
+        } else {
+            None
+        };
         let ncsum = rh.ncsum.get() as usize;
         if at + 4 * ncsum > hdr_bytes {
             return Err(damaged("checksum list past the header region"));
@@ -299,7 +345,9 @@ pub fn parse_batch(
             RecordKind::Big => {
                 offset == 0 && len == block_bytes && ncsum == spb as usize && loc < nblocks
             }
-            RecordKind::Delete => len == 0 && ncsum == 0 && offset == 0,
+            RecordKind::Delete | RecordKind::Log | RecordKind::PgRewind | RecordKind::PgRemove => {
+                len == 0 && ncsum == 0 && offset == 0 && loc == 0
+            }
             RecordKind::Fold => {
                 len == 0
                     && offset == 0
@@ -310,7 +358,21 @@ pub fn parse_batch(
                     && csums.chunks_exact(2).all(|p| p[0] < spb)
             }
         };
-        if !valid || rh.version.get() == 0 {
+        let oid = ObjectId::new(rh.volume.get(), rh.obj_block.get());
+        // Which records carry an entry, and that it describes the record.
+        let logged_ok = match (kind, &entry) {
+            (RecordKind::Small | RecordKind::Big | RecordKind::Delete | RecordKind::Fold, None) => {
+                true
+            }
+            (
+                RecordKind::Small | RecordKind::Big | RecordKind::Delete | RecordKind::Log,
+                Some(e),
+            ) => e.oid == oid && e.version == rh.version.get(),
+            (RecordKind::PgRewind | RecordKind::PgRemove, None) => rh.obj_block.get() == 0,
+            _ => false,
+        };
+        let pg_op = matches!(kind, RecordKind::PgRewind | RecordKind::PgRemove);
+        if !valid || !logged_ok || (rh.version.get() == 0 && !pg_op) {
             return Err(damaged("record fields out of range"));
         }
         if kind == RecordKind::Small {
@@ -321,7 +383,7 @@ pub fn parse_batch(
         }
         out.push(Record {
             kind,
-            oid: ObjectId::new(rh.volume.get(), rh.obj_block.get()),
+            oid,
             version: rh.version.get(),
             offset,
             len,
@@ -336,6 +398,7 @@ pub fn parse_batch(
             } else {
                 0
             },
+            entry,
         });
     }
     Ok(out)
@@ -355,6 +418,7 @@ mod tests {
             block: 0,
             csums: chunk_csums(data),
             data_pos: 0,
+            entry: None,
         }
     }
 
@@ -379,6 +443,7 @@ mod tests {
             block: 17,
             csums: vec![7; 32],
             data_pos: 0,
+            entry: None,
         };
         let (hdr, total) = encode_batch(&mut [&mut r1, &mut r2, &mut r3], id, 512);
         let mut batch = hdr.to_vec();
@@ -421,6 +486,74 @@ mod tests {
 }
 
 #[cfg(test)]
+mod logged {
+    use super::*;
+    use crate::pglog::LogOp;
+
+    #[test]
+    fn logged_records_roundtrip_and_must_match_their_entry() {
+        let id = BatchId {
+            pos: 0,
+            gen: 1,
+            synced_upto: 0,
+            uuid_lo: 1,
+        };
+        let oid = ObjectId::new(2, 3);
+        let e = LogEntry {
+            pg: 9,
+            version: 4,
+            oid,
+            op: LogOp::Delete,
+            offset: 0,
+            len: 0,
+            client: 5,
+            request: 6,
+        };
+        let mk = |kind, entry| Record {
+            kind,
+            oid,
+            version: 4,
+            offset: 0,
+            len: 0,
+            block: 0,
+            csums: Vec::new(),
+            data_pos: 0,
+            entry,
+        };
+        let mut del = mk(RecordKind::Delete, Some(e));
+        let mut log = Record::pg_op(RecordKind::Log, 9, 4, Some(e));
+        let mut rew = Record::pg_op(RecordKind::PgRewind, 9, 0, None);
+        let (hdr, _) = encode_batch(&mut [&mut del, &mut log, &mut rew], id, 512);
+        let recs = parse_batch(&hdr, 0, 16 << 10, 10).unwrap();
+        assert_eq!(recs[0].entry, Some(e));
+        assert_eq!(recs[1].entry, Some(e));
+        assert_eq!(
+            (recs[2].kind, recs[2].oid.volume.0, recs[2].entry),
+            (RecordKind::PgRewind, 9, None)
+        );
+        // An entry for another version, a Log without an entry, a Fold
+        // with one: refused.
+        for bad in [
+            mk(RecordKind::Delete, Some(LogEntry { version: 3, ..e })),
+            mk(RecordKind::Log, None),
+            Record {
+                block: 1,
+                csums: vec![0, 1],
+                ..mk(RecordKind::Fold, Some(e))
+            },
+        ] {
+            let mut bad = bad;
+            let (hdr, _) = encode_batch(&mut [&mut bad], id, 512);
+            assert!(
+                parse_batch(&hdr, 0, 16 << 10, 10).is_err(),
+                "{:?}",
+                bad.kind
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 mod robustness {
     //! Bytes from the disk are outside input: random and mutated batches
     //! must be refused with an error, never a panic or a huge allocation.
@@ -444,6 +577,7 @@ mod robustness {
             block: 0,
             csums: chunk_csums(&d),
             data_pos: 0,
+            entry: None,
         };
         let (hdr, _) = encode_batch(&mut [&mut r], id, 512);
         let mut b = hdr.to_vec();

@@ -8,6 +8,7 @@
 //! checkpoint  folding overlays, shadow-paged table writes, journal trim
 //! replay      format, open, journal replay
 //! journal     batch encoding and checks
+//! pglog       per-PG logs: in memory, in records, in log slots
 //! format      on-disk structures and layout
 //! index       object → block map and overlays
 //! csum        checksum-table page cache
@@ -35,12 +36,14 @@ pub mod format;
 mod index;
 pub mod journal;
 mod oidtable;
+pub mod pglog;
 mod read;
 mod replay;
 mod store;
 mod writer;
 
 pub use error::{Error, Result};
-pub use format::Geometry;
+pub use format::{Geometry, LogRegion};
+pub use pglog::{LogEntry, LogOp, PgLog};
 pub use replay::uuid_string;
 pub use store::{FormatOptions, Memory, OpenReport, Space, Stats, Store, StoreOptions};

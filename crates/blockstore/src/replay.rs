@@ -22,11 +22,12 @@ use crate::checkpoint::encode_slot;
 use crate::csum::CsumTable;
 use crate::error::{Error, Result};
 use crate::format::{
-    page_crc, BlockEntry, CheckpointHeader, Geometry, PageMeta, RecordKind, CKPT_MAGIC,
-    FORMAT_VERSION, OBJ_ENTRIES_PER_PAGE, PAGE_BYTES, PAGE_NEVER_WRITTEN,
+    page_crc, BlockEntry, CheckpointHeader, Geometry, LogSlotMeta, PageMeta, RecordKind,
+    CKPT_MAGIC, FORMAT_VERSION, OBJ_ENTRIES_PER_PAGE, PAGE_BYTES, PAGE_NEVER_WRITTEN,
 };
 use crate::index::{Index, OidMap};
 use crate::journal::{self, batch_bytes_max, BatchError, BatchId, Record};
+use crate::pglog::PgLogs;
 use crate::store::{FormatOptions, Inner, OpenReport, State, Stats, StoreOptions};
 use crate::writer::apply_record;
 
@@ -62,11 +63,13 @@ pub(crate) async fn format<D: BlockDev>(dev: &D, opts: &FormatOptions) -> Result
         opts.block_bytes,
         sector,
         opts.journal_bytes,
+        opts.pg_logs,
     )?;
     let empty_obj = vec![PageMeta::default(); g.objtab_pages as usize];
     let empty_csum = vec![PageMeta::default(); g.csumtab_pages as usize];
+    let empty_logs = vec![LogSlotMeta::default(); g.pglog.slots as usize];
     dev.write_at(
-        encode_slot(&g, 1, 0, 1, &empty_obj, &empty_csum),
+        encode_slot(&g, 1, 0, 1, &empty_obj, &empty_csum, &empty_logs),
         g.slot_pos(0),
     )
     .await?;
@@ -125,6 +128,7 @@ struct Checkpoint {
     gen: u64,
     obj: Vec<PageMeta>,
     csum: Vec<PageMeta>,
+    pglog: Vec<LogSlotMeta>,
 }
 
 async fn read_checkpoint<D: BlockDev>(dev: &D, g: &Geometry) -> Result<Checkpoint> {
@@ -141,13 +145,14 @@ async fn read_checkpoint<D: BlockDev>(dev: &D, g: &Geometry) -> Result<Checkpoin
         }
         let mut check = h;
         check.crc = 0.into();
-        let npages = (g.objtab_pages + g.csumtab_pages) as usize;
+        let npages = (g.objtab_pages + g.csumtab_pages + g.pglog.slots) as usize;
         let table = &buf[PAGE_BYTES as usize..PAGE_BYTES as usize + 8 * npages];
         let valid = nacre_types::crc32c(zerocopy::IntoBytes::as_bytes(&check)) == h.crc.get()
             && h.format_version.get() == FORMAT_VERSION
             && h.uuid == g.uuid
             && h.objtab_pages.get() == g.objtab_pages
             && h.csumtab_pages.get() == g.csumtab_pages
+            && h.pglog_slots.get() == g.pglog.slots
             && nacre_types::crc32c(table) == h.pagetab_crc.get();
         if !valid {
             tracing::warn!("checkpoint slot {slot} is damaged or torn; ignoring it");
@@ -156,11 +161,20 @@ async fn read_checkpoint<D: BlockDev>(dev: &D, g: &Geometry) -> Result<Checkpoin
         if best.as_ref().is_some_and(|b| b.seq >= h.seq.get()) {
             continue;
         }
-        let metas: Vec<PageMeta> = table
+        let (pages, logs) = table.split_at(8 * (g.objtab_pages + g.csumtab_pages) as usize);
+        let metas: Vec<PageMeta> = pages
             .chunks_exact(8)
             .map(|c| PageMeta::read_from_bytes(c).expect("8 bytes"))
             .collect();
-        if metas.iter().any(|m| m.copy.get() > 1) {
+        let pglog: Vec<LogSlotMeta> = logs
+            .chunks_exact(8)
+            .map(|c| LogSlotMeta::read_from_bytes(c).expect("8 bytes"))
+            .collect();
+        if metas.iter().any(|m| m.copy.get() > 1)
+            || pglog
+                .iter()
+                .any(|m| m.copy.get() > 1 || u32::from(m.pages.get()) > g.pglog.slot_pages)
+        {
             tracing::warn!("checkpoint slot {slot} has an impossible page copy; ignoring it");
             continue;
         }
@@ -172,6 +186,7 @@ async fn read_checkpoint<D: BlockDev>(dev: &D, g: &Geometry) -> Result<Checkpoin
             gen: h.gen.get(),
             obj: obj.to_vec(),
             csum: csum.to_vec(),
+            pglog,
         });
     }
     best.ok_or_else(|| Error::Corrupt("no valid checkpoint in either slot".into()))
@@ -237,6 +252,31 @@ async fn load_object_table<D: BlockDev>(
     Ok(())
 }
 
+/// Loads every PG log slot the checkpoint holds.
+async fn load_pg_logs<D: BlockDev>(dev: &D, g: &Geometry, metas: &[LogSlotMeta]) -> Result<PgLogs> {
+    let mut logs = PgLogs::new(g.pglog, metas.to_vec());
+    for (slot, m) in metas.iter().enumerate() {
+        let pages = u64::from(m.pages.get());
+        if pages == 0 {
+            continue;
+        }
+        let slot = slot as u32;
+        let buf = dev
+            .read_at(
+                AlignedBuf::new((pages * PAGE_BYTES) as usize),
+                g.pglog_slot_pos(slot, u32::from(m.copy.get())),
+            )
+            .await?;
+        if page_crc(&buf) != m.crc.get() {
+            return Err(Error::Corrupt(format!("PG log slot {slot}: checksum")));
+        }
+        let (pg, log) = crate::pglog::decode_slot(&buf, g.pglog)
+            .map_err(|why| Error::Corrupt(format!("PG log slot {slot}: {why}")))?;
+        logs.load(slot, pg, log)?;
+    }
+    Ok(logs)
+}
+
 struct Parsed {
     pos: u64,
     total: u64,
@@ -274,6 +314,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
     let ck = read_checkpoint(&dev, &g).await?;
     let mut index = Index::new(&g);
     load_object_table(&dev, &g, &ck.obj, &mut index).await?;
+    let pglogs = load_pg_logs(&dev, &g, &ck.pglog).await?;
     let mut report = OpenReport {
         checkpoint_seq: ck.seq,
         objects_loaded: index.object_count() as u64,
@@ -367,6 +408,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         next_fold_id: 0,
         withdrawn: Default::default(),
         replay_folds: Vec::new(),
+        pglogs,
         stats: Stats::default(),
     };
     let mut max_gen = ck.gen;

@@ -39,9 +39,10 @@ use zerocopy::IntoBytes;
 use crate::alloc::Allocator;
 use crate::csum::CsumTable;
 use crate::error::{Error, Result};
-use crate::format::{Geometry, PageMeta, PAGE_BYTES};
+use crate::format::{Geometry, LogRegion, PageMeta, RecordKind, PAGE_BYTES};
 use crate::index::{Index, OidMap};
 use crate::journal::{chunk_csums, Record};
+use crate::pglog::{LogEntry, LogOp, PgLog, PgLogs};
 
 /// Options fixed when a store is formatted.
 #[derive(Clone, Debug)]
@@ -54,6 +55,8 @@ pub struct FormatOptions {
     /// Write zeros over the journal at format, so that a file-backed store
     /// has its journal allocated before the first fsync'd write.
     pub zero_journal: bool,
+    /// How many PG logs the store holds, and how long each may be.
+    pub pg_logs: LogRegion,
 }
 
 impl Default for FormatOptions {
@@ -63,6 +66,7 @@ impl Default for FormatOptions {
             journal_bytes: None,
             uuid: None,
             zero_journal: true,
+            pg_logs: LogRegion::DEFAULT,
         }
     }
 }
@@ -232,6 +236,7 @@ pub(crate) struct State {
     pub withdrawn: OidMap<u64>,
     /// Folds met during replay, in journal order (empty once open).
     pub replay_folds: Vec<ReplayFold>,
+    pub pglogs: PgLogs,
     pub stats: Stats,
 }
 
@@ -331,7 +336,9 @@ impl<D: BlockDev + 'static> Store<D> {
         offset: u32,
         data: AlignedBuf,
     ) -> Result<()> {
-        self.0.write(oid, version, offset, data, true).await
+        self.0
+            .write_inner(oid, version, offset, data, true, None)
+            .await
     }
 
     /// Like [`Store::write`], but returns once the write is in the journal,
@@ -343,13 +350,75 @@ impl<D: BlockDev + 'static> Store<D> {
         offset: u32,
         data: AlignedBuf,
     ) -> Result<()> {
-        self.0.write(oid, version, offset, data, false).await
+        self.0
+            .write_inner(oid, version, offset, data, false, None)
+            .await
     }
 
     /// Deletes `oid` (durably); its block returns to free space at the next
     /// checkpoint. `version` must be at least the stored one.
     pub async fn delete(&self, oid: ObjectId, version: u64) -> Result<()> {
-        self.0.delete(oid, version).await
+        self.0.delete(oid, version, None).await
+    }
+
+    /// [`Store::write`] at `entry.version`, with `entry` added to its PG's
+    /// log in the same durable step. A repeat of the version is done only
+    /// if the log holds this same entry for it; a repeat that the log
+    /// shows was another op's is `Invalid` (one version, one content).
+    pub async fn write_logged(&self, entry: LogEntry, offset: u32, data: AlignedBuf) -> Result<()> {
+        self.0.check_entry(&entry, LogOp::Write)?;
+        (self.0)
+            .write_inner(entry.oid, entry.version, offset, data, true, Some(entry))
+            .await
+    }
+
+    /// Deletes `entry.oid` at `entry.version` with `entry` logged in the
+    /// same durable step. The entry is logged even when this copy lacks
+    /// the object (a tombstone: the delete must not be undone by a copy
+    /// that missed it).
+    pub async fn delete_logged(&self, entry: LogEntry) -> Result<()> {
+        self.0.check_entry(&entry, LogOp::Delete)?;
+        match self.0.delete(entry.oid, entry.version, Some(entry)).await {
+            Err(Error::NotFound(_)) => self.log_only(entry).await,
+            r => r,
+        }
+    }
+
+    /// Adds `entry` to its PG's log (durably) without touching data: history
+    /// adopted from another copy, whose object recovery brings later.
+    pub async fn log_only(&self, entry: LogEntry) -> Result<()> {
+        self.0.check_entry(&entry, entry.op)?;
+        let (pg, version) = (entry.pg, entry.version);
+        self.0
+            .pg_op(RecordKind::Log, pg, version, Some(entry))
+            .await
+    }
+
+    /// Drops PG `pg`'s log entries newer than `to` (durably): divergent
+    /// history that peering found no other copy has.
+    pub async fn pg_rewind(&self, pg: u64, to: u64) -> Result<()> {
+        self.0.pg_op(RecordKind::PgRewind, pg, to, None).await
+    }
+
+    /// Forgets PG `pg`'s log (durably): the PG left this OSD.
+    pub async fn pg_remove(&self, pg: u64) -> Result<()> {
+        self.0.pg_op(RecordKind::PgRemove, pg, 0, None).await
+    }
+
+    /// Trims PG `pg`'s log up to version `upto`. Kept in memory until the
+    /// next checkpoint; after a crash before it the log is only longer.
+    pub fn pg_trim(&self, pg: u64, upto: u64) {
+        self.0.st.borrow_mut().pglogs.trim(pg, upto);
+    }
+
+    /// A copy of PG `pg`'s log, if the store has one.
+    pub fn pg_log(&self, pg: u64) -> Option<PgLog> {
+        self.0.st.borrow().pglogs.get(pg).cloned()
+    }
+
+    /// The PGs the store holds logs of, sorted.
+    pub fn pg_logs(&self) -> Vec<u64> {
+        self.0.st.borrow().pglogs.keys()
     }
 
     /// Barrier: every write acknowledged before this call is durable when it
@@ -400,7 +469,7 @@ impl<D: BlockDev + 'static> Store<D> {
     pub fn memory(&self) -> Memory {
         let st = self.0.st.borrow();
         Memory {
-            index_bytes: st.index.memory_bytes(),
+            index_bytes: st.index.memory_bytes() + st.pglogs.memory_bytes(),
             csum_cache_bytes: st.csum.memory_bytes(),
             overlay_cache_bytes: st.index.overlay_cache_bytes(),
         }
@@ -527,13 +596,30 @@ impl<D: BlockDev + 'static> Inner<D> {
     /// repeats was withdrawn (`NoSpace`): then this is a new attempt, to be
     /// admitted afresh. Only a recorded withdrawal says so — not the stored
     /// version, which a delete admitted meanwhile may have removed.
-    async fn repeat(&self, oid: &ObjectId, version: u64, durable: bool) -> Result<bool> {
+    async fn repeat(
+        &self,
+        oid: &ObjectId,
+        version: u64,
+        durable: bool,
+        entry: Option<&LogEntry>,
+    ) -> Result<bool> {
         self.wait_idle(oid).await?;
         {
             let mut st = self.st.borrow_mut();
             if st.withdrawn.get(oid) == Some(&version) {
                 st.withdrawn.remove(oid);
                 return Ok(false);
+            }
+            if let Some(e) = entry {
+                let logged = st.pglogs.get(e.pg).and_then(|l| l.entries.get(&version));
+                if logged.is_some_and(|l| l != e) {
+                    return Err(Error::Invalid(format!(
+                        "version {version} of {oid} belongs to another op ({:?} by client {} request {})",
+                        logged.map(|l| l.op),
+                        logged.map_or(0, |l| l.client),
+                        logged.map_or(0, |l| l.request),
+                    )));
+                }
             }
         }
         if durable {
@@ -611,7 +697,7 @@ impl<D: BlockDev + 'static> Inner<D> {
 
     pub(crate) fn enqueue(&self, q: Queued) {
         let mut st = self.st.borrow_mut();
-        if !q.checkpoint {
+        if q.rec.kind.is_object_op() {
             if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
                 f.preparing -= 1;
             }
@@ -626,22 +712,74 @@ impl<D: BlockDev + 'static> Inner<D> {
         self.applied.notify();
     }
 
-    pub(crate) async fn write(
+    /// Checks that an entry describes the op it is logged with.
+    fn check_entry(&self, e: &LogEntry, op: LogOp) -> Result<()> {
+        if e.op != op || e.version == 0 {
+            return Err(Error::Invalid(format!(
+                "log entry {:?} at version {} does not describe a {op:?}",
+                e.op, e.version
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes sure PG `pg` has room for a log before an op is admitted.
+    fn reserve_pg(&self, entry: Option<&LogEntry>) -> Result<()> {
+        match entry {
+            Some(e) => self.st.borrow_mut().pglogs.reserve(e.pg),
+            None => Ok(()),
+        }
+    }
+
+    /// A record that changes only a PG log, made durable.
+    async fn pg_op(
+        &self,
+        kind: RecordKind,
+        pg: u64,
+        version: u64,
+        entry: Option<LogEntry>,
+    ) -> Result<()> {
+        self.check_writable()?;
+        self.reserve_pg(entry.as_ref())?;
+        let (tx, rx) = oneshot();
+        self.enqueue(Queued {
+            rec: Record::pg_op(kind, pg, version, entry),
+            data: None,
+            data_done: None,
+            durable: true,
+            checkpoint: false,
+            done: tx,
+        });
+        rx.await
+            .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
+    }
+
+    pub(crate) async fn write_inner(
         self: &Rc<Self>,
         oid: ObjectId,
         version: u64,
         offset: u32,
         data: AlignedBuf,
         durable: bool,
+        entry: Option<LogEntry>,
     ) -> Result<()> {
         self.check_range(offset, data.len().min(u32::MAX as usize) as u32)?;
         let len = data.len() as u32;
+        if let Some(e) = &entry {
+            if e.oid != oid || e.offset != offset || e.len != len {
+                return Err(Error::Invalid(format!(
+                    "log entry for {}+{} of {} given with a write of {len} bytes at {offset} of {oid}",
+                    e.offset, e.len, e.oid
+                )));
+            }
+        }
+        self.reserve_pg(entry.as_ref())?;
         let full = offset == 0 && len == self.g.block_bytes;
         let kind = if full { Admit::Full } else { Admit::Partial };
         let has_block = loop {
             match self.admit(oid, version, kind).await? {
                 Some(has_block) => break has_block,
-                None if self.repeat(&oid, version, durable).await? => return Ok(()),
+                None if self.repeat(&oid, version, durable, entry.as_ref()).await? => return Ok(()),
                 None => continue,
             }
         };
@@ -685,6 +823,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                     block,
                     csums,
                     data_pos: 0,
+                    entry,
                 },
                 data: None,
                 data_done: Some(drx),
@@ -705,6 +844,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                     block: 0,
                     csums,
                     data_pos: 0,
+                    entry,
                 },
                 data: Some(data),
                 data_done: None,
@@ -717,13 +857,31 @@ impl<D: BlockDev + 'static> Inner<D> {
             .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
     }
 
-    pub(crate) async fn delete(&self, oid: ObjectId, version: u64) -> Result<()> {
+    pub(crate) async fn delete(
+        &self,
+        oid: ObjectId,
+        version: u64,
+        entry: Option<LogEntry>,
+    ) -> Result<()> {
         if self.current_version(&oid).is_none() {
             return Err(Error::NotFound(oid));
         }
+        self.reserve_pg(entry.as_ref())?;
         // A delete is never a repeat: at the version of the last write it
-        // is still a delete.
+        // is still a delete — unless it is logged, and the log gives that
+        // version to another op.
         self.admit(oid, version, Admit::Delete).await?;
+        if let Some(e) = &entry {
+            let st = self.st.borrow();
+            let logged = st.pglogs.get(e.pg).and_then(|l| l.entries.get(&version));
+            if logged.is_some_and(|l| l != e) {
+                drop(st);
+                self.withdraw(&oid, None);
+                return Err(Error::Invalid(format!(
+                    "version {version} of {oid} belongs to another op"
+                )));
+            }
+        }
         if self.st.borrow().index.version(&oid).is_none() {
             self.withdraw(&oid, None);
             return Err(Error::NotFound(oid));
@@ -739,6 +897,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                 block: 0,
                 csums: Vec::new(),
                 data_pos: 0,
+                entry,
             },
             data: None,
             data_done: None,

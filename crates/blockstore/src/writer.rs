@@ -31,6 +31,16 @@ fn pad(v: u64, to: u64) -> u64 {
 /// Applies one record to the index. During replay nothing is freed (the
 /// allocator is rebuilt from the index afterwards).
 pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf>, replay: bool) {
+    // The entry first: it is history even where the data is stale.
+    if let Some(e) = &rec.entry {
+        st.pglogs.insert(e, replay);
+    }
+    match rec.kind {
+        RecordKind::Log => return,
+        RecordKind::PgRewind => return st.pglogs.rewind(rec.oid.volume.0, rec.version),
+        RecordKind::PgRemove => return st.pglogs.remove(rec.oid.volume.0),
+        _ => {}
+    }
     if rec.kind == RecordKind::Fold {
         // Live, the checkpointer applies its own folds; at replay they are
         // redone once the journal is read.
@@ -101,7 +111,9 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 }
             }
         }
-        RecordKind::Fold => unreachable!("handled above"),
+        RecordKind::Fold | RecordKind::Log | RecordKind::PgRewind | RecordKind::PgRemove => {
+            unreachable!("handled above")
+        }
         RecordKind::Delete => {
             if cur.is_none() {
                 return;
@@ -545,7 +557,7 @@ fn finish_batch<D: BlockDev + 'static>(
 ) {
     {
         let mut st = inner.st.borrow_mut();
-        for q in batch.iter().filter(|q| !q.checkpoint) {
+        for q in batch.iter().filter(|q| q.rec.kind.is_object_op()) {
             if q.rec.kind == RecordKind::Big {
                 st.big_inflight -= 1;
             }

@@ -1,6 +1,6 @@
 //! Behaviour of one store on the in-memory and fault devices.
 
-use nacre_blockstore::{Error, FormatOptions, Store, StoreOptions};
+use nacre_blockstore::{Error, FormatOptions, LogEntry, LogOp, LogRegion, Store, StoreOptions};
 use nacre_io::rt::block_on;
 use nacre_io::{AlignedBuf, BlockDev, FaultDev, MemDev};
 use nacre_types::ObjectId;
@@ -11,6 +11,10 @@ fn fmt(block: u32) -> FormatOptions {
     FormatOptions {
         block_bytes: block,
         journal_bytes: Some(4 * MIB),
+        pg_logs: LogRegion {
+            slots: 16,
+            slot_pages: 2,
+        },
         ..FormatOptions::default()
     }
 }
@@ -582,4 +586,193 @@ fn reads_under_folding_always_see_the_latest_write() {
             assert!(s.stats().checkpoints >= 1, "{:?}", s.stats());
         });
     }
+}
+
+fn entry(pg: u64, version: u64, obj: u64, op: LogOp, request: u64) -> LogEntry {
+    let (offset, len) = match op {
+        LogOp::Write => (0, 4096),
+        LogOp::Delete => (0, 0),
+    };
+    LogEntry {
+        pg,
+        version,
+        oid: ObjectId::new(3, obj),
+        op,
+        offset,
+        len,
+        client: 11,
+        request,
+    }
+}
+
+/// PG logs: entries ride with their ops, survive replay, checkpoints and
+/// a clean close; rewinds, trims and removals persist; tombstones of
+/// absent objects are logged.
+#[test]
+fn pg_logs_survive_replay_checkpoints_and_close() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 16 << 10).await;
+        for v in 1..=6u64 {
+            let e = entry(1, v, v % 3, LogOp::Write, v);
+            s.write_logged(e, 0, pattern(v as u8, 4096)).await.unwrap();
+        }
+        // A delete of an object this copy has, and a tombstone of one it
+        // never had.
+        s.delete_logged(entry(1, 7, 0, LogOp::Delete, 7))
+            .await
+            .unwrap();
+        s.delete_logged(entry(1, 8, 40, LogOp::Delete, 8))
+            .await
+            .unwrap();
+        s.log_only(entry(2, 5, 9, LogOp::Write, 1)).await.unwrap();
+        assert_eq!(s.pg_logs(), vec![1, 2]);
+        let want1 = s.pg_log(1).unwrap();
+        assert_eq!((want1.entries.len(), want1.head()), (8, 8));
+        assert!(s.read(ObjectId::new(3, 0), 0, 4096).await.is_err());
+        // Replay only.
+        drop(s);
+        let (s, _) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(s.pg_log(1).unwrap(), want1);
+        assert_eq!(s.pg_log(2).unwrap().head(), 5);
+        // Checkpointed, then changed: trim, rewind, remove.
+        s.checkpoint().await.unwrap();
+        s.pg_trim(1, 2);
+        s.pg_rewind(1, 6).await.unwrap();
+        s.pg_remove(2).await.unwrap();
+        let want1 = s.pg_log(1).unwrap();
+        assert_eq!(want1.tail, 2);
+        assert_eq!(
+            want1.entries.keys().copied().collect::<Vec<_>>(),
+            vec![3, 4, 5, 6]
+        );
+        s.checkpoint().await.unwrap();
+        drop(s);
+        let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(rep.replay_stopped, None);
+        assert_eq!(s.pg_logs(), vec![1]);
+        assert_eq!(s.pg_log(1).unwrap(), want1);
+        // Changes after the checkpoint come back from the journal, on top
+        // of the slots.
+        s.write_logged(entry(1, 9, 1, LogOp::Write, 9), 0, pattern(9, 4096))
+            .await
+            .unwrap();
+        s.log_only(entry(4, 1, 1, LogOp::Write, 1)).await.unwrap();
+        let want1 = s.pg_log(1).unwrap();
+        drop(s);
+        let (s, _) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(s.pg_logs(), vec![1, 4]);
+        assert_eq!(s.pg_log(1).unwrap(), want1);
+        s.close().await.unwrap();
+        let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(rep.records_replayed, 0);
+        assert_eq!(s.pg_log(1).unwrap(), want1);
+        assert_eq!(
+            &s.read(ObjectId::new(3, 1), 0, 4096).await.unwrap()[..],
+            &pattern(9, 4096)[..]
+        );
+    });
+}
+
+/// One version, one op: a repeat of a logged write is done only when the
+/// log gives its version to the same op; another op at that version is
+/// refused and changes nothing.
+#[test]
+fn a_logged_version_repeat_must_be_the_same_op() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 16 << 10).await;
+        let e = entry(1, 5, 1, LogOp::Write, 50);
+        s.write_logged(e, 0, pattern(1, 4096)).await.unwrap();
+        // The same op again (a retry): done.
+        s.write_logged(e, 0, pattern(1, 4096)).await.unwrap();
+        // Another request at the same version: refused.
+        let other = LogEntry { request: 51, ..e };
+        assert!(matches!(
+            s.write_logged(other, 0, pattern(2, 4096)).await,
+            Err(Error::Invalid(_))
+        ));
+        let del = entry(1, 5, 1, LogOp::Delete, 52);
+        assert!(matches!(s.delete_logged(del).await, Err(Error::Invalid(_))));
+        assert_eq!(
+            &s.read(ObjectId::new(3, 1), 0, 4096).await.unwrap()[..],
+            &pattern(1, 4096)[..]
+        );
+        assert_eq!(s.pg_log(1).unwrap().entries[&5], e);
+        // An entry that does not describe its op is refused.
+        assert!(matches!(
+            s.write_logged(entry(1, 6, 1, LogOp::Delete, 60), 0, pattern(3, 4096))
+                .await,
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            s.write_logged(entry(1, 6, 1, LogOp::Write, 60), 512, pattern(3, 4096))
+                .await,
+            Err(Error::Invalid(_))
+        ));
+    });
+}
+
+/// A store holds as many PG logs as it has slots; a removal frees one.
+#[test]
+fn pg_log_slots_are_bounded() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 16 << 10).await;
+        for pg in 0..16 {
+            s.log_only(entry(pg, 1, 1, LogOp::Write, 1)).await.unwrap();
+        }
+        let r = s
+            .write_logged(entry(16, 2, 2, LogOp::Write, 2), 0, pattern(1, 4096))
+            .await;
+        assert!(matches!(r, Err(Error::PgLogsFull { slots: 16 })), "{r:?}");
+        assert!(matches!(
+            s.read(ObjectId::new(3, 2), 0, 4096).await,
+            Err(Error::NotFound(_))
+        ));
+        s.pg_remove(3).await.unwrap();
+        s.checkpoint().await.unwrap();
+        s.log_only(entry(16, 2, 2, LogOp::Write, 2)).await.unwrap();
+        s.checkpoint().await.unwrap();
+        drop(s);
+        let (s, _) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        let mut want: Vec<u64> = (0..17).filter(|&p| p != 3).collect();
+        want.sort_unstable();
+        assert_eq!(s.pg_logs(), want);
+    });
+}
+
+/// A damaged PG log slot is refused at open, not read as an empty log.
+#[test]
+fn a_damaged_pg_log_slot_is_refused() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 16 << 10).await;
+        s.log_only(entry(7, 1, 1, LogOp::Write, 1)).await.unwrap();
+        s.checkpoint().await.unwrap();
+        let g = s.geometry().clone();
+        drop(s);
+        // The first log takes slot 0; flip a byte of its entry in both copies.
+        for copy in 0..2 {
+            let at = g.pglog_slot_pos(0, copy) + 200;
+            let mut b = dev.read_at(AlignedBuf::new(512), at - 200).await.unwrap();
+            b[200] ^= 0x40;
+            dev.write_at(b, at - 200).await.unwrap();
+        }
+        match Store::open(dev.clone(), StoreOptions::default()).await {
+            Err(Error::Corrupt(why)) => assert!(why.contains("PG log slot 0"), "{why}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a damaged PG log opened"),
+        }
+    });
 }

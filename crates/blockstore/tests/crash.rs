@@ -9,13 +9,17 @@
 //! - every write that was acknowledged durable before the cut reads back;
 //! - every object is in a state some sequence of its issued ops produced
 //!   (no byte that was never written, no mix of two versions);
-//! - versions never go back past an acknowledged one.
+//! - versions never go back past an acknowledged one;
+//! - odd objects log every op to a PG log (three PGs): an entry is in its
+//!   log exactly when its data is in the store (one durable step), every
+//!   entry of a durable op is there unless trimmed, and no entry is one
+//!   that was never issued.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
-use nacre_blockstore::{Error, FormatOptions, Store, StoreOptions};
+use nacre_blockstore::{Error, FormatOptions, LogEntry, LogOp, LogRegion, Store, StoreOptions};
 use nacre_io::rt::{block_on, spawn, yield_now};
 use nacre_io::{AlignedBuf, FaultDev};
 use nacre_types::ObjectId;
@@ -27,6 +31,30 @@ const OBJECTS: u8 = 12;
 const DEV_BYTES: u64 = 8 << 20;
 const JOURNAL_BYTES: u64 = 2_359_296; // the smallest journal for 16 KiB blocks
 const INFLIGHT_MAX: usize = 6;
+const PGS: u8 = 3;
+/// Slots of one page (62 entries), so long runs also drop old entries.
+const LOG_REGION: LogRegion = LogRegion {
+    slots: 4,
+    slot_pages: 1,
+};
+
+/// Odd objects log their ops, to PG `obj % PGS`.
+fn logged(obj: u8) -> bool {
+    obj % 2 == 1
+}
+
+fn entry(obj: u8, version: u64, op: LogOp, offset: u32, len: u32) -> LogEntry {
+    LogEntry {
+        pg: u64::from(obj % PGS),
+        version,
+        oid: oid(obj),
+        op,
+        offset,
+        len,
+        client: 9,
+        request: version * 3,
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -49,6 +77,12 @@ enum Op {
     Checkpoint,
     Read {
         obj: u8,
+    },
+    /// Trims a PG log to its newest `keep` entries (in memory until the
+    /// next checkpoint).
+    Trim {
+        pg: u8,
+        keep: u8,
     },
     /// Many 4 KiB durable overwrites at random chunks of random objects,
     /// several in flight: fills the journal past the point where folding
@@ -78,6 +112,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Sync),
         1 => Just(Op::Checkpoint),
         2 => (0..OBJECTS).prop_map(|obj| Op::Read { obj }),
+        1 => (0..PGS, 0..20u8).prop_map(|(pg, keep)| Op::Trim { pg, keep }),
         1 => (0..24u8, any::<u64>(), any::<bool>(), any::<bool>()).prop_map(|(after, seed, kill, settle)| Op::Cut { after, seed, kill, settle }),
         1 => (16..400u16, any::<u64>()).prop_map(|(count, seed)| Op::Burst { count, seed }),
     ]
@@ -128,6 +163,8 @@ struct Harness {
     pending: Vec<Pending>,
     version: u64,
     cuts: u32,
+    /// Every entry issued, by version.
+    entries: HashMap<u64, LogEntry>,
 }
 
 impl Harness {
@@ -299,27 +336,87 @@ impl Harness {
         let off = sector as usize * 512;
         content[off..off + d.len()].copy_from_slice(&d);
         let (idx, v) = self.push_state(obj, Some(content));
+        self.issue_write(obj, idx, v, off as u32, d, durable);
+    }
+
+    /// Writes `d` at `off` of `obj` as version `v`: logged (always
+    /// durable) for odd objects.
+    fn issue_write(&mut self, obj: u8, idx: usize, v: u64, off: u32, d: Vec<u8>, durable: bool) {
         let s = self.store.clone();
         let buf = AlignedBuf::from_slice(&d);
+        if logged(obj) {
+            let e = entry(obj, v, LogOp::Write, off, d.len() as u32);
+            self.entries.insert(v, e);
+            self.issue(Some(obj), idx, true, async move {
+                s.write_logged(e, off, buf).await
+            });
+            return;
+        }
         self.issue(Some(obj), idx, durable, async move {
             if durable {
-                s.write(oid(obj), v, off as u32, buf).await
+                s.write(oid(obj), v, off, buf).await
             } else {
-                s.write_unsynced(oid(obj), v, off as u32, buf).await
+                s.write_unsynced(oid(obj), v, off, buf).await
             }
         });
     }
 
+    /// For logged objects: the log and the data agree. Returns, per
+    /// object, the newest version its PG log holds for it (if above the
+    /// tail), after checking every entry in the logs was issued and every
+    /// entry of a durable op is there.
+    fn check_logs(&self) -> BTreeMap<u8, (Option<u64>, u64)> {
+        let mut newest = BTreeMap::new();
+        for pg in 0..PGS {
+            let log = self.store.pg_log(u64::from(pg)).unwrap_or_default();
+            for (v, e) in &log.entries {
+                assert_eq!(
+                    self.entries.get(v),
+                    Some(e),
+                    "PG {pg} holds an entry at version {v} that was never issued"
+                );
+            }
+            for obj in (0..OBJECTS).filter(|&o| logged(o) && o % PGS == pg) {
+                let m = &self.model[&obj];
+                for st in m.states.iter().take(m.durable + 1).skip(1) {
+                    assert!(
+                        st.version <= log.tail || log.entries.contains_key(&st.version),
+                        "object {obj}: durable version {} is not in PG {pg}'s log (tail {})",
+                        st.version,
+                        log.tail
+                    );
+                }
+                let top = (log.entries.values())
+                    .filter(|e| e.oid == oid(obj))
+                    .map(|e| e.version)
+                    .max();
+                newest.insert(obj, (top, log.tail));
+            }
+        }
+        newest
+    }
+
     async fn check_after_crash(&mut self) {
         let listed: BTreeMap<ObjectId, u64> = self.store.list().into_iter().collect();
+        let newest = self.check_logs();
         for (&obj, m) in self.model.iter_mut() {
             let found = listed.get(&oid(obj)).copied();
+            // A logged object's state is the one its newest entry names
+            // (unless trimmed away): entry and data are one durable step.
+            let named = |k: usize| match newest.get(&obj) {
+                Some(&(Some(top), _)) => m.states[k].version == top,
+                Some(&(None, tail)) => m.states[k].version <= tail,
+                None => true,
+            };
             let k = (m.durable..m.states.len())
                 .rev()
-                .find(|&k| match (&m.states[k].content, found) {
-                    (Some(_), Some(v)) => m.states[k].version == v,
-                    (None, None) => true,
-                    _ => false,
+                .find(|&k| {
+                    named(k)
+                        && match (&m.states[k].content, found) {
+                            (Some(_), Some(v)) => m.states[k].version == v,
+                            (None, None) => true,
+                            _ => false,
+                        }
                 })
                 .unwrap_or_else(|| {
                     panic!(
@@ -368,35 +465,46 @@ impl Harness {
                     self.make_room(Some(obj)).await;
                     let d = data(seed, 0, SECTORS);
                     let (idx, v) = self.push_state(obj, Some(d.clone()));
-                    let s = self.store.clone();
-                    let buf = AlignedBuf::from_slice(&d);
-                    self.issue(Some(obj), idx, durable, async move {
-                        if durable {
-                            s.write(oid(obj), v, 0, buf).await
-                        } else {
-                            s.write_unsynced(oid(obj), v, 0, buf).await
-                        }
-                    });
+                    self.issue_write(obj, idx, v, 0, d, durable);
                 }
                 Op::Delete { obj } => {
                     self.make_room(Some(obj)).await;
-                    if self.model[&obj]
-                        .states
-                        .last()
+                    let absent = (self.model[&obj].states.last())
                         .expect("state")
                         .content
-                        .is_none()
-                    {
+                        .is_none();
+                    // A logged delete of an absent object is a tombstone.
+                    if absent && !logged(obj) {
                         continue;
                     }
                     let (idx, v) = self.push_state(obj, None);
                     let s = self.store.clone();
+                    if logged(obj) {
+                        let e = entry(obj, v, LogOp::Delete, 0, 0);
+                        self.entries.insert(v, e);
+                        self.issue(
+                            Some(obj),
+                            idx,
+                            true,
+                            async move { s.delete_logged(e).await },
+                        );
+                        continue;
+                    }
                     self.issue(
                         Some(obj),
                         idx,
                         true,
                         async move { s.delete(oid(obj), v).await },
                     );
+                }
+                Op::Trim { pg, keep } => {
+                    let log = self.store.pg_log(u64::from(pg)).unwrap_or_default();
+                    let n = log.entries.len().saturating_sub(usize::from(keep));
+                    if let Some((&v, _)) = log.entries.iter().nth(n.saturating_sub(1)) {
+                        if n > 0 {
+                            self.store.pg_trim(u64::from(pg), v);
+                        }
+                    }
                 }
                 Op::Sync => {
                     self.make_room(None).await;
@@ -438,6 +546,7 @@ fn run_case(ops: Vec<Op>) {
             block_bytes: BLOCK,
             journal_bytes: Some(JOURNAL_BYTES),
             zero_journal: false,
+            pg_logs: LOG_REGION,
             ..FormatOptions::default()
         };
         Store::format(&dev, &fmt).await.unwrap();
@@ -468,6 +577,7 @@ fn run_case(ops: Vec<Op>) {
             pending: Vec::new(),
             version: 0,
             cuts: 0,
+            entries: HashMap::new(),
         };
         h.run(ops).await;
     });

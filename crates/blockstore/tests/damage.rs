@@ -325,13 +325,13 @@ fn superblocks_other_stores_and_small_devices() {
         dev.flip(50, 0x01);
         dev.flip(PAGE_BYTES + 50, 0x01);
         // Another format version (with a valid checksum): refused by name.
-        let mut sb = dev.snapshot(0, 128);
+        let mut sb = dev.snapshot(0, 144);
         sb[8..12].copy_from_slice(&99u32.to_le_bytes());
-        sb[120..124].fill(0);
+        sb[136..140].fill(0);
         let crc = nacre_types::crc32c(&sb);
-        sb[120..124].copy_from_slice(&crc.to_le_bytes());
+        sb[136..140].copy_from_slice(&crc.to_le_bytes());
         let mut page = AlignedBuf::zeroed(4096);
-        page[..128].copy_from_slice(&sb);
+        page[..144].copy_from_slice(&sb);
         for at in [0, PAGE_BYTES] {
             dev.write_at(AlignedBuf::from_slice(&page), at)
                 .await

@@ -248,6 +248,7 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
             OBJECT_BYTES,
             4096,
             o.journal_bytes,
+            nacre_blockstore::LogRegion::DEFAULT,
         )
         .map_err(|e| {
             anyhow::anyhow!(

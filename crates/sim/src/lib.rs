@@ -304,6 +304,10 @@ impl Cluster {
                 block_bytes: OBJECT_BYTES,
                 journal_bytes: Some(JOURNAL_BYTES),
                 zero_journal: false,
+                pg_logs: nacre_blockstore::LogRegion {
+                    slots: 32,
+                    slot_pages: 2,
+                },
                 ..FormatOptions::default()
             };
             Store::format(&dev, &fo)
