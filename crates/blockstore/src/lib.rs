@@ -28,6 +28,12 @@ macro_rules! strict_assert {
 }
 pub(crate) use strict_assert;
 
+/// Whether this build checks invariants with panics (`strict`, on in CI
+/// and tests): for crates above the store that assert their own.
+pub const fn strict() -> bool {
+    cfg!(feature = "strict")
+}
+
 mod alloc;
 mod checkpoint;
 mod csum;

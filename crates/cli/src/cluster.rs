@@ -290,7 +290,10 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
     nacre_meta::remote::serve(meta.clone(), &meta_socket(&o.dir)).context("meta socket")?;
     let m = map::load(&*meta)?;
     let pool = m.pools.first().context("no pool in the map")?.clone();
-    let pgmap = m.pgmap(pool.id).context("no PG table")?.clone();
+    m.pgmap(pool.id).context("no PG table")?;
+    // Every start is a new epoch: the OSDs restarted, and a restarted
+    // primary must never assign versions in an epoch it used before.
+    let pgmap = map::new_epoch(&*meta, pool.id)?;
     let addrs = (m.osds.iter())
         .map(|r| Ok((r.id, r.addr.parse::<Addr>().map_err(anyhow::Error::msg)?)))
         .collect::<anyhow::Result<_>>()?;

@@ -243,6 +243,41 @@ pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
     })
 }
 
+/// Epochs stay below this: a PG's versions are `epoch << 32 | seq`.
+pub const EPOCH_MAX: u64 = u32::MAX as u64;
+
+/// Raises pool `pool`'s PG table to a new epoch (compare-and-swap on the
+/// table): every OSD that starts does it, so that a restarted primary
+/// never assigns versions in an epoch it used before
+/// (docs/internals/replication.md §3).
+pub fn new_epoch(store: &dyn MetaStore, pool: u32) -> Result<PgMap> {
+    loop {
+        let kv = store
+            .get(&pgmap_key(pool))?
+            .ok_or_else(|| MetaError::Invalid(format!("pool {pool} has no PG table")))?;
+        let mut pm: PgMap = parse(&kv)?;
+        if pm.epoch >= EPOCH_MAX {
+            return Err(MetaError::Invalid(format!(
+                "pool {pool}'s PG table is at epoch {}, the last one",
+                pm.epoch
+            )));
+        }
+        pm.epoch += 1;
+        let t = Txn {
+            compare: vec![Compare::ModRevision(
+                pgmap_key(pool),
+                CmpOp::Equal,
+                kv.mod_revision,
+            )],
+            success: vec![put(pgmap_key(pool), json(&pm))],
+            failure: vec![],
+        };
+        if store.txn(t)?.succeeded {
+            return Ok(pm);
+        }
+    }
+}
+
 pub fn check_volume_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= VOLUME_NAME_MAX_BYTES

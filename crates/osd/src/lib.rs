@@ -1,41 +1,52 @@
 //! The OSD: one blockstore, served over the wire protocol.
 //!
 //! As **primary** of a PG it orders writes per object (one write per object
-//! in flight; writes to different objects run in parallel), assigns each a
-//! version one above the object's newest, writes it to its own store and
-//! to every replica of the acting set in parallel, and acknowledges once
-//! all of them report it durable. A `(client, request id)` seen before is
-//! answered from a bounded cache instead of being applied twice, so a
-//! client may retry any write after a lost connection. Reads are served
-//! from the primary's store; a small read never touches other OSDs.
+//! in flight; writes to different objects run in parallel), assigns each
+//! write or delete the PG's next version `epoch << 32 | seq`
+//! (docs/internals/replication.md §3: the PG table's epoch rises at every
+//! OSD start, so a restarted primary never hands out a version again),
+//! writes it with its PG log entry to its own store and to every replica of
+//! the acting set in parallel, and acknowledges once all of them report it
+//! durable. A delete is logged and replicated even where the object is
+//! absent (a tombstone). A `(client, request id)` seen before is answered
+//! from a cache, filled at open from the PG logs, instead of being applied
+//! twice, so a client may retry any write after a lost connection or a
+//! restart. Reads are served from the primary's store once no write of the
+//! object is in flight; a small read never touches other OSDs.
 //!
 //! As **replica** it applies `RepWrite`/`RepDelete` at the version the
-//! primary chose; the store treats a repeat of a version as done, so a
-//! primary's retry is harmless.
+//! primary chose, with the same log entry (the sub-op carries the client's
+//! id and request id); the store takes a repeat of a version as done only
+//! for the same entry, so a primary's retry is harmless and a version
+//! given to two contents is refused.
 //!
 //! Every object op carries the epoch of the PG table the sender used; an
 //! OSD refuses any other epoch (`StaleEpoch`, with its own epoch in the
-//! reply) and any op for a PG it is not primary of (`NotPrimary`).
+//! reply), any client op for a PG it is not primary of (`NotPrimary`), and
+//! any sub-op whose sender is not the PG's primary.
 //!
-//! What this issue leaves to the next (multi-host, failures): peering and
-//! recovery. A write that failed on some replicas leaves the object
-//! degraded on them; the primary, which answers reads, has the newest data.
+//! Still to come (issue 8): peering and recovery. A write that failed on
+//! some copies leaves them different until then; the primary's copy
+//! answers reads.
 
 mod stats;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use nacre_blockstore::{Error as StoreError, FormatOptions, OpenReport, Store, StoreOptions};
+use nacre_blockstore::{
+    Error as StoreError, FormatOptions, LogEntry, LogOp, OpenReport, Store, StoreOptions,
+};
 use nacre_io::net::{Addr, Listener};
 use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
 use nacre_meta::map::PgMap;
 use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
 use nacre_types::{pg_of, ObjectId};
-use nacre_wire::{Header, Op, Status};
+use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use stats::OsdStats;
 
@@ -45,6 +56,10 @@ const REQ_CACHE_MAX: usize = 1 << 16;
 const PURGE_PARALLEL_MAX: usize = 64;
 /// Attempts to reach a replica before the write fails.
 const REPLICA_ATTEMPT_MAX: u32 = 3;
+/// A PG's versions in one epoch are `epoch << 32 | seq` with `seq` below
+/// this; a primary that reaches it stops taking writes for the PG until
+/// the epoch changes (at 100 000 writes/s into one PG: after 11 hours).
+pub const PG_SEQ_MAX: u64 = (1 << 32) - (1 << 16);
 
 /// Where an OSD keeps its data and how it is reached.
 #[derive(Clone, Debug)]
@@ -80,8 +95,12 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Objects with a write or delete in flight, and a wake-up for waiters.
     busy: RefCell<HashSet<ObjectId>>,
     unbusy: Notify,
-    /// Versions handed out by writes that failed somewhere: never reused.
-    burnt: RefCell<HashMap<ObjectId, u64>>,
+    /// Per PG, the epoch and the last `seq` this primary assigned in it.
+    seqs: RefCell<HashMap<u32, (u64, u64)>>,
+    /// The newest epoch in the store's PG logs at open: this incarnation
+    /// assigns versions only in later epochs, so that it never repeats one
+    /// an earlier incarnation gave out (whatever the map says).
+    epoch_floor: u64,
     done: RefCell<ReqCache>,
     pub stats: OsdStats,
 }
@@ -108,10 +127,9 @@ impl ReqCache {
     }
 }
 
-/// The client id an OSD sends its sub-ops with: bit 63 set (no client
-/// library id has it), the OSD id below.
-pub fn osd_client_id(osd: u32) -> u64 {
-    (1 << 63) | u64::from(osd)
+/// The key of a PG in the store's PG logs.
+pub fn pg_key(pool: u32, pg: u32) -> u64 {
+    (u64::from(pool) << 32) | u64::from(pg)
 }
 
 fn status_of(e: &StoreError) -> Status {
@@ -161,9 +179,43 @@ impl Osd<FileDev, Sockets> {
         Ok(Osd::with_store(cfg.id, store, &report, map, Sockets))
     }
 
-    /// Serves the wire protocol on `l` until the returned task is dropped.
-    pub fn serve(self: &Rc<Self>, l: Listener) -> rt::JoinHandle<()> {
-        rt::spawn(nacre_net::serve(l, self.clone()))
+    /// Serves the wire protocol on `l` until the returned handle is
+    /// dropped (then no new connection is taken; connections already open
+    /// end when their peers close them).
+    pub fn serve(self: &Rc<Self>, l: Listener) -> Serving {
+        let stop = Notify::new();
+        let stopped = Rc::new(std::cell::Cell::new(false));
+        let (s2, f2) = (stop.clone(), stopped.clone());
+        let me = self.clone();
+        rt::spawn(async move {
+            let mut accept = std::pin::pin!(nacre_net::serve(l, me));
+            let mut wake = Box::pin(s2.wait());
+            std::future::poll_fn(|cx| {
+                if f2.get() {
+                    return std::task::Poll::Ready(());
+                }
+                if wake.as_mut().poll(cx).is_ready() {
+                    wake = Box::pin(s2.wait());
+                    cx.waker().wake_by_ref();
+                }
+                accept.as_mut().poll(cx)
+            })
+            .await
+        });
+        Serving { stop, stopped }
+    }
+}
+
+/// An OSD's listener; dropping it stops taking connections.
+pub struct Serving {
+    stop: Notify,
+    stopped: Rc<std::cell::Cell<bool>>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stopped.set(true);
+        self.stop.notify();
     }
 }
 
@@ -182,6 +234,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let stats = OsdStats::default();
         stats.set_replay_stopped(report.replay_stopped.clone());
+        // Requests already applied, from the PG logs: a retry after this
+        // OSD restarted is answered, not applied again.
+        let mut done = ReqCache::default();
+        let mut epoch_floor = 0;
+        for pg in store.pg_logs() {
+            let log = store.pg_log(pg).unwrap_or_default();
+            epoch_floor = epoch_floor.max(log.head() >> 32);
+            for e in log.entries.values() {
+                done.insert((e.client, e.request), e.version);
+            }
+        }
         Rc::new(Osd {
             id,
             store,
@@ -190,8 +253,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             peers: RefCell::new(HashMap::new()),
             busy: RefCell::new(HashSet::new()),
             unbusy: Notify::new(),
-            burnt: RefCell::new(HashMap::new()),
-            done: RefCell::new(ReqCache::default()),
+            seqs: RefCell::new(HashMap::new()),
+            epoch_floor,
+            done: RefCell::new(done),
             stats,
         })
     }
@@ -210,6 +274,46 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.map.borrow().pgmap.epoch
     }
 
+    /// Takes a newer map (from the cluster map's leader).
+    pub fn set_map(&self, map: OsdMap) {
+        debug_assert!(map.pgmap.epoch >= self.epoch());
+        *self.map.borrow_mut() = map;
+    }
+
+    /// The PG's next version in the current epoch, if any is left.
+    fn next_version(&self, pg: u32) -> Option<u64> {
+        let epoch = self.epoch();
+        let mut seqs = self.seqs.borrow_mut();
+        let s = seqs.entry(pg).or_insert((epoch, 0));
+        if s.0 != epoch {
+            *s = (epoch, 0);
+        }
+        if s.1 + 1 >= PG_SEQ_MAX || epoch > nacre_meta::map::EPOCH_MAX || epoch <= self.epoch_floor
+        {
+            return None;
+        }
+        s.1 += 1;
+        Some((epoch << 32) | s.1)
+    }
+
+    /// The log entry of op `h` at `version`.
+    fn entry(&self, h: &Header, version: u64) -> LogEntry {
+        let (op, offset, len) = match h.op {
+            Op::Write | Op::RepWrite => (LogOp::Write, h.offset, h.payload_len),
+            _ => (LogOp::Delete, 0, 0),
+        };
+        LogEntry {
+            pg: pg_key(self.map.borrow().pgmap.pool, h.pg),
+            version,
+            oid: h.oid,
+            op,
+            offset,
+            len,
+            client: h.client,
+            request: h.request_id,
+        }
+    }
+
     /// Checks epoch, PG and (for client ops) primacy.
     fn check_route(&self, h: &Header, need_primary: bool) -> Option<Status> {
         let map = self.map.borrow();
@@ -224,12 +328,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if need_primary && acting.first() != Some(&self.id) {
             return Some(Status::NotPrimary);
         }
+        if need_primary && h.sender != SENDER_CLIENT {
+            return Some(Status::Invalid);
+        }
         if !need_primary {
-            // A sub-op is taken only from the PG's primary in this epoch
-            // (it sends as `osd_client_id(primary)`), and only by a member.
-            let from_primary = acting.first().map(|&p| osd_client_id(p)) == Some(h.client);
+            // A sub-op is taken only from the PG's primary in this epoch,
+            // and only by a member.
+            let from_primary = acting.first() == Some(&h.sender);
             if !from_primary || !acting.contains(&self.id) || acting.first() == Some(&self.id) {
                 return Some(Status::NotPrimary);
+            }
+            if h.obj_version == 0 || h.obj_version >> 32 != h.epoch {
+                return Some(Status::Invalid);
             }
         }
         None
@@ -306,14 +416,29 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             self.unlock(oid);
             return (Status::Ok, v);
         }
-        let cur = self.store.version(oid);
-        if h.op == Op::Delete && cur.is_none() {
+        let Some(version) = self.next_version(h.pg) else {
+            tracing::warn!(
+                "osd.{}: PG {} has no version left in epoch {} (this OSD's logs reach epoch {})",
+                self.id,
+                h.pg,
+                self.epoch(),
+                self.epoch_floor
+            );
             self.unlock(oid);
-            return (Status::Ok, 0);
+            return (Status::Unavailable, 0);
+        };
+        // Versions of an epoch come only from this primary, and epochs
+        // rise: a version at or below the stored one is a bug.
+        let cur = self.store.version(oid).unwrap_or(0);
+        if version <= cur {
+            let why = format!("{oid}: new version {version:#x} is not above the stored {cur:#x}");
+            assert!(!nacre_blockstore::strict(), "{why}");
+            tracing::error!("osd.{}: {why}", self.id);
+            self.unlock(oid);
+            return (Status::Unavailable, 0);
         }
-        let burnt = self.burnt.borrow().get(&oid).copied().unwrap_or(0);
-        let version = cur.unwrap_or(0).max(burnt) + 1;
         let acting: Vec<u32> = self.map.borrow().pgmap.acting(h.pg).to_vec();
+        let entry = self.entry(h, version);
         let mut sub = *h;
         sub.op = if h.op == Op::Delete {
             Op::RepDelete
@@ -321,8 +446,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             Op::RepWrite
         };
         sub.obj_version = version;
-        sub.client = osd_client_id(self.id);
-        sub.request_id = 0;
+        sub.sender = self.id;
         // One buffer shared by the replica tasks (each sends its own copy,
         // kept for a resend); the local write takes the original when no
         // replica holds it any more, a copy otherwise.
@@ -333,9 +457,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let local = match data {
             Some(d) => {
                 let d = Rc::try_unwrap(d).unwrap_or_else(|d| AlignedBuf::from_slice(&d));
-                self.store.write(oid, version, h.offset, d).await
+                self.store.write_logged(entry, h.offset, d).await
             }
-            None => self.store.delete(oid, version).await,
+            None => self.store.delete_logged(entry).await,
         };
         let mut status = match &local {
             Ok(()) => Status::Ok,
@@ -352,21 +476,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         if status == Status::Ok {
             self.done.borrow_mut().insert(key, version);
-            self.burnt.borrow_mut().remove(&oid);
-        } else {
-            self.burnt.borrow_mut().insert(oid, version);
         }
         self.unlock(oid);
         (status, version)
     }
 
     async fn replica_update(&self, h: &Header, data: Option<AlignedBuf>) -> Status {
+        let entry = self.entry(h, h.obj_version);
         let r = match data {
-            Some(d) => self.store.write(h.oid, h.obj_version, h.offset, d).await,
-            None => match self.store.delete(h.oid, h.obj_version).await {
-                Err(StoreError::NotFound(_)) => Ok(()),
-                r => r,
-            },
+            Some(d) => self.store.write_logged(entry, h.offset, d).await,
+            None => self.store.delete_logged(entry).await,
         };
         match r {
             Ok(()) => Status::Ok,

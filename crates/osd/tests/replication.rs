@@ -9,7 +9,7 @@ use nacre_io::{rt, AlignedBuf};
 use nacre_meta::embedded::Embedded;
 use nacre_meta::map::{self, OsdRecord, PoolRecord};
 use nacre_net::Conn;
-use nacre_osd::{osd_client_id, Osd, OsdConfig, OsdMap};
+use nacre_osd::{pg_key, Osd, OsdConfig, OsdMap};
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status};
 
@@ -65,7 +65,7 @@ fn setup(d: &std::path::Path) -> Setup {
 }
 
 /// Opens OSD `id` of `s` in `d` and serves it.
-async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, rt::JoinHandle<()>) {
+async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, nacre_osd::Serving) {
     let cfg = OsdConfig {
         id,
         path: d.join(format!("osd.{id}.img")),
@@ -109,20 +109,33 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
             async move { c.call(h, p).await.unwrap() }
         };
 
+        // Versions are the PG's `epoch << 32 | seq`.
+        let (v1, v2) = ((1 << 32) | 1, (1 << 32) | 2);
         let r = call(&primary, write_header(oid, pg, 100, &data), Some(&data)).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, 1));
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, v1));
         // a retry of the same request is answered, not applied again
         let r = call(&primary, write_header(oid, pg, 100, &data), Some(&data)).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, 1));
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, v1));
         let r = call(&primary, write_header(oid, pg, 101, &data), Some(&data)).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, 2));
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, v2));
         // every copy has the newest version
         for id in &acting {
             assert_eq!(
                 running[*id as usize].store().version(oid),
-                Some(2),
+                Some(v2),
                 "osd.{id}"
             );
+            // ... and both entries in its PG log, with the client's request
+            let log = running[*id as usize]
+                .store()
+                .pg_log(pg_key(pool.id, pg))
+                .unwrap();
+            let reqs: Vec<(u64, u64)> = log
+                .entries
+                .values()
+                .map(|e| (e.version, e.request))
+                .collect();
+            assert_eq!(reqs, vec![(v1, 100), (v2, 101)], "osd.{id}");
         }
 
         let mut stale = write_header(oid, pg, 102, &data);
@@ -141,18 +154,31 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         // a replica refuses a sub-op from an older epoch too
         let mut sub = write_header(oid, pg, 0, &data);
         sub.op = Op::RepWrite;
-        sub.obj_version = 9;
+        sub.obj_version = (7 << 32) | 9;
         sub.epoch = 7;
         let r = call(&replica, sub, Some(&data)).await;
         assert_eq!(r.h.status, Status::StaleEpoch);
         // ... and one that does not come from the PG's primary, at any epoch
         sub.epoch = 1;
+        sub.obj_version = (1 << 32) | 9;
         let r = call(&replica, sub, Some(&data)).await;
         assert_eq!(r.h.status, Status::NotPrimary, "a client's RepWrite");
-        sub.client = osd_client_id(acting[2]);
+        sub.sender = acting[2];
         let r = call(&replica, sub, Some(&data)).await;
         assert_eq!(r.h.status, Status::NotPrimary, "another replica's RepWrite");
-        assert_eq!(running[acting[1] as usize].store().version(oid), Some(2));
+        // from the primary, but at a version of another epoch
+        sub.sender = acting[0];
+        sub.obj_version = 9;
+        let r = call(&replica, sub, Some(&data)).await;
+        assert_eq!(r.h.status, Status::Invalid, "a version outside the epoch");
+        // a client may not pose as an OSD on a client op
+        let mut posing = write_header(oid, pg, 106, &data);
+        posing.sender = acting[1];
+        assert_eq!(
+            call(&primary, posing, Some(&data)).await.h.status,
+            Status::Invalid
+        );
+        assert_eq!(running[acting[1] as usize].store().version(oid), Some(v2));
 
         let mut rd = Header::request(Op::Read, 0, oid);
         rd.length = 8192;
@@ -174,9 +200,24 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         del.epoch = 1;
         del.pg = pg;
         del.client = 42;
-        assert_eq!(call(&primary, del, None).await.h.status, Status::Ok);
+        let r = call(&primary, del, None).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 3));
         for id in &acting {
             assert_eq!(running[*id as usize].store().version(oid), None, "osd.{id}");
+        }
+        // a delete of an object no copy has is still logged on every copy
+        // (a tombstone), at a version of its own
+        let mut del2 = del;
+        del2.request_id = 107;
+        let r = call(&primary, del2, None).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 4));
+        for id in &acting {
+            let log = running[*id as usize]
+                .store()
+                .pg_log(pg_key(pool.id, pg))
+                .unwrap();
+            assert_eq!(log.head(), (1 << 32) | 4, "osd.{id}");
+            assert_eq!(log.entries[&((1 << 32) | 4)].request, 107, "osd.{id}");
         }
         drop(serving);
         for o in running {
@@ -237,5 +278,83 @@ fn reads_wait_for_writes_in_flight() {
             "a read returned data whose write is not acknowledged"
         );
         drop((write, read));
+    });
+}
+
+/// After a restart, a primary answers retries of requests it applied
+/// before (from its PG logs) and assigns versions only in a newer epoch:
+/// with the old epoch it refuses to write rather than hand out a version
+/// again.
+#[test]
+fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
+    let d = tempfile::tempdir().unwrap();
+    let mut st = setup(d.path());
+    let oid = ObjectId::new(9, 3);
+    let pg = pg_of(oid, st.pool.pg_count);
+    let acting = st.pgmap.acting(pg).to_vec();
+    let data = vec![0x33u8; 4096];
+    rt::block_on(async {
+        let mut running = Vec::new();
+        for &id in &acting {
+            running.push(start_osd(d.path(), &st, id).await);
+        }
+        let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
+        let r = primary
+            .call(
+                write_header(oid, pg, 500, &data),
+                Some(AlignedBuf::from_slice(&data)),
+            )
+            .await
+            .unwrap();
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 1));
+        // Restart the primary (a clean stop: its store is closed).
+        let (osd, serving) = running.remove(0);
+        drop(serving);
+        primary.close();
+        drop(primary);
+        osd.close().await.unwrap();
+        drop(osd);
+        // Its connection tasks notice the closed socket and let go of it;
+        // its socket file goes, as `nacre up` removes it at a stop.
+        rt::sleep(std::time::Duration::from_millis(300)).await;
+        let _ = std::fs::remove_file(d.path().join(format!("osd.{}.sock", acting[0])));
+        running.insert(0, start_osd(d.path(), &st, acting[0]).await);
+        let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
+        // The retry is answered from the log, with the old version.
+        let r = primary
+            .call(
+                write_header(oid, pg, 500, &data),
+                Some(AlignedBuf::from_slice(&data)),
+            )
+            .await
+            .unwrap();
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 1));
+        // A new write in the same epoch would reuse (1, 1): refused.
+        let r = primary
+            .call(
+                write_header(oid, pg, 501, &data),
+                Some(AlignedBuf::from_slice(&data)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.h.status, Status::Unavailable);
+        // In a new epoch it goes on, at (2, 1).
+        st.pgmap.epoch = 2;
+        for (o, _) in &running {
+            o.set_map(OsdMap {
+                pgmap: st.pgmap.clone(),
+                addrs: st.addrs.clone(),
+            });
+        }
+        let mut h = write_header(oid, pg, 501, &data);
+        h.epoch = 2;
+        let r = primary
+            .call(h, Some(AlignedBuf::from_slice(&data)))
+            .await
+            .unwrap();
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (2 << 32) | 1));
+        for (o, _) in &running {
+            assert_eq!(o.store().version(oid), Some((2 << 32) | 1), "osd.{}", o.id);
+        }
     });
 }

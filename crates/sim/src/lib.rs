@@ -8,8 +8,10 @@
 //!
 //! What is built so far (issue 8, step 5 of docs/internals/replication.md
 //! §11): the network, crashes and restarts, and a harness for client ops.
-//! The cluster map does not change yet (no leader, no peering), so a down
-//! primary makes its PGs unavailable until it restarts.
+//! The PG table does not change yet (no leader marking OSDs down, no
+//! peering), so a down primary makes its PGs unavailable until it restarts;
+//! every start raises the map's epoch, as `nacre up` does, and every live
+//! OSD learns it.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -274,7 +276,7 @@ const JOURNAL_BYTES: u64 = 2_359_296;
 /// await.
 pub struct Cluster {
     pub net: Net,
-    pub map: OsdMap,
+    pub map: RefCell<OsdMap>,
     pub nodes: RefCell<Vec<Node>>,
 }
 
@@ -323,7 +325,7 @@ impl Cluster {
         }
         let c = Rc::new(Cluster {
             net,
-            map,
+            map: RefCell::new(map),
             nodes: RefCell::new(nodes),
         });
         for id in 0..osds {
@@ -342,7 +344,18 @@ impl Cluster {
         let (store, report) = Store::open(dev, StoreOptions::default())
             .await
             .unwrap_or_else(|e| panic!("osd.{id} does not reopen: {e}"));
-        let osd = Osd::with_store(id, store, &report, self.map.clone(), self.net.clone());
+        // A new incarnation, a new epoch, which every live OSD learns.
+        let map = {
+            let mut m = self.map.borrow_mut();
+            m.pgmap.epoch += 1;
+            m.clone()
+        };
+        for n in self.nodes.borrow().iter() {
+            if let Some(o) = &n.osd {
+                o.set_map(map.clone());
+            }
+        }
+        let osd = Osd::with_store(id, store, &report, map, self.net.clone());
         self.net.attach(&addr, osd.clone());
         self.nodes.borrow_mut()[id as usize].osd = Some(osd);
     }
@@ -371,7 +384,8 @@ impl Cluster {
 
     /// The PG of `oid` and its acting set.
     pub fn route(&self, oid: ObjectId) -> (u32, Vec<u32>) {
-        let pm = &self.map.pgmap;
+        let m = self.map.borrow();
+        let pm = &m.pgmap;
         let pg = pg_of(oid, pm.pg_count());
         (pg, pm.acting(pg).to_vec())
     }
@@ -385,8 +399,12 @@ impl Cluster {
     ) -> Result<Frame, NetError> {
         let (pg, acting) = self.route(h.oid);
         h.pg = pg;
-        h.epoch = self.map.pgmap.epoch;
-        let conn = self.net.connect(&self.map.addrs[&acting[0]])?;
+        let (epoch, addr) = {
+            let m = self.map.borrow();
+            (m.pgmap.epoch, m.addrs[&acting[0]].clone())
+        };
+        h.epoch = epoch;
+        let conn = self.net.connect(&addr)?;
         conn.call(h, payload).await
     }
 }

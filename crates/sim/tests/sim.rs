@@ -265,13 +265,13 @@ fn acknowledged_ops_survive_faults_and_crashes() {
     run_seeds(Check::Reads);
 }
 
-/// Invariant 1 (a version names one content on every copy). Today's
-/// replication breaks it — a restarted primary hands out a version again
-/// and a replica that has it answers "done" without writing (issue 8) —
-/// so this runs only on request (`cargo test -p nacre-sim -- --ignored`)
-/// until the PG log and `(epoch, seq)` versions land.
+/// Invariant 1 (a version names one content on every copy): versions are
+/// `epoch << 32 | seq`, every OSD start raises the epoch, and a replica
+/// takes a repeated version as done only for the same PG log entry. The
+/// clients write whole objects; partial overwrites after a failed write
+/// need peering's recovery to keep copies equal, and join the workload
+/// with it.
 #[test]
-#[ignore = "fails until issue 8's versions and peering land"]
 fn one_version_one_content_on_every_copy() {
     run_seeds(Check::Versions);
 }
@@ -289,10 +289,8 @@ fn run_seeds(check: Check) {
 /// The first seed that showed invariant 1 broken (found by the simulator,
 /// not by hand): a primary crashed after its replicas had a write and
 /// before its own copy was durable, came back, gave the same version to
-/// the next write, and a replica took that for a repeat. Kept until the
-/// fix lands; then it stops being ignored.
+/// the next write, and a replica took that for a repeat.
 #[test]
-#[ignore = "fails until issue 8's versions and peering land"]
 fn regression_seed_42_one_version_two_contents() {
     run(42, Check::Versions);
 }

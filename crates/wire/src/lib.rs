@@ -20,7 +20,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "NACR" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_BYTES: usize = 88;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
@@ -132,9 +132,13 @@ pub struct RawHeader {
     pub obj_version: U64,
     pub payload_len: U32,
     pub payload_crc: U32,
-    pub reserved: U32,
+    /// The OSD that sends a sub-operation; [`SENDER_CLIENT`] otherwise.
+    pub sender: U32,
     pub header_crc: U32,
 }
+
+/// The `sender` of a request that does not come from an OSD.
+pub const SENDER_CLIENT: u32 = u32::MAX;
 
 const _: () = assert!(std::mem::size_of::<RawHeader>() == HEADER_BYTES);
 
@@ -154,6 +158,9 @@ pub struct Header {
     pub obj_version: u64,
     pub payload_len: u32,
     pub payload_crc: u32,
+    /// The OSD sending a sub-op (its client and request id are those of
+    /// the client op it replicates); `SENDER_CLIENT` for a client.
+    pub sender: u32,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -172,8 +179,6 @@ pub enum WireError {
     Flags(u16),
     #[error("unknown status {0}")]
     Status(u32),
-    #[error("reserved field is not zero")]
-    Reserved,
     #[error("{op:?}: payload of {len} bytes is not allowed ({why})")]
     PayloadLen { op: Op, len: u32, why: &'static str },
     #[error("{op:?}: range {offset}+{length} is not sector-aligned inside one object")]
@@ -199,6 +204,7 @@ impl Header {
             obj_version: 0,
             payload_len: 0,
             payload_crc: 0,
+            sender: SENDER_CLIENT,
         }
     }
 
@@ -239,7 +245,7 @@ impl Header {
             obj_version: self.obj_version.into(),
             payload_len: self.payload_len.into(),
             payload_crc: self.payload_crc.into(),
-            reserved: 0.into(),
+            sender: self.sender.into(),
             header_crc: 0.into(),
         };
         raw.header_crc = crc32c(&raw.as_bytes()[..HEADER_BYTES - 4]).into();
@@ -269,9 +275,6 @@ impl Header {
         }
         let status =
             Status::from_u32(raw.status.get()).ok_or(WireError::Status(raw.status.get()))?;
-        if raw.reserved.get() != 0 {
-            return Err(WireError::Reserved);
-        }
         let h = Header {
             op,
             reply: flags & FLAG_REPLY != 0,
@@ -286,6 +289,7 @@ impl Header {
             obj_version: raw.obj_version.get(),
             payload_len: raw.payload_len.get(),
             payload_crc: raw.payload_crc.get(),
+            sender: raw.sender.get(),
         };
         h.check_shape()?;
         Ok(h)

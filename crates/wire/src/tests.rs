@@ -26,7 +26,8 @@ fn round_trip() {
 }
 
 /// The layout is part of the protocol: these bytes must never change
-/// meaning within protocol version 1.
+/// meaning within protocol version 2 (which turned version 1's reserved
+/// word at 80 into the sub-op sender).
 #[test]
 fn golden_vector() {
     let mut h = Header::request(Op::Read, 0x0102_0304_0506_0708, ObjectId::new(0x11, 0x22));
@@ -37,7 +38,8 @@ fn golden_vector() {
     h.client = 0x44;
     let mut buf = [0u8; HEADER_BYTES];
     h.encode(&mut buf);
-    assert_eq!(&buf[0..8], b"NACR\x01\x01\x00\x00");
+    assert_eq!(&buf[0..8], b"NACR\x02\x01\x00\x00");
+    assert_eq!(&buf[80..84], &u32::MAX.to_le_bytes());
     assert_eq!(&buf[12..16], &0x33u32.to_le_bytes());
     assert_eq!(&buf[16..24], &0x0102_0304_0506_0708u64.to_le_bytes());
     assert_eq!(&buf[24..32], &0x44u64.to_le_bytes());
@@ -63,8 +65,8 @@ fn rejects_each_bad_field() {
     b[0] = b'X';
     assert!(matches!(Header::decode(&b), Err(WireError::Magic(_))));
     let mut b = good;
-    b[4] = 2;
-    assert_eq!(Header::decode(&b), Err(WireError::Version(2)));
+    b[4] = 1;
+    assert_eq!(Header::decode(&b), Err(WireError::Version(1)));
     let mut b = good;
     b[30] ^= 1;
     assert_eq!(Header::decode(&b), Err(WireError::HeaderCrc));
@@ -80,10 +82,11 @@ fn rejects_each_bad_field() {
     b[8] = 200;
     reseal(&mut b);
     assert_eq!(Header::decode(&b), Err(WireError::Status(200)));
+    // The sender survives the round trip.
     let mut b = good;
-    b[80] = 1;
+    b[80..84].copy_from_slice(&7u32.to_le_bytes());
     reseal(&mut b);
-    assert_eq!(Header::decode(&b), Err(WireError::Reserved));
+    assert_eq!(Header::decode(&b).map(|h| h.sender), Ok(7));
     // payload longer than an object
     let mut b = good;
     b[72..76].copy_from_slice(&(PAYLOAD_MAX_BYTES + 1).to_le_bytes());
