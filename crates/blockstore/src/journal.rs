@@ -21,7 +21,7 @@ use crate::format::{
     BatchHeader, LogEntryDisk, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_MAGIC,
     FORMAT_VERSION, RECORDS_PER_BATCH_MAX, REC_FLAG_LOGGED,
 };
-use crate::pglog::LogEntry;
+use crate::pglog::{LogEntry, LogOp};
 
 const HDR_BYTES: usize = std::mem::size_of::<BatchHeader>();
 const REC_BYTES: usize = std::mem::size_of::<RecordHeader>();
@@ -367,7 +367,14 @@ pub fn parse_batch(
             (
                 RecordKind::Small | RecordKind::Big | RecordKind::Delete | RecordKind::Log,
                 Some(e),
-            ) => e.oid == oid && e.version == rh.version.get(),
+            ) => {
+                let op_ok = match kind {
+                    RecordKind::Small | RecordKind::Big => e.op == LogOp::Write,
+                    RecordKind::Delete => e.op == LogOp::Delete,
+                    _ => true,
+                };
+                op_ok && e.oid == oid && e.version == rh.version.get()
+            }
             (RecordKind::PgRewind | RecordKind::PgRemove, None) => rh.obj_block.get() == 0,
             _ => false,
         };
@@ -488,7 +495,6 @@ mod tests {
 #[cfg(test)]
 mod logged {
     use super::*;
-    use crate::pglog::LogOp;
 
     #[test]
     fn logged_records_roundtrip_and_must_match_their_entry() {

@@ -116,11 +116,25 @@ impl PgLog {
     }
 }
 
+#[derive(Default)]
 struct PgState {
     log: PgLog,
     /// The slot it is written to, once a checkpoint gave it one.
     slot: Option<u32>,
     dirty: bool,
+    /// Logged ops admitted and not finished; the log stays while any is.
+    holds: u32,
+    /// Their entries by version (with a count for duplicates in flight).
+    pending: HashMap<u64, (LogEntry, u32)>,
+}
+
+/// What a logged op may do, given its PG's log.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Go on: the op holds its PG's log until [`PgLogs::release`].
+    Go,
+    /// The log already holds this very entry: the op was applied.
+    Done,
 }
 
 /// Every PG log of a store, and where they are on disk.
@@ -163,37 +177,79 @@ impl PgLogs {
             + self.owner.len() * 24) as u64
     }
 
-    /// Makes room for PG `pg`'s log before an op that logs to it is
-    /// admitted: a store holds at most as many logs as it has slots.
-    pub fn reserve(&mut self, pg: u64) -> Result<()> {
-        if self.pgs.contains_key(&pg) {
-            return Ok(());
-        }
-        if self.pgs.len() >= self.region.slots as usize {
+    /// Admits a logged op's entry before the op is: one version names one
+    /// op in a PG (another op at a logged or in-flight version is
+    /// `Invalid`; the same entry already logged is `Done`), an entry must
+    /// be newer than what the log trimmed or would drop, and a store holds
+    /// at most as many logs as it has slots. On `Go` the op holds the log
+    /// (it cannot be dropped under it) until `release`.
+    pub fn hold(&mut self, e: &LogEntry) -> Result<Admission> {
+        let cap = self.region.entries_per_slot();
+        if !self.pgs.contains_key(&e.pg) && self.pgs.len() >= self.region.slots as usize {
             return Err(Error::PgLogsFull {
                 slots: self.region.slots,
             });
         }
-        self.pgs.insert(
-            pg,
-            PgState {
-                log: PgLog::default(),
-                slot: None,
-                dirty: false,
-            },
-        );
-        Ok(())
+        let s = self.pgs.entry(e.pg).or_default();
+        let refuse = |why: String| Err(Error::Invalid(format!("PG {:#x}: {why}", e.pg)));
+        if let Some(l) = s.log.entries.get(&e.version) {
+            if l == e {
+                return Ok(Admission::Done);
+            }
+            return refuse(format!(
+                "version {} is already another op's ({l:?})",
+                e.version
+            ));
+        }
+        if e.version <= s.log.tail {
+            return refuse(format!(
+                "version {} is at or below the log's tail {}",
+                e.version, s.log.tail
+            ));
+        }
+        let oldest = s.log.entries.first_key_value().map(|(&v, _)| v);
+        if s.log.entries.len() >= cap && oldest.is_some_and(|v| e.version < v) {
+            return refuse(format!(
+                "version {} is older than every entry of a full log",
+                e.version
+            ));
+        }
+        match s.pending.get_mut(&e.version) {
+            Some((p, _)) if p != e => {
+                return refuse(format!("version {} is in flight for another op", e.version))
+            }
+            Some((_, n)) => *n += 1,
+            None => {
+                s.pending.insert(e.version, (*e, 1));
+            }
+        }
+        s.holds += 1;
+        Ok(Admission::Go)
+    }
+
+    /// Ends the hold of an op admitted with `hold` (applied or not); a log
+    /// left blank and unheld is forgotten.
+    pub fn release(&mut self, e: &LogEntry) {
+        let Some(s) = self.pgs.get_mut(&e.pg) else {
+            return;
+        };
+        s.holds -= 1;
+        if let Some((_, n)) = s.pending.get_mut(&e.version) {
+            *n -= 1;
+            if *n == 0 {
+                s.pending.remove(&e.version);
+            }
+        }
+        if s.holds == 0 && s.log.is_blank() {
+            self.remove(e.pg);
+        }
     }
 
     fn state(&mut self, pg: u64) -> &mut PgState {
         // Replay may briefly hold more logs than slots (a log removed after
         // the checkpoint's position comes back until its removal is
         // replayed); slots are only given out at checkpoints.
-        self.pgs.entry(pg).or_insert_with(|| PgState {
-            log: PgLog::default(),
-            slot: None,
-            dirty: false,
-        })
+        self.pgs.entry(pg).or_default()
     }
 
     /// Adds an entry (from a journal record being applied). An entry at or
@@ -221,10 +277,26 @@ impl PgLogs {
         s.dirty = true;
     }
 
-    /// Drops the entries newer than `to`.
+    /// Whether `pg_rewind(pg, to)` may run: never below what was trimmed.
+    pub fn check_rewind(&self, pg: u64, to: u64) -> Result<()> {
+        match self.pgs.get(&pg) {
+            Some(s) if to < s.log.tail => Err(Error::Invalid(format!(
+                "PG {pg:#x}: cannot rewind to {to}, below the log's tail {}",
+                s.log.tail
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops the entries newer than `to` (nothing for a PG without a log).
     pub fn rewind(&mut self, pg: u64, to: u64) {
-        let s = self.state(pg);
-        let gone = s.log.entries.split_off(&(to + 1));
+        let Some(s) = self.pgs.get_mut(&pg) else {
+            return;
+        };
+        let Some(above) = to.checked_add(1) else {
+            return;
+        };
+        let gone = s.log.entries.split_off(&above);
         if !gone.is_empty() {
             s.dirty = true;
         }
@@ -236,14 +308,23 @@ impl PgLogs {
         if let Some(s) = self.pgs.get_mut(&pg) {
             if upto > s.log.tail {
                 s.log.tail = upto;
-                s.log.entries = s.log.entries.split_off(&(upto + 1));
+                s.log.entries = match upto.checked_add(1) {
+                    Some(above) => s.log.entries.split_off(&above),
+                    None => BTreeMap::new(),
+                };
                 s.dirty = true;
             }
         }
     }
 
     /// Forgets PG `pg`'s log; its slot is free from the next checkpoint.
+    /// While ops hold it, it is emptied instead (they may still log to it).
     pub fn remove(&mut self, pg: u64) {
+        if let Some(s) = self.pgs.get_mut(&pg).filter(|s| s.holds > 0) {
+            s.log = PgLog::default();
+            s.dirty = true;
+            return;
+        }
         if let Some(s) = self.pgs.remove(&pg) {
             if let Some(slot) = s.slot {
                 self.owner[slot as usize] = None;
@@ -264,7 +345,7 @@ impl PgLogs {
             PgState {
                 log,
                 slot: Some(slot),
-                dirty: false,
+                ..PgState::default()
             },
         );
         Ok(())
@@ -447,14 +528,34 @@ mod tests {
         // An entry at or below the tail is old history.
         logs.insert(&e(1, 40, 1), true);
         assert_eq!(logs.get(1).unwrap().entries.len(), 10);
-        // Two slots: a third PG has no room, until one is removed.
-        logs.reserve(2).unwrap();
+        // Rewinds and trims at the ends of u64 do not overflow; a rewind
+        // of a PG without a log creates none.
+        logs.rewind(1, u64::MAX);
+        logs.rewind(9, 3);
+        assert!(logs.get(9).is_none());
+        // Two slots: a third PG has no room while the second is held,
+        // and gets it once that hold ends on a blank log.
+        assert_eq!(logs.hold(&e(2, 1, 1)).unwrap(), Admission::Go);
         assert!(matches!(
-            logs.reserve(3),
+            logs.hold(&e(3, 1, 1)),
             Err(Error::PgLogsFull { slots: 2 })
         ));
-        logs.remove(2);
-        logs.reserve(3).unwrap();
+        logs.release(&e(2, 1, 1));
+        assert!(logs.get(2).is_none());
+        assert_eq!(logs.hold(&e(3, 1, 1)).unwrap(), Admission::Go);
+        // One version, one op: another op at an in-flight or logged
+        // version is refused; the same logged entry is done.
+        assert!(logs.hold(&e(3, 1, 2)).is_err());
+        logs.insert(&e(3, 1, 1), false);
+        logs.release(&e(3, 1, 1));
+        assert_eq!(logs.hold(&e(3, 1, 1)).unwrap(), Admission::Done);
+        assert!(logs.hold(&e(3, 1, 5)).is_err());
+        // Below the tail: refused, and no rewind below it.
+        logs.trim(3, 1);
+        assert!(logs.hold(&e(3, 1, 1)).is_err());
+        assert!(logs.check_rewind(3, 0).is_err());
+        logs.trim(1, u64::MAX);
+        assert_eq!(logs.get(1).unwrap().head(), u64::MAX);
     }
 
     #[test]

@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::format::{Geometry, LogRegion, PageMeta, RecordKind, PAGE_BYTES};
 use crate::index::{Index, OidMap};
 use crate::journal::{chunk_csums, Record};
-use crate::pglog::{LogEntry, LogOp, PgLog, PgLogs};
+use crate::pglog::{Admission, LogEntry, LogOp, PgLog, PgLogs};
 
 /// Options fixed when a store is formatted.
 #[derive(Clone, Debug)]
@@ -273,6 +273,17 @@ pub struct Store<D: BlockDev + 'static>(
 impl<D: BlockDev + 'static> Clone for Store<D> {
     fn clone(&self) -> Self {
         Store(self.0.clone(), self.1.clone())
+    }
+}
+
+/// A logged op's hold on its PG's log (see `PgLogs::hold`).
+struct PgHold<'a, D: BlockDev>(&'a Inner<D>, Option<LogEntry>);
+
+impl<D: BlockDev> Drop for PgHold<'_, D> {
+    fn drop(&mut self) {
+        if let Some(e) = &self.1 {
+            self.0.st.borrow_mut().pglogs.release(e);
+        }
     }
 }
 
@@ -610,14 +621,12 @@ impl<D: BlockDev + 'static> Inner<D> {
                 st.withdrawn.remove(oid);
                 return Ok(false);
             }
+            // A logged op repeats only the op its log entry names.
             if let Some(e) = entry {
                 let logged = st.pglogs.get(e.pg).and_then(|l| l.entries.get(&version));
-                if logged.is_some_and(|l| l != e) {
+                if logged != Some(e) {
                     return Err(Error::Invalid(format!(
-                        "version {version} of {oid} belongs to another op ({:?} by client {} request {})",
-                        logged.map(|l| l.op),
-                        logged.map_or(0, |l| l.client),
-                        logged.map_or(0, |l| l.request),
+                        "version {version} of {oid} is not this op's (the log has {logged:?})"
                     )));
                 }
             }
@@ -723,11 +732,16 @@ impl<D: BlockDev + 'static> Inner<D> {
         Ok(())
     }
 
-    /// Makes sure PG `pg` has room for a log before an op is admitted.
-    fn reserve_pg(&self, entry: Option<&LogEntry>) -> Result<()> {
-        match entry {
-            Some(e) => self.st.borrow_mut().pglogs.reserve(e.pg),
-            None => Ok(()),
+    /// Admits a logged op's entry (see `PgLogs::hold`): `Ok(None)` when
+    /// the log shows the op was applied already, else the hold, released
+    /// when the op ends however it ends.
+    fn hold_pg(&self, entry: Option<&LogEntry>) -> Result<Option<PgHold<'_, D>>> {
+        let Some(e) = entry else {
+            return Ok(Some(PgHold(self, None)));
+        };
+        match self.st.borrow_mut().pglogs.hold(e)? {
+            Admission::Done => Ok(None),
+            Admission::Go => Ok(Some(PgHold(self, Some(*e)))),
         }
     }
 
@@ -740,7 +754,12 @@ impl<D: BlockDev + 'static> Inner<D> {
         entry: Option<LogEntry>,
     ) -> Result<()> {
         self.check_writable()?;
-        self.reserve_pg(entry.as_ref())?;
+        if kind == RecordKind::PgRewind {
+            self.st.borrow().pglogs.check_rewind(pg, version)?;
+        }
+        let Some(_hold) = self.hold_pg(entry.as_ref())? else {
+            return Ok(());
+        };
         let (tx, rx) = oneshot();
         self.enqueue(Queued {
             rec: Record::pg_op(kind, pg, version, entry),
@@ -773,7 +792,9 @@ impl<D: BlockDev + 'static> Inner<D> {
                 )));
             }
         }
-        self.reserve_pg(entry.as_ref())?;
+        let Some(_hold) = self.hold_pg(entry.as_ref())? else {
+            return Ok(());
+        };
         let full = offset == 0 && len == self.g.block_bytes;
         let kind = if full { Admit::Full } else { Admit::Partial };
         let has_block = loop {
@@ -863,25 +884,15 @@ impl<D: BlockDev + 'static> Inner<D> {
         version: u64,
         entry: Option<LogEntry>,
     ) -> Result<()> {
+        let Some(_hold) = self.hold_pg(entry.as_ref())? else {
+            return Ok(());
+        };
         if self.current_version(&oid).is_none() {
             return Err(Error::NotFound(oid));
         }
-        self.reserve_pg(entry.as_ref())?;
         // A delete is never a repeat: at the version of the last write it
-        // is still a delete — unless it is logged, and the log gives that
-        // version to another op.
+        // is still a delete (a logged one was checked against the log).
         self.admit(oid, version, Admit::Delete).await?;
-        if let Some(e) = &entry {
-            let st = self.st.borrow();
-            let logged = st.pglogs.get(e.pg).and_then(|l| l.entries.get(&version));
-            if logged.is_some_and(|l| l != e) {
-                drop(st);
-                self.withdraw(&oid, None);
-                return Err(Error::Invalid(format!(
-                    "version {version} of {oid} belongs to another op"
-                )));
-            }
-        }
         if self.st.borrow().index.version(&oid).is_none() {
             self.withdraw(&oid, None);
             return Err(Error::NotFound(oid));

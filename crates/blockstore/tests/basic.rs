@@ -776,3 +776,55 @@ fn a_damaged_pg_log_slot_is_refused() {
         }
     });
 }
+
+/// The admission rules of logged ops (from an adversarial review): a
+/// version is one op across every object of a PG, a late retry of an op
+/// the log already holds is done (it does not bring a deleted object
+/// back), entries at or below the tail are refused, no rewind goes below
+/// the tail, and a failed op leaves no log behind.
+#[test]
+fn logged_ops_are_admitted_by_their_log() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 16 << 10).await;
+        s.write_logged(entry(1, 10, 1, LogOp::Write, 1), 0, pattern(1, 4096))
+            .await
+            .unwrap();
+        // Another object at a version of the PG already taken.
+        let r = s
+            .write_logged(entry(1, 10, 2, LogOp::Write, 2), 0, pattern(2, 4096))
+            .await;
+        assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+        assert!(matches!(
+            s.read(ObjectId::new(3, 2), 0, 4096).await,
+            Err(Error::NotFound(_))
+        ));
+        // A late retry after the object was deleted: done, still deleted.
+        s.delete_logged(entry(1, 11, 1, LogOp::Delete, 3))
+            .await
+            .unwrap();
+        s.write_logged(entry(1, 10, 1, LogOp::Write, 1), 0, pattern(1, 4096))
+            .await
+            .unwrap();
+        assert!(matches!(
+            s.read(ObjectId::new(3, 1), 0, 4096).await,
+            Err(Error::NotFound(_))
+        ));
+        // Trimmed history is closed.
+        s.pg_trim(1, 11);
+        let r = s
+            .write_logged(entry(1, 11, 5, LogOp::Write, 5), 0, pattern(5, 4096))
+            .await;
+        assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+        assert!(matches!(s.pg_rewind(1, 3).await, Err(Error::Invalid(_))));
+        // A logged op that fails leaves no log for its PG.
+        s.write(ObjectId::new(3, 7), 50, 0, pattern(7, 4096))
+            .await
+            .unwrap();
+        let r = s
+            .write_logged(entry(9, 20, 7, LogOp::Write, 9), 0, pattern(8, 4096))
+            .await;
+        assert!(matches!(r, Err(Error::StaleVersion { .. })), "{r:?}");
+        assert_eq!(s.pg_logs(), vec![1]);
+    });
+}
