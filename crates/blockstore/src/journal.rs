@@ -68,12 +68,12 @@ pub struct Record {
 }
 
 impl Record {
-    /// A record that only changes a PG log: `Log` (an entry), `PgRewind`
-    /// (to `version`) or `PgRemove`.
-    pub fn pg_op(kind: RecordKind, pg: u64, version: u64, entry: Option<LogEntry>) -> Record {
+    /// A record without data, block or checksums: a `Delete`, or one of
+    /// the kinds that change only a PG log.
+    pub fn bare(kind: RecordKind, oid: ObjectId, version: u64, entry: Option<LogEntry>) -> Record {
         Record {
             kind,
-            oid: entry.map_or(ObjectId::new(pg, 0), |e| e.oid),
+            oid,
             version,
             offset: 0,
             len: 0,
@@ -82,6 +82,13 @@ impl Record {
             data_pos: 0,
             entry,
         }
+    }
+
+    /// A record that only changes a PG log: `Log` (an entry), `PgRewind`
+    /// (to `version`) or `PgRemove`.
+    pub fn pg_op(kind: RecordKind, pg: u64, version: u64, entry: Option<LogEntry>) -> Record {
+        let oid = entry.map_or(ObjectId::new(pg, 0), |e| e.oid);
+        Record::bare(kind, oid, version, entry)
     }
 }
 
@@ -515,17 +522,7 @@ mod logged {
             client: 5,
             request: 6,
         };
-        let mk = |kind, entry| Record {
-            kind,
-            oid,
-            version: 4,
-            offset: 0,
-            len: 0,
-            block: 0,
-            csums: Vec::new(),
-            data_pos: 0,
-            entry,
-        };
+        let mk = |kind, entry| Record::bare(kind, oid, 4, entry);
         let mut del = mk(RecordKind::Delete, Some(e));
         let mut log = Record::pg_op(RecordKind::Log, 9, 4, Some(e));
         let mut rew = Record::pg_op(RecordKind::PgRewind, 9, 0, None);

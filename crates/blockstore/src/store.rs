@@ -760,9 +760,14 @@ impl<D: BlockDev + 'static> Inner<D> {
         let Some(_hold) = self.hold_pg(entry.as_ref())? else {
             return Ok(());
         };
+        self.submit(Record::pg_op(kind, pg, version, entry)).await
+    }
+
+    /// Queues a record without data, durable, and waits until it is applied.
+    async fn submit(&self, rec: Record) -> Result<()> {
         let (tx, rx) = oneshot();
         self.enqueue(Queued {
-            rec: Record::pg_op(kind, pg, version, entry),
+            rec,
             data: None,
             data_done: None,
             durable: true,
@@ -897,27 +902,8 @@ impl<D: BlockDev + 'static> Inner<D> {
             self.withdraw(&oid, None);
             return Err(Error::NotFound(oid));
         }
-        let (tx, rx) = oneshot();
-        self.enqueue(Queued {
-            rec: Record {
-                kind: crate::format::RecordKind::Delete,
-                oid,
-                version,
-                offset: 0,
-                len: 0,
-                block: 0,
-                csums: Vec::new(),
-                data_pos: 0,
-                entry,
-            },
-            data: None,
-            data_done: None,
-            durable: true,
-            checkpoint: false,
-            done: tx,
-        });
-        rx.await
-            .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
+        self.submit(Record::bare(RecordKind::Delete, oid, version, entry))
+            .await
     }
 
     pub(crate) async fn sync(&self) -> Result<()> {

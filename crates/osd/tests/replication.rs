@@ -293,19 +293,17 @@ fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
     let pg = pg_of(oid, st.pool.pg_count);
     let acting = st.pgmap.acting(pg).to_vec();
     let data = vec![0x33u8; 4096];
+    let write = |c: &Rc<Conn>, h: Header| {
+        let (c, p) = (c.clone(), AlignedBuf::from_slice(&data));
+        async move { c.call(h, Some(p)).await.unwrap() }
+    };
     rt::block_on(async {
         let mut running = Vec::new();
         for &id in &acting {
             running.push(start_osd(d.path(), &st, id).await);
         }
         let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
-        let r = primary
-            .call(
-                write_header(oid, pg, 500, &data),
-                Some(AlignedBuf::from_slice(&data)),
-            )
-            .await
-            .unwrap();
+        let r = write(&primary, write_header(oid, pg, 500, &data)).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 1));
         // Restart the primary (a clean stop: its store is closed).
         let (osd, serving) = running.remove(0);
@@ -321,22 +319,10 @@ fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
         running.insert(0, start_osd(d.path(), &st, acting[0]).await);
         let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
         // The retry is answered from the log, with the old version.
-        let r = primary
-            .call(
-                write_header(oid, pg, 500, &data),
-                Some(AlignedBuf::from_slice(&data)),
-            )
-            .await
-            .unwrap();
+        let r = write(&primary, write_header(oid, pg, 500, &data)).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 1));
         // A new write in the same epoch would reuse (1, 1): refused.
-        let r = primary
-            .call(
-                write_header(oid, pg, 501, &data),
-                Some(AlignedBuf::from_slice(&data)),
-            )
-            .await
-            .unwrap();
+        let r = write(&primary, write_header(oid, pg, 501, &data)).await;
         assert_eq!(r.h.status, Status::Unavailable);
         // In a new epoch it goes on, at (2, 1).
         st.pgmap.epoch = 2;
@@ -348,10 +334,7 @@ fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
         }
         let mut h = write_header(oid, pg, 501, &data);
         h.epoch = 2;
-        let r = primary
-            .call(h, Some(AlignedBuf::from_slice(&data)))
-            .await
-            .unwrap();
+        let r = write(&primary, h).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (2 << 32) | 1));
         for (o, _) in &running {
             assert_eq!(o.store().version(oid), Some((2 << 32) | 1), "osd.{}", o.id);
