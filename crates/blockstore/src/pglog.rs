@@ -92,6 +92,20 @@ impl LogEntry {
             request: d.request.get(),
         })
     }
+
+    /// The entry's 64 bytes as stored (and as peers exchange logs).
+    pub fn to_bytes(self) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        b.copy_from_slice(self.to_disk().as_bytes());
+        b
+    }
+
+    /// Parses [`LogEntry::to_bytes`]; `None` if a field is impossible.
+    pub fn from_bytes(b: &[u8]) -> Option<LogEntry> {
+        LogEntryDisk::read_from_bytes(b.get(..64)?)
+            .ok()
+            .and_then(|d| LogEntry::from_disk(&d))
+    }
 }
 
 /// A PG's log as the store holds it.

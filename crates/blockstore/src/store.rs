@@ -378,8 +378,32 @@ impl<D: BlockDev + 'static> Store<D> {
     /// shows was another op's is `Invalid` (one version, one content).
     pub async fn write_logged(&self, entry: LogEntry, offset: u32, data: AlignedBuf) -> Result<()> {
         self.0.check_entry(&entry, LogOp::Write)?;
+        let len = data.len() as u32;
+        if entry.offset != offset || entry.len != len {
+            return Err(Error::Invalid(format!(
+                "log entry for {}+{} of {} given with a write of {len} bytes at {offset}",
+                entry.offset, entry.len, entry.oid
+            )));
+        }
         (self.0)
             .write_inner(entry.oid, entry.version, offset, data, true, Some(entry))
+            .await
+    }
+
+    /// Recovery: `entry.oid` becomes the whole object `data` at
+    /// `entry.version`, with `entry` (the write that made that version,
+    /// whatever range it covered) logged in the same durable step.
+    pub async fn recover_logged(&self, entry: LogEntry, data: AlignedBuf) -> Result<()> {
+        self.0.check_entry(&entry, LogOp::Write)?;
+        if data.len() != self.block_bytes() as usize {
+            return Err(Error::Invalid(format!(
+                "recovery of {} with {} bytes, not a whole object",
+                entry.oid,
+                data.len()
+            )));
+        }
+        (self.0)
+            .write_inner(entry.oid, entry.version, 0, data, true, Some(entry))
             .await
     }
 
@@ -789,13 +813,11 @@ impl<D: BlockDev + 'static> Inner<D> {
     ) -> Result<()> {
         self.check_range(offset, data.len().min(u32::MAX as usize) as u32)?;
         let len = data.len() as u32;
-        if let Some(e) = &entry {
-            if e.oid != oid || e.offset != offset || e.len != len {
-                return Err(Error::Invalid(format!(
-                    "log entry for {}+{} of {} given with a write of {len} bytes at {offset} of {oid}",
-                    e.offset, e.len, e.oid
-                )));
-            }
+        if let Some(e) = entry.filter(|e| e.oid != oid) {
+            return Err(Error::Invalid(format!(
+                "log entry of {} given with a write of {oid}",
+                e.oid
+            )));
         }
         let Some(_hold) = self.hold_pg(entry.as_ref())? else {
             return Ok(());

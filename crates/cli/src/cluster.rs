@@ -1,6 +1,8 @@
 //! A whole cluster in one process (`nacre up`, `nacre demo`): the embedded
-//! meta store (served on `DIR/meta.sock` for other commands), one thread
-//! per OSD on `DIR/osd.N.img`, and an NBD gateway thread. The OSDs and the
+//! meta store (served on `DIR/meta.sock` for other commands), the cluster
+//! map's leader (on `DIR/leader.sock`; it stores every map it makes in the
+//! meta store), one thread per OSD on `DIR/osd.N.img`, and an NBD gateway
+//! thread. The OSDs and the
 //! gateway talk over unix sockets with the same wire protocol, client
 //! library and code as a multi-host cluster; only the meta store backend
 //! and the addresses differ.
@@ -20,6 +22,7 @@ use nacre_io::rt;
 use nacre_meta::embedded::Embedded;
 use nacre_meta::map::{self, OsdRecord, PoolRecord};
 use nacre_meta::MetaStore;
+use nacre_osd::leader::Leader;
 use nacre_osd::{Osd, OsdConfig, OsdMap};
 
 const LEASE_TTL_S: i64 = 10;
@@ -134,11 +137,61 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn spawn_osd(
-    cfg: OsdConfig,
+/// The leader's thread: it serves on `addr` and persists every map to
+/// `meta` before anyone hears of it.
+fn spawn_leader(
+    meta: Arc<Embedded>,
     map: OsdMap,
+    addr: Addr,
     ready: mpsc::Sender<anyhow::Result<()>>,
 ) -> anyhow::Result<Worker> {
+    let stop = Arc::new(Event::new()?);
+    let stop2 = stop.clone();
+    let alive = Arc::new(AtomicBool::new(true));
+    let guard = ClearOnDrop(alive.clone());
+    let thread = std::thread::Builder::new()
+        .name("leader".into())
+        .spawn(move || {
+            let _guard = guard;
+            rt::block_on(async move {
+                let persist = move |m: &OsdMap| {
+                    let history = map::PgHistory {
+                        last_active: m.last_active.clone(),
+                    };
+                    map::save_pool_state(&*meta, &m.pgmap, &history).map_err(|e| e.to_string())
+                };
+                let start = || -> anyhow::Result<_> {
+                    let leader = Leader::new(map, nacre_net::Sockets, Box::new(persist))
+                        .map_err(anyhow::Error::msg)?;
+                    Ok((leader, Listener::bind(&addr)?))
+                };
+                let (leader, l) = match start() {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = ready.send(Err(e.context("leader")));
+                        return;
+                    }
+                };
+                let serving = rt::spawn(nacre_net::serve(l, leader.clone()));
+                let beating = rt::spawn(leader.clone().run());
+                let _ = ready.send(Ok(()));
+                if let Err(e) = stop2.wait().await {
+                    tracing::error!("leader: stop event: {e}");
+                }
+                leader.stop();
+                drop(serving);
+                drop(beating);
+            })
+        })?;
+    Ok(Worker {
+        name: "leader".into(),
+        stop,
+        thread,
+        alive,
+    })
+}
+
+fn spawn_osd(cfg: OsdConfig, ready: mpsc::Sender<anyhow::Result<()>>) -> anyhow::Result<Worker> {
     let stop = Arc::new(Event::new()?);
     let stop2 = stop.clone();
     let name = format!("osd.{}", cfg.id);
@@ -149,7 +202,7 @@ fn spawn_osd(
         .spawn(move || {
             let _guard = guard;
             rt::block_on(async move {
-                let osd = match Osd::open(&cfg, map).await {
+                let osd = match Osd::open(&cfg).await {
                     Ok(o) => o,
                     Err(e) => {
                         let _ = ready.send(Err(anyhow::anyhow!("osd.{}: {e}", cfg.id)));
@@ -164,6 +217,10 @@ fn spawn_osd(
                     }
                 };
                 let serving = osd.serve(l);
+                if let Err(e) = osd.boot().await {
+                    let _ = ready.send(Err(anyhow::anyhow!(e)));
+                    return;
+                }
                 let _ = ready.send(Ok(()));
                 if let Err(e) = stop2.wait().await {
                     tracing::error!("osd.{}: stop event: {e}", cfg.id);
@@ -290,14 +347,16 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
     nacre_meta::remote::serve(meta.clone(), &meta_socket(&o.dir)).context("meta socket")?;
     let m = map::load(&*meta)?;
     let pool = m.pools.first().context("no pool in the map")?.clone();
-    m.pgmap(pool.id).context("no PG table")?;
-    // Every start is a new epoch: the OSDs restarted, and a restarted
-    // primary must never assign versions in an epoch it used before.
-    let pgmap = map::new_epoch(&*meta, pool.id)?;
-    let addrs = (m.osds.iter())
-        .map(|r| Ok((r.id, r.addr.parse::<Addr>().map_err(anyhow::Error::msg)?)))
-        .collect::<anyhow::Result<_>>()?;
-    let osd_map = OsdMap { pgmap, addrs };
+    // The leader starts from the stored map in a new epoch: every OSD
+    // restarted and boots again.
+    let osd_map = OsdMap {
+        pgmap: m.pgmap(pool.id).context("no PG table")?.clone(),
+        min_size: pool.min_size,
+        addrs: m.osds.iter().map(|r| (r.id, r.addr.clone())).collect(),
+        up_from: Default::default(),
+        last_active: map::load_history(&*meta, pool.id)?.last_active,
+    };
+    let leader_addr = Addr::Unix(o.dir.join("leader.sock"));
     let direct = direct_io_works(&o.dir);
     if !direct {
         tracing::warn!(
@@ -307,7 +366,15 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
     }
     let (tx, rx) = mpsc::channel();
     let mut workers = Vec::new();
-    let mut run = || -> anyhow::Result<()> {
+    let run = || -> anyhow::Result<()> {
+        workers.push(spawn_leader(
+            meta.clone(),
+            osd_map,
+            leader_addr.clone(),
+            tx.clone(),
+        )?);
+        rx.recv()
+            .context("the leader thread died while starting")??;
         for r in &m.osds {
             let cfg = OsdConfig {
                 id: r.id,
@@ -317,8 +384,9 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
                 object_bytes: pool.object_bytes,
                 journal_bytes: o.journal_bytes,
                 direct,
+                leader: leader_addr.clone(),
             };
-            workers.push(spawn_osd(cfg, osd_map.clone(), tx.clone())?);
+            workers.push(spawn_osd(cfg, tx.clone())?);
         }
         for _ in &m.osds {
             rx.recv().context("an OSD thread died while starting")??;
@@ -339,6 +407,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
                 Ok(Addr::Unix(p)) => Some(p),
                 _ => None,
             })
+            .chain([o.dir.join("leader.sock")])
             .collect(),
         keepalive_stop: Arc::new(AtomicBool::new(false)),
         keepalive: None,
@@ -368,7 +437,7 @@ fn hold_leases(r: &Running, ids: Vec<u32>) -> anyhow::Result<JoinHandle<()>> {
     let alive: Vec<Arc<AtomicBool>> = r
         .workers
         .iter()
-        .take(ids.len())
+        .filter(|w| w.name.starts_with("osd."))
         .map(|w| w.alive.clone())
         .collect();
     Ok(std::thread::Builder::new()

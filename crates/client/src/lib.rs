@@ -3,9 +3,10 @@
 //!
 //! [`Cluster`] holds the map (from the meta store) and one connection per
 //! OSD; an object op goes to its PG's primary with the PG table's epoch.
-//! A lost connection or a `StaleEpoch` answer is retried (the map is
-//! reloaded for the latter) with the same request id, which the primary
-//! uses to apply a write at most once.
+//! A lost connection, a `StaleEpoch` or `NotPrimary` answer (the map is
+//! reloaded) and an `Unavailable` one (a PG peering, or below `min_size`)
+//! are retried with the same request id, which the primary uses to apply
+//! a write at most once, for up to `CLIENT_OP_TIMEOUT_MS`.
 //!
 //! [`Volume`] stripes a thin block device over objects: byte `x` lives in
 //! object `x / object_bytes` at offset `x % object_bytes`. An object that
@@ -24,12 +25,12 @@ use nacre_io::{rt, AlignedBuf};
 use nacre_meta::map::{self, ClusterMap, PoolRecord, VolumeRecord};
 use nacre_meta::{MetaError, MetaStore};
 use nacre_net::{Conn, Frame};
-use nacre_types::{pg_of, ObjectId, SECTOR_BYTES};
+use nacre_types::{pg_of, ObjectId, CLIENT_OP_TIMEOUT_MS, SECTOR_BYTES};
 use nacre_wire::{Header, Op, Status};
 
-/// Attempts of one object op before it fails.
-const OP_ATTEMPT_MAX: u32 = 8;
+/// Pause before the second attempt of an op; it doubles up to the next.
 const RETRY_DELAY: Duration = Duration::from_millis(50);
+const RETRY_DELAY_MAX: Duration = Duration::from_millis(1000);
 /// Largest single volume I/O (the NBD gateway's limit is lower).
 pub const IO_MAX_BYTES: u64 = 64 << 20;
 /// Objects deleted at once by a trim.
@@ -146,17 +147,25 @@ impl Cluster {
         h.request_id = self.next_request.get();
         self.next_request.set(h.request_id + 1);
         let mut last = String::new();
-        for attempt in 0..OP_ATTEMPT_MAX {
-            if attempt > 0 {
-                rt::sleep(RETRY_DELAY * attempt).await;
+        let until = rt::monotonic() + Duration::from_millis(CLIENT_OP_TIMEOUT_MS);
+        let mut delay = Duration::ZERO;
+        while rt::monotonic() < until {
+            if !delay.is_zero() {
+                rt::sleep(delay).await;
             }
+            delay = (delay * 2).clamp(RETRY_DELAY, RETRY_DELAY_MAX);
             let (primary, epoch, pg) = {
                 let m = self.map.borrow();
                 let pm = m.pgmap(pool).ok_or_else(|| {
                     ClientError::Unavailable(format!("pool {pool} has no PG table"))
                 })?;
                 let pg = pg_of(h.oid, pm.pg_count());
-                (pm.acting(pg)[0], pm.epoch, pg)
+                (pm.primary(pg), pm.epoch, pg)
+            };
+            let Some(primary) = primary else {
+                last = format!("PG {pg}: no OSD of it is up");
+                self.reload_map()?;
+                continue;
             };
             h.epoch = epoch;
             h.pg = pg;
@@ -164,6 +173,7 @@ impl Cluster {
                 Ok(c) => c,
                 Err(e) => {
                     last = e.to_string();
+                    self.reload_map()?;
                     continue;
                 }
             };
@@ -180,6 +190,7 @@ impl Cluster {
                 Err(e) => {
                     last = format!("osd.{primary}: {e}");
                     self.conns.borrow_mut().remove(&primary);
+                    self.reload_map()?;
                 }
             }
         }

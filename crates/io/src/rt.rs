@@ -451,6 +451,22 @@ pub async fn sleep(d: Duration) {
     debug_assert!(res == -libc::ETIME || res >= 0, "timeout failed: {res}");
 }
 
+/// `f`'s output, or `None` if `d` passes first (`f` is then dropped).
+pub async fn timeout<F: Future>(d: Duration, f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut timer = Box::pin(sleep(d));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = f.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 impl Reactor {
     fn submit_and_reap(&self, wait: bool) {
         let mut ring = self.ring.borrow_mut();

@@ -52,8 +52,11 @@ pub struct PgMap {
     pub pool: u32,
     pub epoch: u64,
     pub size: u8,
-    /// `size` OSD ids per PG, PG by PG; the first is the primary.
+    /// `size` OSD ids per PG, PG by PG, in placement order.
     pub osds: Vec<u32>,
+    /// OSDs marked down (by the leader) in this epoch.
+    #[serde(default)]
+    pub down: Vec<u32>,
 }
 
 impl PgMap {
@@ -61,10 +64,42 @@ impl PgMap {
         (self.osds.len() / self.size as usize) as u32
     }
 
-    pub fn acting(&self, pg: u32) -> &[u32] {
+    /// The OSDs placement gives PG `pg`, up or not.
+    pub fn placement(&self, pg: u32) -> &[u32] {
         let s = self.size as usize;
         &self.osds[pg as usize * s..(pg as usize + 1) * s]
     }
+
+    /// The acting set: the placement's OSDs that are up, in order; the
+    /// first is the primary.
+    pub fn acting(&self, pg: u32) -> Vec<u32> {
+        (self.placement(pg).iter())
+            .copied()
+            .filter(|o| !self.down.contains(o))
+            .collect()
+    }
+
+    pub fn primary(&self, pg: u32) -> Option<u32> {
+        (self.placement(pg).iter())
+            .copied()
+            .find(|o| !self.down.contains(o))
+    }
+}
+
+/// An interval of a PG: the epoch it began in and its acting set. The
+/// leader records, per PG, the last interval that went active
+/// (docs/internals/replication.md §5).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interval {
+    pub epoch: u64,
+    pub acting: Vec<u32>,
+}
+
+/// What the leader keeps of pool `pool` besides its PG table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgHistory {
+    /// Per PG, the last interval that went active.
+    pub last_active: std::collections::BTreeMap<u32, Interval>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,6 +148,9 @@ fn pool_key(id: u32) -> String {
 }
 fn pgmap_key(pool: u32) -> String {
     format!("{ROOT}pgmap/{pool:05}")
+}
+fn history_key(pool: u32) -> String {
+    format!("{ROOT}pghistory/{pool:05}")
 }
 fn volume_key(name: &str) -> String {
     format!("{ROOT}volume/{name}")
@@ -189,6 +227,7 @@ pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Res
         epoch: 1,
         size: table.size,
         osds: table.osds,
+        down: Vec::new(),
     };
     let mut ops = vec![
         put(
@@ -246,38 +285,6 @@ pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
 /// Epochs stay below this: a PG's versions are `epoch << 32 | seq`.
 pub const EPOCH_MAX: u64 = u32::MAX as u64;
 
-/// Raises pool `pool`'s PG table to a new epoch (compare-and-swap on the
-/// table): every OSD that starts does it, so that a restarted primary
-/// never assigns versions in an epoch it used before
-/// (docs/internals/replication.md §3).
-pub fn new_epoch(store: &dyn MetaStore, pool: u32) -> Result<PgMap> {
-    loop {
-        let kv = store
-            .get(&pgmap_key(pool))?
-            .ok_or_else(|| MetaError::Invalid(format!("pool {pool} has no PG table")))?;
-        let mut pm: PgMap = parse(&kv)?;
-        if pm.epoch >= EPOCH_MAX {
-            return Err(MetaError::Invalid(format!(
-                "pool {pool}'s PG table is at epoch {}, the last one",
-                pm.epoch
-            )));
-        }
-        pm.epoch += 1;
-        let t = Txn {
-            compare: vec![Compare::ModRevision(
-                pgmap_key(pool),
-                CmpOp::Equal,
-                kv.mod_revision,
-            )],
-            success: vec![put(pgmap_key(pool), json(&pm))],
-            failure: vec![],
-        };
-        if store.txn(t)?.succeeded {
-            return Ok(pm);
-        }
-    }
-}
-
 pub fn check_volume_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= VOLUME_NAME_MAX_BYTES
@@ -292,6 +299,29 @@ pub fn check_volume_name(name: &str) -> Result<()> {
             "volume name {name:?}: 1..={VOLUME_NAME_MAX_BYTES} of [A-Za-z0-9._-], not starting with '.'"
         )))
     }
+}
+
+/// Stores the leader's view of a pool, PG table and history, in one
+/// transaction.
+pub fn save_pool_state(store: &dyn MetaStore, pgmap: &PgMap, history: &PgHistory) -> Result<()> {
+    let t = Txn {
+        success: vec![
+            put(pgmap_key(pgmap.pool), json(pgmap)),
+            put(history_key(pgmap.pool), json(history)),
+        ],
+        ..Txn::default()
+    };
+    store.txn(t)?;
+    Ok(())
+}
+
+/// The leader's history of pool `pool` (empty for a new cluster).
+pub fn load_history(store: &dyn MetaStore, pool: u32) -> Result<PgHistory> {
+    store
+        .get(&history_key(pool))?
+        .map(|kv| parse(&kv))
+        .transpose()
+        .map(Option::unwrap_or_default)
 }
 
 pub fn get_volume(store: &dyn MetaStore, name: &str) -> Result<Option<VolumeRecord>> {

@@ -25,17 +25,25 @@
 //! reply), any client op for a PG it is not primary of (`NotPrimary`), and
 //! any sub-op whose sender is not the PG's primary.
 //!
-//! Still to come (issue 8): peering and recovery. A write that failed on
-//! some copies leaves them different until then; the primary's copy
-//! answers reads.
+//! The map comes from the leader ([`leader`]): an OSD boots (the leader
+//! marks it up in a new epoch), and at every new epoch the primary of each
+//! PG peers ([`peering`]): it brings every copy of the acting set to the
+//! authoritative history, has the leader record the interval as active,
+//! and only then serves the PG's client ops. A write that fails on some
+//! copy stops the PG and ends the interval (the leader starts a new epoch),
+//! so copies never drift apart under one version.
 
+pub mod leader;
+pub mod map;
+mod peering;
 mod stats;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::time::Duration;
 
 use nacre_blockstore::{
     Error as StoreError, FormatOptions, LogEntry, LogOp, OpenReport, Store, StoreOptions,
@@ -45,9 +53,10 @@ use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
 use nacre_meta::map::PgMap;
 use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
-use nacre_types::{pg_of, ObjectId};
+use nacre_types::{pg_of, ObjectId, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
+pub use map::{OsdMap, PgEvent};
 pub use stats::OsdStats;
 
 /// Completed writes remembered for retries.
@@ -56,6 +65,9 @@ const REQ_CACHE_MAX: usize = 1 << 16;
 const PURGE_PARALLEL_MAX: usize = 64;
 /// Attempts to reach a replica before the write fails.
 const REPLICA_ATTEMPT_MAX: u32 = 3;
+/// Attempts to reach the leader at boot, one every `LEADER_RETRY`.
+const BOOT_ATTEMPT_MAX: u32 = 100;
+const LEADER_RETRY: Duration = Duration::from_millis(200);
 /// A PG's versions in one epoch are `epoch << 32 | seq` with `seq` below
 /// this; a primary that reaches it stops taking writes for the PG until
 /// the epoch changes (at 100 000 writes/s into one PG: after 11 hours).
@@ -74,13 +86,22 @@ pub struct OsdConfig {
     pub journal_bytes: Option<u64>,
     /// O_DIRECT (off only on file systems that refuse it, e.g. tmpfs).
     pub direct: bool,
+    /// Where the cluster map's leader listens.
+    pub leader: Addr,
 }
 
-/// What the OSD knows of the cluster: its pool's PG table and peers.
-#[derive(Clone, Debug)]
-pub struct OsdMap {
-    pub pgmap: PgMap,
-    pub addrs: HashMap<u32, Addr>,
+/// A PG this OSD is primary of, in the current epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PgState {
+    /// Gathering the copies' histories and recovering them.
+    Peering,
+    /// Serving client ops.
+    Active,
+    /// A write failed on some copy: no ops until the next epoch.
+    Failed,
+    /// Cannot peer in this epoch (too few copies up, or no member of the
+    /// last active interval): the reason.
+    Inactive(String),
 }
 
 /// An OSD: its store on a device `D` (a file or block device in a cluster,
@@ -90,7 +111,22 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     pub id: u32,
     store: Store<D>,
     transport: T,
+    leader: Addr,
+    leader_conn: RefCell<Option<Rc<T::Conn>>>,
+    /// Epoch 0 until the leader answered `Boot`.
     map: RefCell<OsdMap>,
+    /// The epoch this incarnation was marked up in (0: not yet).
+    up_from: Cell<u64>,
+    /// A map fetch or a re-boot is under way.
+    fetching: Cell<bool>,
+    /// The PGs this OSD is primary of in the current epoch.
+    pgs: RefCell<HashMap<u32, PgState>>,
+    pg_changed: Notify,
+    /// Writes and deletes in flight per (PG, epoch): a peering query of a
+    /// newer epoch waits for older ones to finish, so its answer includes
+    /// every op this copy will ever acknowledge for them.
+    inflight: RefCell<HashMap<(u32, u64), u32>>,
+    drained: Notify,
     peers: RefCell<HashMap<u32, Rc<T::Conn>>>,
     /// Objects with a write or delete in flight, and a wake-up for waiters.
     busy: RefCell<HashSet<ObjectId>>,
@@ -144,8 +180,9 @@ fn status_of(e: &StoreError) -> Status {
 }
 
 impl Osd<FileDev, Sockets> {
-    /// Opens (formatting a new file) the OSD's store. Runs inside `block_on`.
-    pub async fn open(cfg: &OsdConfig, map: OsdMap) -> Result<Rc<Osd>, StoreError> {
+    /// Opens (formatting a new file) the OSD's store. Runs inside
+    /// `block_on`; then [`Osd::serve`] and [`Osd::boot`].
+    pub async fn open(cfg: &OsdConfig) -> Result<Rc<Osd>, StoreError> {
         let new = !cfg.path.exists();
         let flags = OpenFlags {
             create_bytes: Some(cfg.size_bytes),
@@ -176,17 +213,24 @@ impl Osd<FileDev, Sockets> {
             store.object_count(),
             report.records_replayed
         );
-        Ok(Osd::with_store(cfg.id, store, &report, map, Sockets))
+        Ok(Osd::with_store(
+            cfg.id,
+            store,
+            &report,
+            cfg.leader.clone(),
+            Sockets,
+        ))
     }
 
     /// Serves the wire protocol on `l` until the returned handle is
-    /// dropped (then no new connection is taken; connections already open
-    /// end when their peers close them).
+    /// dropped (then no new connection is taken, and connections still
+    /// open are answered `Unavailable` and no longer hold the OSD).
     pub fn serve(self: &Rc<Self>, l: Listener) -> Serving {
         let stop = Notify::new();
         let stopped = Rc::new(std::cell::Cell::new(false));
         let (s2, f2) = (stop.clone(), stopped.clone());
-        let me = self.clone();
+        let gate = Rc::new(Gate(RefCell::new(Some(self.clone()))));
+        let me = gate.clone();
         rt::spawn(async move {
             let mut accept = std::pin::pin!(nacre_net::serve(l, me));
             let mut wake = Box::pin(s2.wait());
@@ -202,31 +246,88 @@ impl Osd<FileDev, Sockets> {
             })
             .await
         });
-        Serving { stop, stopped }
+        Serving {
+            stop,
+            stopped,
+            gate,
+        }
     }
 }
 
-/// An OSD's listener; dropping it stops taking connections.
+/// What a served connection reaches: the OSD until it stops serving.
+struct Gate(RefCell<Option<Rc<Osd>>>);
+
+impl Handler for Gate {
+    async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
+        let osd = self.0.borrow().clone();
+        match osd {
+            Some(o) => o.handle(f).await,
+            None => (f.h.reply(Status::Unavailable), None),
+        }
+    }
+}
+
+/// An OSD's listener; dropping it stops taking connections and lets go of
+/// the OSD.
 pub struct Serving {
     stop: Notify,
     stopped: Rc<std::cell::Cell<bool>>,
+    gate: Rc<Gate>,
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
         self.stopped.set(true);
         self.stop.notify();
+        self.gate.0.borrow_mut().take();
+    }
+}
+
+/// Counts an op in flight for its PG and epoch while it lives.
+struct Inflight<'a> {
+    counts: &'a RefCell<HashMap<(u32, u64), u32>>,
+    drained: &'a Notify,
+    key: (u32, u64),
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        let mut c = self.counts.borrow_mut();
+        if let Some(n) = c.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.key);
+            }
+        }
+        self.drained.notify();
+    }
+}
+
+/// The map of an OSD that has not booted: epoch 0, no PGs.
+fn no_map() -> OsdMap {
+    OsdMap {
+        pgmap: PgMap {
+            pool: 0,
+            epoch: 0,
+            size: 1,
+            osds: Vec::new(),
+            down: Vec::new(),
+        },
+        min_size: 1,
+        addrs: Default::default(),
+        up_from: Default::default(),
+        last_active: Default::default(),
     }
 }
 
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// An OSD on an open store (`report` is what its open found), reaching
-    /// its peers through `transport`.
+    /// its peers through `transport` and the leader at `leader`.
     pub fn with_store(
         id: u32,
         store: Store<D>,
         report: &OpenReport,
-        map: OsdMap,
+        leader: Addr,
         transport: T,
     ) -> Rc<Self> {
         if let Some(why) = &report.replay_stopped {
@@ -249,7 +350,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             id,
             store,
             transport,
-            map: RefCell::new(map),
+            leader,
+            leader_conn: RefCell::new(None),
+            map: RefCell::new(no_map()),
+            up_from: Cell::new(0),
+            fetching: Cell::new(false),
+            pgs: RefCell::new(HashMap::new()),
+            pg_changed: Notify::new(),
+            inflight: RefCell::new(HashMap::new()),
+            drained: Notify::new(),
             peers: RefCell::new(HashMap::new()),
             busy: RefCell::new(HashSet::new()),
             unbusy: Notify::new(),
@@ -271,13 +380,217 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     pub fn epoch(&self) -> u64 {
-        self.map.borrow().pgmap.epoch
+        self.map.borrow().epoch()
     }
 
-    /// Takes a newer map (from the cluster map's leader).
-    pub fn set_map(&self, map: OsdMap) {
-        debug_assert!(map.pgmap.epoch >= self.epoch());
-        *self.map.borrow_mut() = map;
+    pub fn map(&self) -> OsdMap {
+        self.map.borrow().clone()
+    }
+
+    /// The state of PG `pg` if this OSD is its primary.
+    pub fn pg_state(&self, pg: u32) -> Option<PgState> {
+        self.pgs.borrow().get(&pg).cloned()
+    }
+
+    async fn leader_call(&self, h: Header, body: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        let cached = self.leader_conn.borrow().clone();
+        let conn = match cached {
+            Some(c) if !c.is_closed() => c,
+            _ => {
+                let c = self.transport.connect(&self.leader)?;
+                *self.leader_conn.borrow_mut() = Some(c.clone());
+                c
+            }
+        };
+        let r = conn.call(h, body).await;
+        if r.is_err() {
+            *self.leader_conn.borrow_mut() = None;
+        }
+        r
+    }
+
+    /// Registers this incarnation with the leader, which marks it up in a
+    /// new epoch and answers with that map. Fails after
+    /// `BOOT_ATTEMPT_MAX` unanswered attempts.
+    pub async fn boot(self: &Rc<Self>) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..BOOT_ATTEMPT_MAX {
+            let mut h = Header::request(Op::Boot, 0, ObjectId::default());
+            h.sender = self.id;
+            match self.leader_call(h, None).await {
+                Ok(f) if f.h.status == Status::Ok => {
+                    let body = f.payload.as_deref().unwrap_or(&[]);
+                    match OsdMap::from_json(body) {
+                        Ok(m) => {
+                            let Some(&up) = m.up_from.get(&self.id) else {
+                                last = "the leader's map does not have it up".into();
+                                continue;
+                            };
+                            tracing::info!("osd.{}: up from epoch {up}", self.id);
+                            self.up_from.set(up);
+                            self.set_map(m);
+                            return Ok(());
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                Ok(f) => last = format!("{:?}", f.h.status),
+                Err(e) => last = e.to_string(),
+            }
+            rt::sleep(LEADER_RETRY).await;
+        }
+        Err(format!(
+            "osd.{}: the leader does not answer: {last}",
+            self.id
+        ))
+    }
+
+    /// Fetches the map from the leader (one fetch at a time).
+    async fn refresh_map(self: &Rc<Self>) {
+        if self.fetching.replace(true) {
+            return;
+        }
+        let h = Header::request(Op::GetMap, 0, ObjectId::default());
+        if let Ok(f) = self.leader_call(h, None).await {
+            if let Ok(m) = OsdMap::from_json(f.payload.as_deref().unwrap_or(&[])) {
+                self.set_map(m);
+            }
+        }
+        self.fetching.set(false);
+    }
+
+    /// Waits (bounded) until this OSD knows epoch `epoch`.
+    async fn catch_up(self: &Rc<Self>, epoch: u64) -> bool {
+        for _ in 0..3 {
+            if self.epoch() >= epoch {
+                return true;
+            }
+            self.refresh_map().await;
+            if self.epoch() < epoch {
+                rt::sleep(LEADER_RETRY).await;
+            }
+        }
+        self.epoch() >= epoch
+    }
+
+    /// Takes a newer map: every PG this OSD is primary of peers again.
+    /// An OSD the map has down while it runs boots again (a new
+    /// incarnation); until then it is primary of nothing.
+    pub fn set_map(self: &Rc<Self>, m: OsdMap) {
+        if self.up_from.get() == 0 || m.epoch() <= self.epoch() {
+            return;
+        }
+        let epoch = m.epoch();
+        let me = m.up_from.get(&self.id) == Some(&self.up_from.get());
+        let mine: Vec<u32> = (0..m.pgmap.pg_count())
+            .filter(|&pg| me && m.primary(pg) == Some(self.id))
+            .collect();
+        *self.map.borrow_mut() = m;
+        {
+            let mut pgs = self.pgs.borrow_mut();
+            pgs.clear();
+            pgs.extend(mine.iter().map(|&pg| (pg, PgState::Peering)));
+        }
+        self.pg_changed.notify();
+        for pg in mine {
+            rt::spawn(self.clone().peer(pg, epoch));
+        }
+        if !me && !self.fetching.replace(true) {
+            tracing::warn!(
+                "osd.{}: marked down in epoch {epoch} while running; booting again",
+                self.id
+            );
+            let me = self.clone();
+            rt::spawn(async move {
+                me.up_from.set(u64::MAX);
+                if let Err(e) = me.boot().await {
+                    tracing::error!("{e}");
+                }
+                me.fetching.set(false);
+            });
+        }
+    }
+
+    fn set_pg_state(&self, pg: u32, epoch: u64, s: PgState) {
+        if self.epoch() == epoch {
+            if let Some(st) = self.pgs.borrow_mut().get_mut(&pg) {
+                *st = s;
+            }
+            self.pg_changed.notify();
+        }
+    }
+
+    /// Waits until PG `pg` is active in `epoch` (bounded by `PG_WAIT_MS`).
+    async fn wait_active(&self, pg: u32, epoch: u64) -> Result<(), Status> {
+        let until = rt::monotonic() + Duration::from_millis(PG_WAIT_MS);
+        loop {
+            if self.epoch() != epoch {
+                return Err(Status::StaleEpoch);
+            }
+            match self.pgs.borrow().get(&pg) {
+                Some(PgState::Active) => return Ok(()),
+                None => return Err(Status::NotPrimary),
+                Some(_) => {}
+            }
+            let left = until.saturating_sub(rt::monotonic());
+            if left.is_zero() || rt::timeout(left, self.pg_changed.wait()).await.is_none() {
+                return Err(Status::Unavailable);
+            }
+        }
+    }
+
+    fn track(&self, pg: u32, epoch: u64) -> Inflight<'_> {
+        *self.inflight.borrow_mut().entry((pg, epoch)).or_default() += 1;
+        Inflight {
+            counts: &self.inflight,
+            drained: &self.drained,
+            key: (pg, epoch),
+        }
+    }
+
+    /// Waits until no op of PG `pg` from an epoch before `epoch` is in
+    /// flight here.
+    async fn drain(&self, pg: u32, epoch: u64) {
+        while (self.inflight.borrow().keys()).any(|&(p, e)| p == pg && e < epoch) {
+            self.drained.wait().await;
+        }
+    }
+
+    /// Ends the interval of PG `pg` after a failed write: no more ops
+    /// here, and the leader is asked for a new epoch.
+    fn fail_pg(self: &Rc<Self>, pg: u32, epoch: u64, why: String) {
+        if self.pg_state(pg) != Some(PgState::Active) || self.epoch() != epoch {
+            return;
+        }
+        tracing::warn!("osd.{}: PG {pg} stops in epoch {epoch}: {why}", self.id);
+        self.set_pg_state(pg, epoch, PgState::Failed);
+        let me = self.clone();
+        rt::spawn(async move {
+            let ev = PgEvent::Failed { why };
+            for _ in 0..REPLICA_ATTEMPT_MAX {
+                if me.epoch() != epoch || me.report(pg, epoch, &ev).await.is_ok() {
+                    return;
+                }
+                rt::sleep(LEADER_RETRY).await;
+            }
+        });
+    }
+
+    /// Tells the leader about PG `pg` in `epoch`.
+    async fn report(&self, pg: u32, epoch: u64, ev: &PgEvent) -> Result<(), String> {
+        let body = serde_json::to_vec(ev).expect("events serialise");
+        let mut h = Header::request(Op::PgEvent, 0, ObjectId::default()).with_payload(&body);
+        h.pg = pg;
+        h.epoch = epoch;
+        h.sender = self.id;
+        match self
+            .leader_call(h, Some(AlignedBuf::from_slice(&body)))
+            .await
+        {
+            Ok(f) if f.h.status == Status::Ok => Ok(()),
+            Ok(f) => Err(format!("leader: {:?}", f.h.status)),
+            Err(e) => Err(format!("leader: {e}")),
+        }
     }
 
     /// The PG's next version in the current epoch, if any is left.
@@ -288,7 +601,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if s.0 != epoch {
             *s = (epoch, 0);
         }
-        if s.1 + 1 >= PG_SEQ_MAX || epoch > nacre_meta::map::EPOCH_MAX || epoch <= self.epoch_floor
+        if s.1 + 1 >= PG_SEQ_MAX
+            || epoch > nacre_meta::map::EPOCH_MAX
+            || epoch <= self.epoch_floor
+            || epoch < self.up_from.get()
         {
             return None;
         }
@@ -317,15 +633,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// Checks epoch, PG and (for client ops) primacy.
     fn check_route(&self, h: &Header, need_primary: bool) -> Option<Status> {
         let map = self.map.borrow();
-        if h.epoch != map.pgmap.epoch {
+        if h.epoch != map.epoch() {
             return Some(Status::StaleEpoch);
         }
         let pgs = map.pgmap.pg_count();
         if h.pg >= pgs || pg_of(h.oid, pgs) != h.pg {
             return Some(Status::Invalid);
         }
-        let acting = map.pgmap.acting(h.pg);
-        if need_primary && acting.first() != Some(&self.id) {
+        let acting = map.acting(h.pg);
+        if need_primary && !self.pgs.borrow().contains_key(&h.pg) {
             return Some(Status::NotPrimary);
         }
         if need_primary && h.sender != SENDER_CLIENT {
@@ -334,8 +650,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if !need_primary {
             // A sub-op is taken only from the PG's primary in this epoch,
             // and only by a member.
-            let from_primary = acting.first() == Some(&h.sender);
-            if !from_primary || !acting.contains(&self.id) || acting.first() == Some(&self.id) {
+            if !self.sent_by_primary(&map, h) || !acting.contains(&self.id) {
                 return Some(Status::NotPrimary);
             }
             if h.obj_version == 0 || h.obj_version >> 32 != h.epoch {
@@ -343,6 +658,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
         }
         None
+    }
+
+    /// Whether `h` comes from another OSD that is PG `h.pg`'s primary in
+    /// `map`.
+    fn sent_by_primary(&self, map: &OsdMap, h: &Header) -> bool {
+        h.pg < map.pgmap.pg_count() && map.primary(h.pg) == Some(h.sender) && h.sender != self.id
     }
 
     async fn lock(&self, oid: ObjectId) {
@@ -363,108 +684,90 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.unbusy.notify();
     }
 
-    fn peer(&self, id: u32) -> Result<Rc<T::Conn>, NetError> {
+    fn conn(&self, id: u32) -> Result<Rc<T::Conn>, NetError> {
         if let Some(c) = self.peers.borrow().get(&id) {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
         }
-        let addr = (self.map.borrow().addrs.get(&id).cloned())
+        let addr = (self.map.borrow().addr(id))
             .ok_or_else(|| NetError::Protocol(format!("no address for osd.{id}")))?;
         let c = self.transport.connect(&addr)?;
         self.peers.borrow_mut().insert(id, c.clone());
         Ok(c)
     }
 
-    /// Sends a sub-op to replica `id`, reconnecting after a lost connection.
+    /// Sends a request to OSD `id`, reconnecting after a lost connection;
+    /// the reply, or why there is none.
+    async fn call_osd(
+        &self,
+        id: u32,
+        h: Header,
+        data: Option<&AlignedBuf>,
+    ) -> Result<Frame, String> {
+        let mut last = String::new();
+        for _ in 0..REPLICA_ATTEMPT_MAX {
+            let payload = data.map(|d| AlignedBuf::from_slice(d));
+            let conn = match self.conn(id) {
+                Ok(c) => c,
+                Err(e) => {
+                    last = e.to_string();
+                    rt::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            match conn.call(h, payload).await {
+                Ok(f) => return Ok(f),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(format!("osd.{id} unreachable: {last}"))
+    }
+
+    /// Sends a sub-op to replica `id`.
     async fn to_replica(
         self: Rc<Self>,
         id: u32,
         h: Header,
         data: Option<Rc<AlignedBuf>>,
     ) -> Status {
-        let mut last = String::new();
-        for _ in 0..REPLICA_ATTEMPT_MAX {
-            let payload = data.as_ref().map(|d| AlignedBuf::from_slice(d));
-            let conn = match self.peer(id) {
-                Ok(c) => c,
-                Err(e) => {
-                    last = e.to_string();
-                    rt::sleep(std::time::Duration::from_millis(20)).await;
-                    continue;
-                }
-            };
-            match conn.call(h, payload).await {
-                Ok(f) => return f.h.status,
-                Err(e) => last = e.to_string(),
+        match self.call_osd(id, h, data.as_deref()).await {
+            Ok(f) => f.h.status,
+            Err(why) => {
+                tracing::warn!("osd.{}: {why}", self.id);
+                Status::Unavailable
             }
         }
-        tracing::warn!("osd.{}: replica osd.{id} unreachable: {last}", self.id);
-        Status::Unavailable
     }
 
-    /// Applies a write or delete as primary; returns the status and version.
-    async fn primary_update(
+    /// Applies `entry` (with `data` for a write) on this OSD's store and,
+    /// through sub-op `sub`, on every other OSD of `acting`, in parallel:
+    /// `Ok` once every copy has it durably.
+    async fn replicate(
         self: &Rc<Self>,
-        h: &Header,
+        acting: &[u32],
+        sub: Header,
+        entry: LogEntry,
         data: Option<AlignedBuf>,
-    ) -> (Status, u64) {
-        let oid = h.oid;
-        self.lock(oid).await;
-        let key = (h.client, h.request_id);
-        if let Some(v) = self.done.borrow().get(key) {
-            self.unlock(oid);
-            return (Status::Ok, v);
-        }
-        let Some(version) = self.next_version(h.pg) else {
-            tracing::warn!(
-                "osd.{}: PG {} has no version left in epoch {} (this OSD's logs reach epoch {})",
-                self.id,
-                h.pg,
-                self.epoch(),
-                self.epoch_floor
-            );
-            self.unlock(oid);
-            return (Status::Unavailable, 0);
-        };
-        // Versions of an epoch come only from this primary, and epochs
-        // rise: a version at or below the stored one is a bug.
-        let cur = self.store.version(oid).unwrap_or(0);
-        if version <= cur {
-            let why = format!("{oid}: new version {version:#x} is not above the stored {cur:#x}");
-            assert!(!nacre_blockstore::strict(), "{why}");
-            tracing::error!("osd.{}: {why}", self.id);
-            self.unlock(oid);
-            return (Status::Unavailable, 0);
-        }
-        let acting: Vec<u32> = self.map.borrow().pgmap.acting(h.pg).to_vec();
-        let entry = self.entry(h, version);
-        let mut sub = *h;
-        sub.op = if h.op == Op::Delete {
-            Op::RepDelete
-        } else {
-            Op::RepWrite
-        };
-        sub.obj_version = version;
-        sub.sender = self.id;
+    ) -> Status {
         // One buffer shared by the replica tasks (each sends its own copy,
         // kept for a resend); the local write takes the original when no
         // replica holds it any more, a copy otherwise.
         let data = data.map(Rc::new);
-        let replicas: Vec<_> = (acting.iter().skip(1))
+        let replicas: Vec<_> = (acting.iter().filter(|&&r| r != self.id))
             .map(|&r| rt::spawn(self.clone().to_replica(r, sub, data.clone())))
             .collect();
         let local = match data {
             Some(d) => {
                 let d = Rc::try_unwrap(d).unwrap_or_else(|d| AlignedBuf::from_slice(&d));
-                self.store.write_logged(entry, h.offset, d).await
+                self.store.write_logged(entry, entry.offset, d).await
             }
             None => self.store.delete_logged(entry).await,
         };
         let mut status = match &local {
             Ok(()) => Status::Ok,
             Err(e) => {
-                tracing::debug!("osd.{}: {oid} v{version}: {e}", self.id);
+                tracing::debug!("osd.{}: {} v{:#x}: {e}", self.id, entry.oid, entry.version);
                 status_of(e)
             }
         };
@@ -474,14 +777,86 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 status = s;
             }
         }
+        status
+    }
+
+    /// Applies a write or delete as primary; returns the status and version.
+    async fn primary_update(
+        self: &Rc<Self>,
+        h: &Header,
+        data: Option<AlignedBuf>,
+    ) -> (Status, u64) {
+        if let Err(s) = self.wait_active(h.pg, h.epoch).await {
+            return (s, 0);
+        }
+        let oid = h.oid;
+        self.lock(oid).await;
+        let r = self.primary_update_locked(h, data).await;
+        self.unlock(oid);
+        r
+    }
+
+    async fn primary_update_locked(
+        self: &Rc<Self>,
+        h: &Header,
+        data: Option<AlignedBuf>,
+    ) -> (Status, u64) {
+        let oid = h.oid;
+        let key = (h.client, h.request_id);
+        if let Some(v) = self.done.borrow().get(key) {
+            return (Status::Ok, v);
+        }
+        // The PG may have stopped, or the epoch moved, while this op
+        // waited for the object.
+        let epoch = h.epoch;
+        if self.epoch() != epoch {
+            return (Status::StaleEpoch, 0);
+        }
+        if self.pg_state(h.pg) != Some(PgState::Active) {
+            return (Status::Unavailable, 0);
+        }
+        let _inflight = self.track(h.pg, epoch);
+        let Some(version) = self.next_version(h.pg) else {
+            tracing::warn!(
+                "osd.{}: PG {} has no version left in epoch {epoch} (this OSD's logs reach epoch {}, it is up from {})",
+                self.id,
+                h.pg,
+                self.epoch_floor,
+                self.up_from.get()
+            );
+            return (Status::Unavailable, 0);
+        };
+        // Versions of an epoch come only from this primary, and epochs
+        // rise: a version at or below the stored one is a bug.
+        let cur = self.store.version(oid).unwrap_or(0);
+        if version <= cur {
+            let why = format!("{oid}: new version {version:#x} is not above the stored {cur:#x}");
+            assert!(!nacre_blockstore::strict(), "{why}");
+            tracing::error!("osd.{}: {why}", self.id);
+            return (Status::Unavailable, 0);
+        }
+        let acting = self.map.borrow().acting(h.pg);
+        let entry = self.entry(h, version);
+        let mut sub = *h;
+        sub.op = if h.op == Op::Delete {
+            Op::RepDelete
+        } else {
+            Op::RepWrite
+        };
+        sub.obj_version = version;
+        sub.sender = self.id;
+        let status = self.replicate(&acting, sub, entry, data).await;
         if status == Status::Ok {
             self.done.borrow_mut().insert(key, version);
+        } else {
+            // Some copies may have it and some not: the interval ends.
+            self.fail_pg(h.pg, epoch, format!("{oid} v{version:#x}: {status:?}"));
         }
-        self.unlock(oid);
         (status, version)
     }
 
     async fn replica_update(&self, h: &Header, data: Option<AlignedBuf>) -> Status {
+        let _inflight = self.track(h.pg, h.epoch);
         let entry = self.entry(h, h.obj_version);
         let r = match data {
             Some(d) => self.store.write_logged(entry, h.offset, d).await,
@@ -530,10 +905,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
     async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
         let h = f.h;
+        // A peer ahead of this OSD: learn its epoch (in the background;
+        // this request is answered with the epoch known now).
+        if h.epoch > self.epoch() && self.up_from.get() != 0 && h.op != Op::Map {
+            let me = self.clone();
+            rt::spawn(async move { me.refresh_map().await });
+        }
         let route = match h.op {
             Op::Read | Op::Write | Op::Delete => self.check_route(&h, true),
             Op::RepWrite | Op::RepDelete => self.check_route(&h, false),
-            Op::PurgeVolume | Op::Stat => None,
+            _ => None,
         };
         if let Some(s) = route {
             let mut r = h.reply(s);
@@ -542,11 +923,20 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         }
         match h.op {
             Op::Read => {
+                if let Err(s) = self.wait_active(h.pg, h.epoch).await {
+                    let mut r = h.reply(s);
+                    r.epoch = self.epoch();
+                    return (r, None);
+                }
                 let t = self.stats.start();
                 // Only committed data: a write of this object in flight may
                 // be on this copy and not yet on the others; wait for it to
                 // be acknowledged or to fail.
                 self.wait_unbusy(h.oid).await;
+                if self.pg_state(h.pg) != Some(PgState::Active) {
+                    // It failed: this copy may hold what others lack.
+                    return (h.reply(Status::Unavailable), None);
+                }
                 match self.store.read(h.oid, h.offset, h.length).await {
                     Ok(buf) => {
                         self.stats.read_done(t, buf.len());
@@ -574,6 +964,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 }
                 let mut r = h.reply(s);
                 r.obj_version = v;
+                r.epoch = self.epoch();
                 (r, None)
             }
             Op::RepWrite | Op::RepDelete => {
@@ -592,6 +983,35 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                     Some(AlignedBuf::from_slice(&body)),
                 )
             }
+            Op::Ping => {
+                let mut r = h.reply(if self.up_from.get() == 0 {
+                    Status::Unavailable
+                } else {
+                    Status::Ok
+                });
+                r.epoch = self.epoch();
+                (r, None)
+            }
+            Op::Map => {
+                let body = f.payload.as_deref().unwrap_or(&[]);
+                match OsdMap::from_json(body) {
+                    Ok(m) => {
+                        self.set_map(m);
+                        (h.reply(Status::Ok), None)
+                    }
+                    Err(why) => {
+                        tracing::warn!("osd.{}: a bad map pushed: {why}", self.id);
+                        (h.reply(Status::Invalid), None)
+                    }
+                }
+            }
+            Op::PgQuery => self.answer_query(&h).await,
+            Op::Pull => self.answer_pull(&h).await,
+            Op::Push => {
+                let s = self.answer_push(&h, f.payload).await;
+                (h.reply(s), None)
+            }
+            Op::Boot | Op::GetMap | Op::PgEvent => (h.reply(Status::Invalid), None),
         }
     }
 }

@@ -1,22 +1,24 @@
-//! Three OSDs on one runtime, talking over unix sockets: epochs, primacy,
-//! replication to every copy, and idempotent retries.
+//! Three OSDs and a leader on one runtime, talking over unix sockets:
+//! epochs, primacy, replication to every copy, and idempotent retries.
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Duration;
 
 use nacre_io::net::{Addr, Listener};
 use nacre_io::{rt, AlignedBuf};
 use nacre_meta::embedded::Embedded;
 use nacre_meta::map::{self, OsdRecord, PoolRecord};
-use nacre_net::Conn;
-use nacre_osd::{pg_key, Osd, OsdConfig, OsdMap};
+use nacre_net::{Conn, Frame, Handler, Sockets};
+use nacre_osd::leader::Leader;
+use nacre_osd::{pg_key, Osd, OsdConfig, OsdMap, PgState};
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status};
 
-fn write_header(oid: ObjectId, pg: u32, request_id: u64, data: &[u8]) -> Header {
+fn write_header(oid: ObjectId, pg: u32, request_id: u64, data: &[u8], epoch: u64) -> Header {
     let mut h = Header::request(Op::Write, request_id, oid).with_payload(data);
     h.length = data.len() as u32;
-    h.epoch = 1;
+    h.epoch = epoch;
     h.pg = pg;
     h.client = 42;
     h
@@ -64,7 +66,27 @@ fn setup(d: &std::path::Path) -> Setup {
     }
 }
 
-/// Opens OSD `id` of `s` in `d` and serves it.
+fn leader_addr(d: &std::path::Path) -> Addr {
+    Addr::Unix(d.join("leader.sock"))
+}
+
+/// Starts the cluster map's leader of `s` in `d` (inside `block_on`).
+fn start_leader(d: &std::path::Path, s: &Setup) -> Rc<Leader<Sockets>> {
+    let map = OsdMap {
+        pgmap: s.pgmap.clone(),
+        min_size: s.pool.min_size,
+        addrs: (s.addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
+        up_from: Default::default(),
+        last_active: Default::default(),
+    };
+    let leader = Leader::new(map, Sockets, Box::new(|_| Ok(()))).unwrap();
+    let l = Listener::bind(&leader_addr(d)).unwrap();
+    rt::spawn(nacre_net::serve(l, leader.clone()));
+    rt::spawn(leader.clone().run());
+    leader
+}
+
+/// Opens OSD `id` of `s` in `d`, serves it and boots it.
 async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, nacre_osd::Serving) {
     let cfg = OsdConfig {
         id,
@@ -74,14 +96,28 @@ async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, nacre_o
         object_bytes: s.pool.object_bytes,
         journal_bytes: None,
         direct: true,
+        leader: leader_addr(d),
     };
-    let map = OsdMap {
-        pgmap: s.pgmap.clone(),
-        addrs: s.addrs.clone(),
-    };
-    let osd = Osd::open(&cfg, map).await.unwrap();
+    let osd = Osd::open(&cfg).await.unwrap();
     let serving = osd.serve(Listener::bind(&cfg.addr).unwrap());
+    osd.boot().await.unwrap();
     (osd, serving)
+}
+
+/// Waits until `osd` serves PG `pg` in the leader's epoch; that epoch.
+async fn active(leader: &Leader<Sockets>, osd: &Osd, pg: u32) -> u64 {
+    for _ in 0..500 {
+        let e = leader.map().epoch();
+        if osd.epoch() == e && osd.pg_state(pg) == Some(PgState::Active) {
+            return e;
+        }
+        rt::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "PG {pg} not active on osd.{}: {:?}",
+        osd.id,
+        osd.pg_state(pg)
+    );
 }
 
 #[test]
@@ -90,6 +126,7 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
     let st = setup(d.path());
     let (pool, pgmap, addrs) = (&st.pool, &st.pgmap, &st.addrs);
     rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
         let mut running: Vec<Rc<Osd>> = Vec::new();
         let mut serving = Vec::new();
         for o in &st.osds {
@@ -99,7 +136,8 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         }
         let oid = ObjectId::new(9, 3);
         let pg = pg_of(oid, pool.pg_count);
-        let acting = pgmap.acting(pg).to_vec();
+        let acting = pgmap.acting(pg);
+        let e = active(&leader, &running[acting[0] as usize], pg).await;
         let primary = Conn::connect(&addrs[&acting[0]]).unwrap();
         let replica = Conn::connect(&addrs[&acting[1]]).unwrap();
         let data = vec![0x5au8; 4096];
@@ -110,13 +148,14 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         };
 
         // Versions are the PG's `epoch << 32 | seq`.
-        let (v1, v2) = ((1 << 32) | 1, (1 << 32) | 2);
-        let r = call(&primary, write_header(oid, pg, 100, &data), Some(&data)).await;
+        let (v1, v2) = ((e << 32) | 1, (e << 32) | 2);
+        let wr = |req| write_header(oid, pg, req, &data, e);
+        let r = call(&primary, wr(100), Some(&data)).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, v1));
         // a retry of the same request is answered, not applied again
-        let r = call(&primary, write_header(oid, pg, 100, &data), Some(&data)).await;
+        let r = call(&primary, wr(100), Some(&data)).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, v1));
-        let r = call(&primary, write_header(oid, pg, 101, &data), Some(&data)).await;
+        let r = call(&primary, wr(101), Some(&data)).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, v2));
         // every copy has the newest version
         for id in &acting {
@@ -138,29 +177,29 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
             assert_eq!(reqs, vec![(v1, 100), (v2, 101)], "osd.{id}");
         }
 
-        let mut stale = write_header(oid, pg, 102, &data);
-        stale.epoch = 0;
+        let mut stale = wr(102);
+        stale.epoch = e - 1;
         let r = call(&primary, stale, Some(&data)).await;
-        assert_eq!((r.h.status, r.h.epoch), (Status::StaleEpoch, 1));
-        let r = call(&replica, write_header(oid, pg, 103, &data), Some(&data)).await;
+        assert_eq!((r.h.status, r.h.epoch), (Status::StaleEpoch, e));
+        let r = call(&replica, wr(103), Some(&data)).await;
         assert_eq!(r.h.status, Status::NotPrimary);
         let r = call(
             &primary,
-            write_header(oid, (pg + 1) % 8, 104, &data),
+            write_header(oid, (pg + 1) % 8, 104, &data, e),
             Some(&data),
         )
         .await;
         assert_eq!(r.h.status, Status::Invalid);
         // a replica refuses a sub-op from an older epoch too
-        let mut sub = write_header(oid, pg, 0, &data);
+        let mut sub = wr(0);
         sub.op = Op::RepWrite;
-        sub.obj_version = (7 << 32) | 9;
-        sub.epoch = 7;
+        sub.obj_version = ((e - 1) << 32) | 9;
+        sub.epoch = e - 1;
         let r = call(&replica, sub, Some(&data)).await;
         assert_eq!(r.h.status, Status::StaleEpoch);
         // ... and one that does not come from the PG's primary, at any epoch
-        sub.epoch = 1;
-        sub.obj_version = (1 << 32) | 9;
+        sub.epoch = e;
+        sub.obj_version = (e << 32) | 9;
         let r = call(&replica, sub, Some(&data)).await;
         assert_eq!(r.h.status, Status::NotPrimary, "a client's RepWrite");
         sub.sender = acting[2];
@@ -172,7 +211,7 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         let r = call(&replica, sub, Some(&data)).await;
         assert_eq!(r.h.status, Status::Invalid, "a version outside the epoch");
         // a client may not pose as an OSD on a client op
-        let mut posing = write_header(oid, pg, 106, &data);
+        let mut posing = wr(106);
         posing.sender = acting[1];
         assert_eq!(
             call(&primary, posing, Some(&data)).await.h.status,
@@ -182,7 +221,7 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
 
         let mut rd = Header::request(Op::Read, 0, oid);
         rd.length = 8192;
-        rd.epoch = 1;
+        rd.epoch = e;
         rd.pg = pg;
         let r = call(&primary, rd, None).await;
         assert_eq!(r.h.status, Status::Ok);
@@ -192,16 +231,18 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         let mut missing = rd;
         missing.oid = ObjectId::new(9, 4);
         missing.pg = pg_of(missing.oid, 8);
-        let owner = Conn::connect(&addrs[&pgmap.acting(missing.pg)[0]]).unwrap();
+        let owner_id = pgmap.acting(missing.pg)[0];
+        active(&leader, &running[owner_id as usize], missing.pg).await;
+        let owner = Conn::connect(&addrs[&owner_id]).unwrap();
         assert_eq!(call(&owner, missing, None).await.h.status, Status::NotFound);
 
         // delete reaches every copy
         let mut del = Header::request(Op::Delete, 105, oid);
-        del.epoch = 1;
+        del.epoch = e;
         del.pg = pg;
         del.client = 42;
         let r = call(&primary, del, None).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 3));
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (e << 32) | 3));
         for id in &acting {
             assert_eq!(running[*id as usize].store().version(oid), None, "osd.{id}");
         }
@@ -210,20 +251,42 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         let mut del2 = del;
         del2.request_id = 107;
         let r = call(&primary, del2, None).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 4));
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (e << 32) | 4));
         for id in &acting {
             let log = running[*id as usize]
                 .store()
                 .pg_log(pg_key(pool.id, pg))
                 .unwrap();
-            assert_eq!(log.head(), (1 << 32) | 4, "osd.{id}");
-            assert_eq!(log.entries[&((1 << 32) | 4)].request, 107, "osd.{id}");
+            assert_eq!(log.head(), (e << 32) | 4, "osd.{id}");
+            assert_eq!(log.entries[&((e << 32) | 4)].request, 107, "osd.{id}");
         }
         drop(serving);
         for o in running {
             o.close().await.unwrap();
         }
     });
+}
+
+/// A stand-in for an OSD that takes part in peering (it answers
+/// heartbeats, maps and queries, and holds nothing) and then never answers
+/// a sub-op.
+struct Silent;
+
+impl Handler for Silent {
+    async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
+        match f.h.op {
+            Op::RepWrite | Op::RepDelete => std::future::pending().await,
+            Op::PgQuery => {
+                // An empty PG: no tail, no entries, no objects.
+                let body = [0u8; 16];
+                (
+                    f.h.reply(Status::Ok).with_payload(&body),
+                    Some(AlignedBuf::from_slice(&body)),
+                )
+            }
+            _ => (f.h.reply(Status::Ok), None),
+        }
+    }
 }
 
 /// A read on the primary returns only acknowledged data: while a write of
@@ -236,32 +299,36 @@ fn reads_wait_for_writes_in_flight() {
     let st = setup(d.path());
     let oid = ObjectId::new(9, 3);
     let pg = pg_of(oid, st.pool.pg_count);
-    let acting = st.pgmap.acting(pg).to_vec();
+    let acting = st.pgmap.acting(pg);
     rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
+        // The third copy boots and peers, and never answers a sub-op.
+        let silent = Listener::bind(&st.addrs[&acting[2]]).unwrap();
+        rt::spawn(nacre_net::serve(silent, Rc::new(Silent)));
+        let mut boot = Header::request(Op::Boot, 0, ObjectId::default());
+        boot.sender = acting[2];
+        let to_leader = Conn::connect(&leader_addr(d.path())).unwrap();
+        assert_eq!(
+            to_leader.call(boot, None).await.unwrap().h.status,
+            Status::Ok
+        );
         let (primary, _s0) = start_osd(d.path(), &st, acting[0]).await;
         let (_replica, _s1) = start_osd(d.path(), &st, acting[1]).await;
-        // The third copy accepts connections and never answers.
-        let silent = Listener::bind(&st.addrs[&acting[2]]).unwrap();
-        let _hold = rt::spawn(async move {
-            let mut kept = Vec::new();
-            while let Ok(s) = silent.accept().await {
-                kept.push(s);
-            }
-        });
+        let e = active(&leader, &primary, pg).await;
         let conn = Conn::connect(&st.addrs[&acting[0]]).unwrap();
         let data = vec![0x77u8; 4096];
         let write = {
-            let (c, h) = (conn.clone(), write_header(oid, pg, 1, &data));
+            let (c, h) = (conn.clone(), write_header(oid, pg, 1, &data, e));
             let p = AlignedBuf::from_slice(&data);
             rt::spawn(async move { c.call(h, Some(p)).await })
         };
         // The primary's own copy is written; the write waits for osd.silent.
         while primary.store().version(oid).is_none() {
-            rt::sleep(std::time::Duration::from_millis(5)).await;
+            rt::sleep(Duration::from_millis(5)).await;
         }
         let mut rd = Header::request(Op::Read, 0, oid);
         rd.length = 4096;
-        rd.epoch = 1;
+        rd.epoch = e;
         rd.pg = pg;
         let read_done = Rc::new(std::cell::Cell::new(false));
         let read = {
@@ -272,7 +339,7 @@ fn reads_wait_for_writes_in_flight() {
                 r
             })
         };
-        rt::sleep(std::time::Duration::from_millis(300)).await;
+        rt::sleep(Duration::from_millis(300)).await;
         assert!(
             !read_done.get(),
             "a read returned data whose write is not acknowledged"
@@ -282,29 +349,30 @@ fn reads_wait_for_writes_in_flight() {
 }
 
 /// After a restart, a primary answers retries of requests it applied
-/// before (from its PG logs) and assigns versions only in a newer epoch:
-/// with the old epoch it refuses to write rather than hand out a version
-/// again.
+/// before (from its PG logs) and assigns versions only in the epoch it
+/// booted in or later, never one it gave out before.
 #[test]
 fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
     let d = tempfile::tempdir().unwrap();
-    let mut st = setup(d.path());
+    let st = setup(d.path());
     let oid = ObjectId::new(9, 3);
     let pg = pg_of(oid, st.pool.pg_count);
-    let acting = st.pgmap.acting(pg).to_vec();
+    let acting = st.pgmap.acting(pg);
     let data = vec![0x33u8; 4096];
     let write = |c: &Rc<Conn>, h: Header| {
         let (c, p) = (c.clone(), AlignedBuf::from_slice(&data));
         async move { c.call(h, Some(p)).await.unwrap() }
     };
     rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
         let mut running = Vec::new();
         for &id in &acting {
             running.push(start_osd(d.path(), &st, id).await);
         }
+        let e1 = active(&leader, &running[0].0, pg).await;
         let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
-        let r = write(&primary, write_header(oid, pg, 500, &data)).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 1));
+        let r = write(&primary, write_header(oid, pg, 500, &data, e1)).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (e1 << 32) | 1));
         // Restart the primary (a clean stop: its store is closed).
         let (osd, serving) = running.remove(0);
         drop(serving);
@@ -314,30 +382,20 @@ fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
         drop(osd);
         // Its connection tasks notice the closed socket and let go of it;
         // its socket file goes, as `nacre up` removes it at a stop.
-        rt::sleep(std::time::Duration::from_millis(300)).await;
+        rt::sleep(Duration::from_millis(300)).await;
         let _ = std::fs::remove_file(d.path().join(format!("osd.{}.sock", acting[0])));
         running.insert(0, start_osd(d.path(), &st, acting[0]).await);
+        let e2 = active(&leader, &running[0].0, pg).await;
+        assert!(e2 > e1, "a new incarnation is up in a new epoch");
         let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
         // The retry is answered from the log, with the old version.
-        let r = write(&primary, write_header(oid, pg, 500, &data)).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (1 << 32) | 1));
-        // A new write in the same epoch would reuse (1, 1): refused.
-        let r = write(&primary, write_header(oid, pg, 501, &data)).await;
-        assert_eq!(r.h.status, Status::Unavailable);
-        // In a new epoch it goes on, at (2, 1).
-        st.pgmap.epoch = 2;
+        let r = write(&primary, write_header(oid, pg, 500, &data, e2)).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (e1 << 32) | 1));
+        // A new write gets a version of the new epoch, on every copy.
+        let r = write(&primary, write_header(oid, pg, 501, &data, e2)).await;
+        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (e2 << 32) | 1));
         for (o, _) in &running {
-            o.set_map(OsdMap {
-                pgmap: st.pgmap.clone(),
-                addrs: st.addrs.clone(),
-            });
-        }
-        let mut h = write_header(oid, pg, 501, &data);
-        h.epoch = 2;
-        let r = write(&primary, h).await;
-        assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (2 << 32) | 1));
-        for (o, _) in &running {
-            assert_eq!(o.store().version(oid), Some((2 << 32) | 1), "osd.{}", o.id);
+            assert_eq!(o.store().version(oid), Some((e2 << 32) | 1), "osd.{}", o.id);
         }
     });
 }

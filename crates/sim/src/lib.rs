@@ -6,12 +6,10 @@
 //! simulation and TigerBeetle's VOPR: a seed is a whole history, and the
 //! same seed replays the same history.
 //!
-//! What is built so far (issue 8, step 5 of docs/internals/replication.md
-//! §11): the network, crashes and restarts, and a harness for client ops.
-//! The PG table does not change yet (no leader marking OSDs down, no
-//! peering), so a down primary makes its PGs unavailable until it restarts;
-//! every start raises the map's epoch, as `nacre up` does, and every live
-//! OSD learns it.
+//! The cluster map's leader (`nacre_osd::leader`, the same code as in
+//! `nacre up`) runs as one more node of the network: OSDs boot to it, it
+//! heartbeats them and marks silent ones down, and primaries peer and
+//! recover their PGs at every new epoch.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -26,7 +24,8 @@ use nacre_io::net::Addr;
 use nacre_io::{rt, AlignedBuf, FaultDev};
 use nacre_meta::map::PgMap;
 use nacre_net::{Frame, Handler, NetError, Rpc, Transport};
-use nacre_osd::{Osd, OsdMap};
+use nacre_osd::leader::Leader;
+use nacre_osd::{Osd, OsdMap, PgState};
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::Header;
 
@@ -271,18 +270,23 @@ pub const OBJECT_BYTES: u32 = 16 << 10;
 const DEV_BYTES: u64 = 16 << 20;
 const JOURNAL_BYTES: u64 = 2_359_296;
 
-/// A cluster of `osds` OSDs with one pool of `pgs` PGs of `size` copies.
-/// Shared by the tasks of a simulation (`Rc`); no borrow is held across an
-/// await.
+/// A cluster of `osds` OSDs with one pool of `pgs` PGs of `size` copies,
+/// and its leader. Shared by the tasks of a simulation (`Rc`); no borrow
+/// is held across an await.
 pub struct Cluster {
     pub net: Net,
-    pub map: RefCell<OsdMap>,
+    pub leader: Rc<Leader<Net>>,
     pub nodes: RefCell<Vec<Node>>,
 }
 
+fn leader_addr() -> Addr {
+    Addr::Tcp("leader:6789".into())
+}
+
 impl Cluster {
-    /// Formats every OSD's device and starts them. Inside `block_on_virtual`.
-    pub async fn new(net: Net, osds: u32, size: u8, pgs: u32) -> Rc<Cluster> {
+    /// Formats every OSD's device and starts them with a leader. Inside
+    /// `block_on_virtual`.
+    pub async fn new(net: Net, osds: u32, size: u8, min_size: u8, pgs: u32) -> Rc<Cluster> {
         let addrs: HashMap<u32, Addr> = (0..osds)
             .map(|id| (id, Addr::Tcp(format!("osd{id}:6800"))))
             .collect();
@@ -296,9 +300,16 @@ impl Cluster {
                 epoch: 1,
                 size,
                 osds: table,
+                down: Vec::new(),
             },
-            addrs: addrs.clone(),
+            min_size,
+            addrs: (addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
+            up_from: Default::default(),
+            last_active: Default::default(),
         };
+        let leader = Leader::new(map, net.clone(), Box::new(|_| Ok(()))).expect("a leader");
+        net.attach(&leader_addr(), leader.clone());
+        rt::spawn(leader.clone().run());
         let mut nodes = Vec::new();
         for id in 0..osds {
             let dev = FaultDev::new(DEV_BYTES, 512);
@@ -325,7 +336,7 @@ impl Cluster {
         }
         let c = Rc::new(Cluster {
             net,
-            map: RefCell::new(map),
+            leader,
             nodes: RefCell::new(nodes),
         });
         for id in 0..osds {
@@ -334,7 +345,8 @@ impl Cluster {
         c
     }
 
-    /// Opens OSD `id`'s store (replaying its journal) and attaches it.
+    /// Opens OSD `id`'s store (replaying its journal), attaches it and
+    /// boots it with the leader.
     pub async fn start(&self, id: u32) {
         let (dev, addr) = {
             let n = &self.nodes.borrow()[id as usize];
@@ -344,20 +356,42 @@ impl Cluster {
         let (store, report) = Store::open(dev, StoreOptions::default())
             .await
             .unwrap_or_else(|e| panic!("osd.{id} does not reopen: {e}"));
-        // A new incarnation, a new epoch, which every live OSD learns.
-        let map = {
-            let mut m = self.map.borrow_mut();
-            m.pgmap.epoch += 1;
-            m.clone()
-        };
-        for n in self.nodes.borrow().iter() {
-            if let Some(o) = &n.osd {
-                o.set_map(map.clone());
-            }
-        }
-        let osd = Osd::with_store(id, store, &report, map, self.net.clone());
+        let osd = Osd::with_store(id, store, &report, leader_addr(), self.net.clone());
         self.net.attach(&addr, osd.clone());
-        self.nodes.borrow_mut()[id as usize].osd = Some(osd);
+        self.nodes.borrow_mut()[id as usize].osd = Some(osd.clone());
+        if let Err(e) = osd.boot().await {
+            panic!("{e}");
+        }
+    }
+
+    /// Stops the leader's heartbeats (the end of a run).
+    pub fn stop(&self) {
+        self.leader.stop();
+    }
+
+    /// Waits until every PG is active on its primary, within `limit`;
+    /// the PGs that are not, otherwise.
+    pub async fn settle(&self, limit: Duration) -> Result<(), String> {
+        let until = rt::monotonic() + limit;
+        loop {
+            let m = self.leader.map();
+            let mut waiting = Vec::new();
+            for pg in 0..m.pgmap.pg_count() {
+                let state = (m.primary(pg))
+                    .and_then(|p| self.osd(p).filter(|o| o.epoch() == m.epoch()))
+                    .and_then(|o| o.pg_state(pg));
+                if state != Some(PgState::Active) {
+                    waiting.push(format!("PG {pg}: {state:?}"));
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if rt::monotonic() > until {
+                return Err(format!("epoch {}: {}", m.epoch(), waiting.join("; ")));
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Cuts OSD `id`'s power: it stops answering, its device keeps what a
@@ -382,12 +416,18 @@ impl Cluster {
         self.nodes.borrow()[id as usize].osd.clone()
     }
 
-    /// The PG of `oid` and its acting set.
+    /// The PG of `oid` and its acting set, in the leader's map.
     pub fn route(&self, oid: ObjectId) -> (u32, Vec<u32>) {
-        let m = self.map.borrow();
-        let pm = &m.pgmap;
-        let pg = pg_of(oid, pm.pg_count());
-        (pg, pm.acting(pg).to_vec())
+        let m = self.leader.map();
+        let pg = pg_of(oid, m.pgmap.pg_count());
+        (pg, m.acting(pg))
+    }
+
+    /// The OSDs placement gives `oid`'s PG, up or not.
+    pub fn placement(&self, oid: ObjectId) -> Vec<u32> {
+        let m = self.leader.map();
+        let pg = pg_of(oid, m.pgmap.pg_count());
+        m.pgmap.placement(pg).to_vec()
     }
 
     /// Sends a client request for `h.oid` to its primary over the
@@ -397,13 +437,12 @@ impl Cluster {
         mut h: Header,
         payload: Option<AlignedBuf>,
     ) -> Result<Frame, NetError> {
-        let (pg, acting) = self.route(h.oid);
+        let m = self.leader.map();
+        let pg = pg_of(h.oid, m.pgmap.pg_count());
         h.pg = pg;
-        let (epoch, addr) = {
-            let m = self.map.borrow();
-            (m.pgmap.epoch, m.addrs[&acting[0]].clone())
-        };
-        h.epoch = epoch;
+        h.epoch = m.epoch();
+        let addr = (m.primary(pg).and_then(|p| m.addr(p)))
+            .ok_or_else(|| NetError::Protocol(format!("PG {pg} has no primary up")))?;
         let conn = self.net.connect(&addr)?;
         conn.call(h, payload).await
     }

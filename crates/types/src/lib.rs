@@ -45,6 +45,18 @@ pub const BLOCK_BYTES_MAX: u32 = 4 << 20;
 /// The default store block size.
 pub const BLOCK_BYTES_DEFAULT: u32 = 128 << 10;
 
+/// How often the leader heartbeats every up OSD
+/// (docs/internals/replication.md §7).
+pub const HEARTBEAT_INTERVAL_MS: u64 = 500;
+/// An OSD unheard of for this long is marked down.
+pub const HEARTBEAT_GRACE_MS: u64 = 3_000;
+/// How long a client op waits on an OSD for its PG to become active
+/// (peering) before it is answered `Unavailable` and retried.
+pub const PG_WAIT_MS: u64 = 2_000;
+/// How long a client keeps retrying one op (through map changes,
+/// peering, a PG below `min_size`) before it reports an error.
+pub const CLIENT_OP_TIMEOUT_MS: u64 = 120_000;
+
 /// CRC-32C (Castagnoli) of `data`: the checksum of every data chunk,
 /// record and page Nacre writes. Hardware-accelerated (crc-fast).
 #[inline]

@@ -29,7 +29,10 @@ pub const CONTROL_PAYLOAD_MAX_BYTES: u32 = 64 << 10;
 
 /// Flag: this frame answers the request with the same id.
 pub const FLAG_REPLY: u16 = 1;
-const FLAGS_KNOWN: u16 = FLAG_REPLY;
+/// Flag of a `Push`: the object's version has no log entry to go with it
+/// (the source's log no longer reaches back to it).
+pub const FLAG_UNLOGGED: u16 = 2;
+const FLAGS_KNOWN: u16 = FLAG_REPLY | FLAG_UNLOGGED;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -49,6 +52,28 @@ pub enum Op {
     PurgeVolume = 6,
     /// Anyone → an OSD: its counters and space, as JSON in the reply.
     Stat = 7,
+    /// OSD (in `sender`) → leader: this OSD has started; the leader marks
+    /// it up in a new epoch and replies with the map (JSON).
+    Boot = 8,
+    /// Anyone → leader: the current map (JSON in the reply).
+    GetMap = 9,
+    /// Leader → OSD: a newer map (JSON payload).
+    Map = 10,
+    /// Leader → OSD: heartbeat; the reply carries the OSD's epoch.
+    Ping = 11,
+    /// Primary → leader: an event of PG `pg` in `epoch` (JSON payload:
+    /// went active, or a write failed and the interval must end).
+    PgEvent = 12,
+    /// Primary → OSD: PG `pg`'s log and objects on that OSD (binary, in
+    /// the reply), once no older epoch's op of the PG is in flight there.
+    PgQuery = 13,
+    /// Primary → OSD: the whole of object `oid` and its version (reply).
+    Pull = 14,
+    /// Primary → replica: recovery; make object `oid` the payload (the
+    /// whole object; no payload: absent) at `obj_version`, logging the
+    /// entry the header describes (`offset`/`length` its range, `client`
+    /// and `request_id` its request) unless [`FLAG_UNLOGGED`] is set.
+    Push = 15,
 }
 
 impl Op {
@@ -61,13 +86,25 @@ impl Op {
             5 => Op::RepDelete,
             6 => Op::PurgeVolume,
             7 => Op::Stat,
+            8 => Op::Boot,
+            9 => Op::GetMap,
+            10 => Op::Map,
+            11 => Op::Ping,
+            12 => Op::PgEvent,
+            13 => Op::PgQuery,
+            14 => Op::Pull,
+            15 => Op::Push,
             _ => return None,
         })
     }
 
-    /// Ops that name one object and are routed by its placement group.
+    /// Client ops and sub-ops: they name one object, are routed by its
+    /// placement group and carry data ranges.
     pub fn is_object_op(self) -> bool {
-        !matches!(self, Op::PurgeVolume | Op::Stat)
+        matches!(
+            self,
+            Op::Read | Op::Write | Op::Delete | Op::RepWrite | Op::RepDelete
+        )
     }
 }
 
@@ -147,6 +184,8 @@ const _: () = assert!(std::mem::size_of::<RawHeader>() == HEADER_BYTES);
 pub struct Header {
     pub op: Op,
     pub reply: bool,
+    /// [`FLAG_UNLOGGED`] (a `Push` without a log entry).
+    pub unlogged: bool,
     pub status: Status,
     pub pg: u32,
     pub request_id: u64,
@@ -193,6 +232,7 @@ impl Header {
         Header {
             op,
             reply: false,
+            unlogged: false,
             status: Status::Ok,
             pg: 0,
             request_id,
@@ -232,7 +272,9 @@ impl Header {
             magic: MAGIC.into(),
             version: VERSION,
             op: self.op as u8,
-            flags: (if self.reply { FLAG_REPLY } else { 0 }).into(),
+            flags: ((if self.reply { FLAG_REPLY } else { 0 })
+                | (if self.unlogged { FLAG_UNLOGGED } else { 0 }))
+            .into(),
             status: (self.status as u32).into(),
             pg: self.pg.into(),
             request_id: self.request_id.into(),
@@ -278,6 +320,7 @@ impl Header {
         let h = Header {
             op,
             reply: flags & FLAG_REPLY != 0,
+            unlogged: flags & FLAG_UNLOGGED != 0,
             status,
             pg: raw.pg.get(),
             request_id: raw.request_id.get(),
@@ -326,6 +369,10 @@ impl Header {
                 }
                 return Ok(());
             }
+            // Maps, PG events and logs, whole objects of recovery: sized
+            // by their payload (bounded above), parsed by the receiver.
+            (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull, true)
+            | (Op::Map | Op::PgEvent | Op::Push, false) => return Ok(()),
             _ => false,
         };
         match (carries_data, len == self.length) {

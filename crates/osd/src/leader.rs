@@ -1,0 +1,262 @@
+//! The cluster map's leader (docs/internals/replication.md §5.1): it owns
+//! the map and changes it, one epoch at a time.
+//!
+//! - An OSD that starts sends `Boot`; the leader marks it up in a new epoch
+//!   (its `up_from`), so a restarted process is a new incarnation.
+//! - The leader heartbeats every up OSD; one unheard of for
+//!   `HEARTBEAT_GRACE_MS` is marked down in a new epoch.
+//! - A primary whose write failed on some copy reports `PgEvent::Failed`:
+//!   a new epoch ends the interval and the PG peers again.
+//! - A primary that finished peering reports `PgEvent::Active`; the leader
+//!   records the interval (epoch, acting set) as the PG's last active one,
+//!   durably, before the primary takes a write. The next peering needs an
+//!   answer from one of its members.
+//!
+//! Every change is persisted (`persist`, the meta store in `nacre up`)
+//! before anyone hears of it, then pushed to every up OSD; an OSD that
+//! missed the push learns the epoch from the next heartbeat.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::time::Duration;
+
+use nacre_io::{rt, AlignedBuf};
+use nacre_meta::map::{Interval, EPOCH_MAX};
+use nacre_net::{Frame, Handler, Rpc, Transport};
+use nacre_types::{ObjectId, HEARTBEAT_GRACE_MS, HEARTBEAT_INTERVAL_MS};
+use nacre_wire::{Header, Op, Status};
+
+use crate::map::{OsdMap, PgEvent};
+
+/// Stores a map durably; an error refuses the change.
+pub type Persist = Box<dyn Fn(&OsdMap) -> Result<(), String>>;
+
+pub struct Leader<T: Transport> {
+    transport: T,
+    map: RefCell<OsdMap>,
+    persist: Persist,
+    /// When each up OSD last answered a heartbeat (or booted).
+    heard: RefCell<HashMap<u32, Duration>>,
+    /// OSDs with a heartbeat in flight.
+    pinging: RefCell<HashSet<u32>>,
+    conns: RefCell<HashMap<u32, Rc<T::Conn>>>,
+    stopped: Cell<bool>,
+}
+
+fn json_reply(h: &Header, body: Vec<u8>) -> (Header, Option<AlignedBuf>) {
+    (
+        h.reply(Status::Ok).with_payload(&body),
+        Some(AlignedBuf::from_slice(&body)),
+    )
+}
+
+impl<T: Transport> Leader<T> {
+    /// A leader for `map` (as stored: every OSD is taken as down until it
+    /// boots), starting in a new epoch.
+    pub fn new(mut map: OsdMap, transport: T, persist: Persist) -> Result<Rc<Self>, String> {
+        let mut all: Vec<u32> = map.pgmap.osds.clone();
+        all.sort_unstable();
+        all.dedup();
+        map.pgmap.down = all;
+        map.up_from.clear();
+        map.pgmap.epoch += 1;
+        persist(&map)?;
+        Ok(Rc::new(Leader {
+            transport,
+            map: RefCell::new(map),
+            persist,
+            heard: RefCell::new(HashMap::new()),
+            pinging: RefCell::new(HashSet::new()),
+            conns: RefCell::new(HashMap::new()),
+            stopped: Cell::new(false),
+        }))
+    }
+
+    pub fn map(&self) -> OsdMap {
+        self.map.borrow().clone()
+    }
+
+    /// Ends [`Leader::run`].
+    pub fn stop(&self) {
+        self.stopped.set(true);
+    }
+
+    /// A new epoch with `change` applied: persisted, then pushed.
+    fn change(self: &Rc<Self>, why: &str, change: impl FnOnce(&mut OsdMap)) -> Result<u64, Status> {
+        let mut m = self.map.borrow().clone();
+        if m.epoch() >= EPOCH_MAX {
+            tracing::error!("leader: the map is at its last epoch {}", m.epoch());
+            return Err(Status::Unavailable);
+        }
+        m.pgmap.epoch += 1;
+        change(&mut m);
+        if let Err(e) = (self.persist)(&m) {
+            tracing::error!("leader: cannot store epoch {}: {e}", m.epoch());
+            return Err(Status::Unavailable);
+        }
+        tracing::info!("leader: epoch {}: {why}", m.epoch());
+        let epoch = m.epoch();
+        let up: Vec<u32> = m.up_from.keys().copied().collect();
+        *self.map.borrow_mut() = m;
+        for id in up {
+            rt::spawn(self.clone().push(id));
+        }
+        Ok(epoch)
+    }
+
+    fn conn(&self, id: u32) -> Option<Rc<T::Conn>> {
+        if let Some(c) = self.conns.borrow().get(&id) {
+            if !c.is_closed() {
+                return Some(c.clone());
+            }
+        }
+        let addr = self.map.borrow().addr(id)?;
+        let c = self.transport.connect(&addr).ok()?;
+        self.conns.borrow_mut().insert(id, c.clone());
+        Some(c)
+    }
+
+    /// Sends the current map to OSD `id` (once; heartbeats catch misses).
+    async fn push(self: Rc<Self>, id: u32) {
+        let (epoch, body) = {
+            let m = self.map.borrow();
+            (m.epoch(), m.to_json())
+        };
+        let Some(c) = self.conn(id) else { return };
+        let mut h = Header::request(Op::Map, 0, ObjectId::default()).with_payload(&body);
+        h.epoch = epoch;
+        let _ = c.call(h, Some(AlignedBuf::from_slice(&body))).await;
+    }
+
+    /// Heartbeats OSD `id`; pushes the map if it is behind.
+    async fn ping(self: Rc<Self>, id: u32) {
+        let epoch = self.map.borrow().epoch();
+        if let Some(c) = self.conn(id) {
+            let mut h = Header::request(Op::Ping, 0, ObjectId::default());
+            h.epoch = epoch;
+            if let Ok(f) = c.call(h, None).await {
+                if f.h.status == Status::Ok {
+                    self.heard.borrow_mut().insert(id, rt::monotonic());
+                    if f.h.epoch < self.map.borrow().epoch() {
+                        self.clone().push(id).await;
+                    }
+                }
+            }
+        }
+        self.pinging.borrow_mut().remove(&id);
+    }
+
+    /// Heartbeats and marks silent OSDs down, until [`Leader::stop`].
+    pub async fn run(self: Rc<Self>) {
+        let every = Duration::from_millis(HEARTBEAT_INTERVAL_MS);
+        let grace = Duration::from_millis(HEARTBEAT_GRACE_MS);
+        while !self.stopped.get() {
+            rt::sleep(every).await;
+            let up: Vec<u32> = self.map.borrow().up_from.keys().copied().collect();
+            for &id in &up {
+                if self.pinging.borrow_mut().insert(id) {
+                    rt::spawn(self.clone().ping(id));
+                }
+            }
+            let now = rt::monotonic();
+            let silent: Vec<u32> = {
+                let heard = self.heard.borrow();
+                (up.iter().copied())
+                    .filter(|id| heard.get(id).is_none_or(|t| now.saturating_sub(*t) > grace))
+                    .collect()
+            };
+            if !silent.is_empty() {
+                let why =
+                    format!("marked down (no heartbeat for {HEARTBEAT_GRACE_MS} ms): {silent:?}");
+                let _ = self.change(&why, |m| {
+                    for id in &silent {
+                        m.up_from.remove(id);
+                        if !m.pgmap.down.contains(id) {
+                            m.pgmap.down.push(*id);
+                        }
+                    }
+                    m.pgmap.down.sort_unstable();
+                });
+            }
+        }
+    }
+
+    fn boot(self: &Rc<Self>, id: u32) -> Result<(), Status> {
+        if !self.map.borrow().addrs.contains_key(&id) {
+            return Err(Status::Invalid);
+        }
+        self.change(&format!("osd.{id} up"), |m| {
+            m.pgmap.down.retain(|o| *o != id);
+            let e = m.epoch();
+            m.up_from.insert(id, e);
+        })?;
+        self.heard.borrow_mut().insert(id, rt::monotonic());
+        Ok(())
+    }
+
+    fn pg_event(self: &Rc<Self>, h: &Header, body: &[u8]) -> Status {
+        let Ok(ev) = serde_json::from_slice::<PgEvent>(body) else {
+            return Status::Invalid;
+        };
+        let (epoch, primary, acting, size) = {
+            let m = self.map.borrow();
+            if h.pg >= m.pgmap.pg_count() {
+                return Status::Invalid;
+            }
+            (m.epoch(), m.primary(h.pg), m.acting(h.pg), m.pgmap.size)
+        };
+        if h.epoch != epoch {
+            return Status::StaleEpoch;
+        }
+        if primary != Some(h.sender) {
+            return Status::NotPrimary;
+        }
+        match ev {
+            PgEvent::Active { clean } => {
+                let mut m = self.map.borrow().clone();
+                m.last_active.insert(h.pg, Interval { epoch, acting });
+                if let Err(e) = (self.persist)(&m) {
+                    tracing::error!("leader: cannot record PG {} active: {e}", h.pg);
+                    return Status::Unavailable;
+                }
+                *self.map.borrow_mut() = m;
+                if clean {
+                    tracing::debug!(
+                        "leader: PG {} active+clean in epoch {epoch} ({size} copies)",
+                        h.pg
+                    );
+                }
+                Status::Ok
+            }
+            PgEvent::Failed { why } => {
+                let why = format!("PG {} interval ends: {why}", h.pg);
+                match self.change(&why, |_| {}) {
+                    Ok(_) => Status::Ok,
+                    Err(s) => s,
+                }
+            }
+        }
+    }
+}
+
+impl<T: Transport> Handler for Leader<T> {
+    async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
+        let h = f.h;
+        match h.op {
+            Op::Boot => match self.boot(h.sender) {
+                Ok(()) => json_reply(&h, self.map.borrow().to_json()),
+                Err(s) => (h.reply(s), None),
+            },
+            Op::GetMap => json_reply(&h, self.map.borrow().to_json()),
+            Op::PgEvent => {
+                let body = f.payload.as_deref().unwrap_or(&[]);
+                let s = self.pg_event(&h, body);
+                let mut r = h.reply(s);
+                r.epoch = self.map.borrow().epoch();
+                (r, None)
+            }
+            _ => (h.reply(Status::Invalid), None),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! What the leader tells the OSDs (and the simulator's clients) of the
+//! cluster: the PG table of the pool with the OSDs that are down, when
+//! each up OSD came up, and per PG the last interval that went active.
+//! Sent as JSON in `Boot`/`GetMap` replies and `Map` pushes.
+
+use std::collections::BTreeMap;
+
+use nacre_io::net::Addr;
+use nacre_meta::map::{Interval, PgMap};
+use serde::{Deserialize, Serialize};
+
+/// The cluster map at one epoch, as an OSD uses it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdMap {
+    pub pgmap: PgMap,
+    /// Fewest copies a PG may be active with.
+    pub min_size: u8,
+    /// Every OSD's wire address (`unix:PATH`, `tcp:HOST:PORT`).
+    pub addrs: BTreeMap<u32, String>,
+    /// Up OSDs and the epoch each came up in (`up_from`): an incarnation
+    /// acts only in epochs from there on.
+    pub up_from: BTreeMap<u32, u64>,
+    /// Per PG, the last interval that went active: peering needs an answer
+    /// from one of its members (docs/internals/replication.md §5.3).
+    pub last_active: BTreeMap<u32, Interval>,
+}
+
+impl OsdMap {
+    pub fn epoch(&self) -> u64 {
+        self.pgmap.epoch
+    }
+
+    pub fn acting(&self, pg: u32) -> Vec<u32> {
+        self.pgmap.acting(pg)
+    }
+
+    pub fn primary(&self, pg: u32) -> Option<u32> {
+        self.pgmap.primary(pg)
+    }
+
+    pub fn is_up(&self, osd: u32) -> bool {
+        self.up_from.contains_key(&osd)
+    }
+
+    pub fn addr(&self, osd: u32) -> Option<Addr> {
+        self.addrs.get(&osd)?.parse().ok()
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("maps serialise")
+    }
+
+    /// Parses a map from a peer, checking that it is whole: a PG table of
+    /// `size` OSDs per PG, every OSD it names with an address.
+    pub fn from_json(b: &[u8]) -> Result<OsdMap, String> {
+        let m: OsdMap = serde_json::from_slice(b).map_err(|e| format!("map: {e}"))?;
+        let pm = &m.pgmap;
+        if pm.size == 0 || pm.osds.is_empty() || !pm.osds.len().is_multiple_of(pm.size as usize) {
+            return Err(format!(
+                "map: a PG table of {} entries for size {}",
+                pm.osds.len(),
+                pm.size
+            ));
+        }
+        if let Some(o) = pm.osds.iter().find(|o| m.addr(**o).is_none()) {
+            return Err(format!("map: osd.{o} has no valid address"));
+        }
+        if m.min_size == 0 || m.min_size > pm.size {
+            return Err(format!("map: min_size {} of size {}", m.min_size, pm.size));
+        }
+        Ok(m)
+    }
+}
+
+/// What a primary tells the leader about one of its PGs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PgEvent {
+    /// Peering finished: every member of the acting set holds the
+    /// authoritative history; `clean` if the set is whole (`size` OSDs).
+    /// The leader records the interval before the primary takes writes.
+    Active { clean: bool },
+    /// A write failed on some copy: the copies may differ, so the interval
+    /// must end (a new epoch) and the PG peer again.
+    Failed { why: String },
+}

@@ -1,0 +1,562 @@
+//! Peering and recovery (docs/internals/replication.md §5.3, §8): what the
+//! primary of a PG does at every new epoch before it serves the PG, and
+//! what the other OSDs answer it.
+//!
+//! 1. Query every up OSD of the acting set and of the PG's last active
+//!    interval for its log and its objects (each answers once no op of an
+//!    older epoch is in flight there, so the answer holds every write that
+//!    copy will ever acknowledge for older epochs).
+//! 2. The authoritative copy is an answering member of the last active
+//!    interval, the one with the newest log head. Every member of that
+//!    interval was complete when it went active and took every write
+//!    acknowledged in it (an acknowledgement needs every member), so any
+//!    member holds every acknowledged write. Without an answering member
+//!    the PG stays inactive.
+//! 3. Recover every member of the acting set to the authoritative copy,
+//!    object by object, comparing versions (one version names one content,
+//!    invariant 1): an older or missing object gets the authoritative one
+//!    pushed at its version, with its log entry; an object a copy holds at
+//!    a version the authoritative copy does not know (divergent: a write
+//!    that was never acknowledged) is rewritten on every member at a new
+//!    version of this epoch, since the store never goes back to an older
+//!    version.
+//! 4. Have the leader record the interval as active, then serve.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::rc::Rc;
+use std::time::Duration;
+
+use nacre_blockstore::{LogEntry, LogOp, PgLog};
+use nacre_io::{rt, AlignedBuf, BlockDev};
+use nacre_net::Transport;
+use nacre_types::{pg_of, ObjectId};
+use nacre_wire::{Header, Op, Status, PAYLOAD_MAX_BYTES};
+
+use crate::{pg_key, status_of, Osd, PgEvent, PgState};
+
+/// Pause between two peering attempts of one PG in one epoch.
+const PEER_RETRY: Duration = Duration::from_millis(300);
+/// Bytes of a PG info's fixed part: tail, entry count, object count.
+const INFO_HEAD_BYTES: usize = 16;
+const OBJECT_BYTES: usize = 24;
+
+/// One copy's state of a PG: its log and its objects with their versions.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PgInfo {
+    pub log: PgLog,
+    pub objects: BTreeMap<ObjectId, u64>,
+}
+
+impl PgInfo {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(
+            INFO_HEAD_BYTES + self.log.entries.len() * 64 + self.objects.len() * OBJECT_BYTES,
+        );
+        b.extend_from_slice(&self.log.tail.to_le_bytes());
+        b.extend_from_slice(&(self.log.entries.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(self.objects.len() as u32).to_le_bytes());
+        for e in self.log.entries.values() {
+            b.extend_from_slice(&e.to_bytes());
+        }
+        for (oid, v) in &self.objects {
+            b.extend_from_slice(&oid.volume.0.to_le_bytes());
+            b.extend_from_slice(&oid.block.to_le_bytes());
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Parses a peer's answer: every entry must be of PG `pg` and every
+    /// object of PG number `pg_no` among `pg_count`.
+    fn decode(b: &[u8], pg: u64, pg_no: u32, pg_count: u32) -> Result<PgInfo, String> {
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        if b.len() < INFO_HEAD_BYTES {
+            return Err(format!("PG info of {} bytes", b.len()));
+        }
+        let (tail, n, m) = (u64_at(0), u32_at(8) as usize, u32_at(12) as usize);
+        if b.len() != INFO_HEAD_BYTES + n * 64 + m * OBJECT_BYTES {
+            return Err(format!(
+                "PG info of {} bytes for {n} entries and {m} objects",
+                b.len()
+            ));
+        }
+        let mut info = PgInfo::default();
+        info.log.tail = tail;
+        for k in 0..n {
+            let at = INFO_HEAD_BYTES + k * 64;
+            let e = LogEntry::from_bytes(&b[at..at + 64])
+                .filter(|e| e.pg == pg && e.version > tail)
+                .ok_or_else(|| format!("PG info: entry {k} is not one of this PG's"))?;
+            info.log.entries.insert(e.version, e);
+        }
+        for k in 0..m {
+            let at = INFO_HEAD_BYTES + n * 64 + k * OBJECT_BYTES;
+            let oid = ObjectId::new(u64_at(at), u64_at(at + 8));
+            let v = u64_at(at + 16);
+            if pg_of(oid, pg_count) != pg_no || v == 0 {
+                return Err(format!(
+                    "PG info: object {oid} v{v} is not one of this PG's"
+                ));
+            }
+            info.objects.insert(oid, v);
+        }
+        Ok(info)
+    }
+
+    /// The newest entry of `oid` in the log.
+    fn last_entry(&self, oid: ObjectId) -> Option<&LogEntry> {
+        self.log.entries.values().rev().find(|e| e.oid == oid)
+    }
+}
+
+/// Why peering did not finish in this attempt.
+enum PeerError {
+    /// Cannot finish in this epoch: wait for a new map.
+    Inactive(String),
+    /// May finish if tried again (a message lost, a peer slow).
+    Retry(String),
+}
+
+use PeerError::{Inactive, Retry};
+
+impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
+    /// This copy's info of PG `pg`, once no op of an epoch before `epoch`
+    /// is in flight here.
+    async fn local_info(&self, pg: u32, epoch: u64) -> PgInfo {
+        self.drain(pg, epoch).await;
+        let (key, count) = {
+            let m = self.map.borrow();
+            (pg_key(m.pgmap.pool, pg), m.pgmap.pg_count())
+        };
+        PgInfo {
+            log: self.store.pg_log(key).unwrap_or_default(),
+            objects: (self.store.list().into_iter())
+                .filter(|(oid, _)| pg_of(*oid, count) == pg)
+                .collect(),
+        }
+    }
+
+    /// Checks that `h` comes from the primary of its PG in this OSD's
+    /// epoch, learning a newer epoch first; the refusal otherwise.
+    async fn check_peer_op(self: &Rc<Self>, h: &Header) -> Option<Status> {
+        if h.epoch > self.epoch() && !self.catch_up(h.epoch).await {
+            return Some(Status::Unavailable);
+        }
+        let map = self.map.borrow();
+        if h.epoch != map.epoch() {
+            return Some(Status::StaleEpoch);
+        }
+        if !self.sent_by_primary(&map, h) {
+            return Some(Status::NotPrimary);
+        }
+        None
+    }
+
+    pub(crate) async fn answer_query(self: &Rc<Self>, h: &Header) -> (Header, Option<AlignedBuf>) {
+        if let Some(s) = self.check_peer_op(h).await {
+            let mut r = h.reply(s);
+            r.epoch = self.epoch();
+            return (r, None);
+        }
+        let body = self.local_info(h.pg, h.epoch).await.encode();
+        if body.len() > PAYLOAD_MAX_BYTES as usize {
+            tracing::error!(
+                "osd.{}: PG {}'s info is {} bytes, more than a frame holds",
+                self.id,
+                h.pg,
+                body.len()
+            );
+            return (h.reply(Status::Unavailable), None);
+        }
+        (
+            h.reply(Status::Ok).with_payload(&body),
+            Some(AlignedBuf::from_slice(&body)),
+        )
+    }
+
+    pub(crate) async fn answer_pull(self: &Rc<Self>, h: &Header) -> (Header, Option<AlignedBuf>) {
+        if let Some(s) = self.check_peer_op(h).await {
+            return (h.reply(s), None);
+        }
+        let Some(v) = self.store.version(h.oid) else {
+            return (h.reply(Status::NotFound), None);
+        };
+        match self.store.read(h.oid, 0, self.store.block_bytes()).await {
+            Ok(buf) => {
+                let mut r = h.reply(Status::Ok).with_payload(&buf);
+                r.obj_version = v;
+                (r, Some(buf))
+            }
+            Err(e) => (h.reply(status_of(&e)), None),
+        }
+    }
+
+    pub(crate) async fn answer_push(
+        self: &Rc<Self>,
+        h: &Header,
+        data: Option<AlignedBuf>,
+    ) -> Status {
+        if let Some(s) = self.check_peer_op(h).await {
+            return s;
+        }
+        if !self.map.borrow().acting(h.pg).contains(&self.id) {
+            return Status::NotPrimary;
+        }
+        if data
+            .as_ref()
+            .is_some_and(|d| d.len() != self.store.block_bytes() as usize)
+        {
+            return Status::Invalid;
+        }
+        let entry = (!h.unlogged).then(|| LogEntry {
+            pg: pg_key(self.map.borrow().pgmap.pool, h.pg),
+            version: h.obj_version,
+            oid: h.oid,
+            op: if data.is_some() {
+                LogOp::Write
+            } else {
+                LogOp::Delete
+            },
+            offset: h.offset,
+            len: h.length,
+            client: h.client,
+            request: h.request_id,
+        });
+        self.apply_push(h.oid, h.obj_version, entry, data).await
+    }
+
+    /// Makes this copy's `oid` the given whole object (or absent) at
+    /// `version`, with `entry` logged in the same step when there is one.
+    async fn apply_push(
+        &self,
+        oid: ObjectId,
+        version: u64,
+        entry: Option<LogEntry>,
+        data: Option<AlignedBuf>,
+    ) -> Status {
+        let r = match (entry, data) {
+            (Some(e), Some(d)) => self.store.recover_logged(e, d).await,
+            (None, Some(d)) => self.store.write(oid, version, 0, d).await,
+            (Some(e), None) => self.store.delete_logged(e).await,
+            (None, None) => return Status::Invalid,
+        };
+        match r {
+            Ok(()) => Status::Ok,
+            Err(e) => {
+                tracing::warn!("osd.{}: recovery of {oid} v{version:#x}: {e}", self.id);
+                status_of(&e)
+            }
+        }
+    }
+
+    /// Peers PG `pg` in `epoch` until it is active, or inactive, or the
+    /// epoch is over.
+    pub(crate) async fn peer(self: Rc<Self>, pg: u32, epoch: u64) {
+        loop {
+            if self.epoch() != epoch {
+                return;
+            }
+            match self.try_peer(pg, epoch).await {
+                Ok(()) => {
+                    tracing::debug!("osd.{}: PG {pg} active in epoch {epoch}", self.id);
+                    return self.set_pg_state(pg, epoch, PgState::Active);
+                }
+                Err(Inactive(why)) => {
+                    tracing::info!("osd.{}: PG {pg} inactive in epoch {epoch}: {why}", self.id);
+                    return self.set_pg_state(pg, epoch, PgState::Inactive(why));
+                }
+                Err(Retry(why)) => {
+                    tracing::debug!("osd.{}: PG {pg} peering again: {why}", self.id);
+                    rt::sleep(PEER_RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn query(self: &Rc<Self>, id: u32, pg: u32, epoch: u64) -> Result<PgInfo, String> {
+        if id == self.id {
+            return Ok(self.local_info(pg, epoch).await);
+        }
+        let (key, count) = {
+            let m = self.map.borrow();
+            (pg_key(m.pgmap.pool, pg), m.pgmap.pg_count())
+        };
+        let mut h = Header::request(Op::PgQuery, 0, ObjectId::default());
+        h.pg = pg;
+        h.epoch = epoch;
+        h.sender = self.id;
+        let f = self.call_osd(id, h, None).await?;
+        if f.h.status != Status::Ok {
+            return Err(format!("osd.{id}: {:?}", f.h.status));
+        }
+        PgInfo::decode(f.payload.as_deref().unwrap_or(&[]), key, pg, count)
+            .map_err(|e| format!("osd.{id}: {e}"))
+    }
+
+    async fn try_peer(self: &Rc<Self>, pg: u32, epoch: u64) -> Result<(), PeerError> {
+        let (acting, prior, min_size, size, up) = {
+            let m = self.map.borrow();
+            let up: Vec<u32> = m.up_from.keys().copied().collect();
+            (
+                m.acting(pg),
+                m.last_active.get(&pg).cloned(),
+                m.min_size as usize,
+                m.pgmap.size as usize,
+                up,
+            )
+        };
+        if acting.len() < min_size {
+            return Err(Inactive(format!(
+                "{} of {size} copies up, min_size {min_size}",
+                acting.len()
+            )));
+        }
+        let mut ask = acting.clone();
+        if let Some(p) = &prior {
+            if !p.acting.iter().any(|o| up.contains(o)) {
+                return Err(Inactive(format!(
+                    "waiting for one of {} (active in epoch {})",
+                    (p.acting.iter().map(|o| format!("osd.{o}")))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    p.epoch
+                )));
+            }
+            ask.extend(
+                p.acting
+                    .iter()
+                    .filter(|o| up.contains(o) && !acting.contains(o)),
+            );
+        }
+        let queries: Vec<_> = (ask.iter())
+            .map(|&id| {
+                let me = self.clone();
+                rt::spawn(async move { (id, me.query(id, pg, epoch).await) })
+            })
+            .collect();
+        let mut infos: HashMap<u32, PgInfo> = HashMap::new();
+        for q in queries {
+            let (id, r) = q.await;
+            match r {
+                Ok(i) => {
+                    infos.insert(id, i);
+                }
+                // Every member of the acting set is recovered, so every
+                // one must answer.
+                Err(why) if acting.contains(&id) => return Err(Retry(why)),
+                Err(_) => {}
+            }
+        }
+        if self.epoch() != epoch {
+            return Err(Retry("the epoch moved".into()));
+        }
+        let auth = (infos.iter())
+            .filter(|(id, _)| prior.as_ref().is_none_or(|p| p.acting.contains(id)))
+            .max_by_key(|(&id, i)| (i.log.head(), id == self.id, std::cmp::Reverse(id)))
+            .map(|(&id, _)| id)
+            .ok_or_else(|| Retry("no member of the last active interval answered".into()))?;
+        self.recover(pg, epoch, auth, &infos, &acting).await?;
+        if self.epoch() != epoch {
+            return Err(Retry("the epoch moved".into()));
+        }
+        let clean = acting.len() == size;
+        self.report(pg, epoch, &PgEvent::Active { clean })
+            .await
+            .map_err(Retry)?;
+        // Retries of requests the authoritative history holds are
+        // answered from it, whichever primary took them.
+        let mut done = self.done.borrow_mut();
+        for e in infos[&auth].log.entries.values().filter(|e| e.client != 0) {
+            done.insert((e.client, e.request), e.version);
+        }
+        Ok(())
+    }
+
+    /// The whole of `oid` at `version` from OSD `from`.
+    async fn fetch(
+        self: &Rc<Self>,
+        from: u32,
+        pg: u32,
+        epoch: u64,
+        oid: ObjectId,
+        version: u64,
+    ) -> Result<AlignedBuf, PeerError> {
+        if from == self.id {
+            if self.store.version(oid) != Some(version) {
+                return Err(Retry(format!("{oid} changed here during peering")));
+            }
+            return (self.store.read(oid, 0, self.store.block_bytes()).await)
+                .map_err(|e| Retry(format!("reading {oid}: {e}")));
+        }
+        let mut h = Header::request(Op::Pull, 0, oid);
+        h.pg = pg;
+        h.epoch = epoch;
+        h.sender = self.id;
+        let f = self.call_osd(from, h, None).await.map_err(Retry)?;
+        match (f.h.status, f.payload) {
+            (Status::Ok, Some(d)) if f.h.obj_version == version => Ok(d),
+            (s, _) => Err(Retry(format!(
+                "pulling {oid} v{version:#x} from osd.{from}: {s:?} v{:#x}",
+                f.h.obj_version
+            ))),
+        }
+    }
+
+    /// Pushes `oid` at `version` (the whole object, or absent) to OSD `to`.
+    #[allow(clippy::too_many_arguments)]
+    async fn push(
+        self: &Rc<Self>,
+        to: u32,
+        pg: u32,
+        epoch: u64,
+        oid: ObjectId,
+        version: u64,
+        entry: Option<LogEntry>,
+        data: Option<&AlignedBuf>,
+    ) -> Result<(), PeerError> {
+        let s = if to == self.id {
+            (self.apply_push(oid, version, entry, data.map(|d| AlignedBuf::from_slice(d)))).await
+        } else {
+            let mut h = Header::request(Op::Push, entry.map_or(0, |e| e.request), oid);
+            if let Some(d) = data {
+                h = h.with_payload(d);
+            }
+            h.pg = pg;
+            h.epoch = epoch;
+            h.sender = self.id;
+            h.obj_version = version;
+            h.unlogged = entry.is_none();
+            if let Some(e) = entry {
+                h.offset = e.offset;
+                h.length = e.len;
+                h.client = e.client;
+            }
+            match self.call_osd(to, h, data).await {
+                Ok(f) => f.h.status,
+                Err(why) => return Err(Retry(why)),
+            }
+        };
+        if s != Status::Ok {
+            return Err(Retry(format!(
+                "pushing {oid} v{version:#x} to osd.{to}: {s:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Brings every member of `acting` to `auth`'s copy of PG `pg`.
+    async fn recover(
+        self: &Rc<Self>,
+        pg: u32,
+        epoch: u64,
+        auth: u32,
+        infos: &HashMap<u32, PgInfo>,
+        acting: &[u32],
+    ) -> Result<(), PeerError> {
+        let a = &infos[&auth];
+        let mut rewrite: BTreeSet<ObjectId> = BTreeSet::new();
+        let mut cache: HashMap<ObjectId, AlignedBuf> = HashMap::new();
+        for &c in acting.iter().filter(|&&c| c != auth) {
+            let ci = &infos[&c];
+            let oids: BTreeSet<ObjectId> = (a.objects.keys().chain(ci.objects.keys()))
+                .copied()
+                .collect();
+            for oid in oids {
+                let (va, vc) = (a.objects.get(&oid).copied(), ci.objects.get(&oid).copied());
+                match (va, vc) {
+                    (Some(va), vc) if vc == Some(va) => {}
+                    (Some(va), vc) if vc.is_none_or(|vc| vc < va) => {
+                        if let std::collections::hash_map::Entry::Vacant(v) = cache.entry(oid) {
+                            v.insert(self.fetch(auth, pg, epoch, oid, va).await?);
+                        }
+                        let entry = (a.log.entries.get(&va).copied())
+                            .filter(|e| e.oid == oid && e.op == LogOp::Write);
+                        self.push(c, pg, epoch, oid, va, entry, cache.get(&oid))
+                            .await?;
+                    }
+                    (None, Some(vc)) => match a.last_entry(oid) {
+                        // Deleted on the authoritative copy after the
+                        // version this copy holds: a tombstone.
+                        Some(e) if e.op == LogOp::Delete && e.version > vc => {
+                            self.push(c, pg, epoch, oid, e.version, Some(*e), None)
+                                .await?;
+                        }
+                        _ => {
+                            rewrite.insert(oid);
+                        }
+                    },
+                    _ => {
+                        rewrite.insert(oid);
+                    }
+                }
+            }
+        }
+        for oid in rewrite {
+            let data = match a.objects.get(&oid) {
+                Some(&va) => match cache.remove(&oid) {
+                    Some(d) => Some(d),
+                    None => Some(self.fetch(auth, pg, epoch, oid, va).await?),
+                },
+                None => None,
+            };
+            self.rewrite(pg, epoch, acting, oid, data).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes `oid` as `data` (or deletes it) on every member of `acting`
+    /// at a new version of `epoch`: what undoes a divergent write.
+    async fn rewrite(
+        self: &Rc<Self>,
+        pg: u32,
+        epoch: u64,
+        acting: &[u32],
+        oid: ObjectId,
+        data: Option<AlignedBuf>,
+    ) -> Result<(), PeerError> {
+        let version = self
+            .next_version(pg)
+            .ok_or_else(|| Inactive(format!("no version left for PG {pg} in epoch {epoch}")))?;
+        let bb = self.store.block_bytes();
+        let entry = LogEntry {
+            pg: pg_key(self.map.borrow().pgmap.pool, pg),
+            version,
+            oid,
+            op: if data.is_some() {
+                LogOp::Write
+            } else {
+                LogOp::Delete
+            },
+            offset: 0,
+            len: if data.is_some() { bb } else { 0 },
+            client: 0,
+            request: 0,
+        };
+        let mut sub = Header::request(
+            if data.is_some() {
+                Op::RepWrite
+            } else {
+                Op::RepDelete
+            },
+            0,
+            oid,
+        );
+        if let Some(d) = &data {
+            sub = sub.with_payload(d);
+            sub.length = bb;
+        }
+        sub.pg = pg;
+        sub.epoch = epoch;
+        sub.obj_version = version;
+        sub.sender = self.id;
+        tracing::info!(
+            "osd.{}: PG {pg}: {oid} diverged; rewritten as v{version:#x}",
+            self.id
+        );
+        match self.replicate(acting, sub, entry, data).await {
+            Status::Ok => Ok(()),
+            s => Err(Retry(format!("rewriting {oid}: {s:?}"))),
+        }
+    }
+}
