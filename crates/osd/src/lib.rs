@@ -119,6 +119,12 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     up_from: Cell<u64>,
     /// A map fetch or a re-boot is under way.
     fetching: Cell<bool>,
+    /// When the leader last heartbeat this OSD, and whether a task
+    /// watches for that to stop.
+    pinged: Cell<Duration>,
+    watching: Cell<bool>,
+    /// Closed or crashed: takes no new map, boots no more.
+    halted: Cell<bool>,
     /// The PGs this OSD is primary of in the current epoch.
     pgs: RefCell<HashMap<u32, PgState>>,
     pg_changed: Notify,
@@ -355,6 +361,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             map: RefCell::new(no_map()),
             up_from: Cell::new(0),
             fetching: Cell::new(false),
+            pinged: Cell::new(Duration::ZERO),
+            watching: Cell::new(false),
+            halted: Cell::new(false),
             pgs: RefCell::new(HashMap::new()),
             pg_changed: Notify::new(),
             inflight: RefCell::new(HashMap::new()),
@@ -371,8 +380,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Checkpoints and closes the store (the last step of a clean stop).
     pub async fn close(&self) -> Result<(), StoreError> {
+        self.halt();
         self.peers.borrow_mut().clear();
         self.store.clone().close().await
+    }
+
+    /// Stops taking maps and booting (a stop, or a simulated crash: the
+    /// tasks of an instance whose power was cut must not act for it).
+    pub fn halt(&self) {
+        self.halted.set(true);
+        self.pg_changed.notify();
     }
 
     pub fn store(&self) -> &Store<D> {
@@ -415,6 +432,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub async fn boot(self: &Rc<Self>) -> Result<(), String> {
         let mut last = String::new();
         for _ in 0..BOOT_ATTEMPT_MAX {
+            if self.halted.get() {
+                return Err(format!("osd.{}: stopped while booting", self.id));
+            }
             let mut h = Header::request(Op::Boot, 0, ObjectId::default());
             h.sender = self.id;
             match self.leader_call(h, None).await {
@@ -428,7 +448,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                             };
                             tracing::info!("osd.{}: up from epoch {up}", self.id);
                             self.up_from.set(up);
-                            self.set_map(m);
+                            // Even if a push of this epoch came first, while
+                            // this incarnation was not yet up in it.
+                            self.apply_map(m, true);
+                            if !self.watching.replace(true) {
+                                rt::spawn(Self::watch_leader(Rc::downgrade(self)));
+                            }
                             return Ok(());
                         }
                         Err(e) => last = e,
@@ -477,7 +502,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// An OSD the map has down while it runs boots again (a new
     /// incarnation); until then it is primary of nothing.
     pub fn set_map(self: &Rc<Self>, m: OsdMap) {
-        if self.up_from.get() == 0 || m.epoch() <= self.epoch() {
+        self.apply_map(m, false);
+    }
+
+    /// [`Osd::set_map`]; `again` also re-applies the current epoch.
+    fn apply_map(self: &Rc<Self>, m: OsdMap, again: bool) {
+        let known = self.epoch();
+        if self.halted.get()
+            || self.up_from.get() == 0
+            || m.epoch() < known
+            || (m.epoch() == known && !again)
+        {
             return;
         }
         let epoch = m.epoch();
@@ -508,6 +543,23 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 }
                 me.fetching.set(false);
             });
+        }
+    }
+
+    /// Asks the leader for the map whenever no heartbeat came for longer
+    /// than the grace: an OSD the leader marked down is no longer pinged
+    /// or sent maps, and must learn it to boot again.
+    /// (Holds the OSD only while it asks, so a closed one goes.)
+    async fn watch_leader(me: std::rc::Weak<Self>) {
+        let grace = Duration::from_millis(nacre_types::HEARTBEAT_GRACE_MS);
+        loop {
+            rt::sleep(grace).await;
+            let Some(me) = me.upgrade().filter(|o| !o.halted.get()) else {
+                return;
+            };
+            if rt::monotonic().saturating_sub(me.pinged.get()) > grace {
+                me.refresh_map().await;
+            }
         }
     }
 
@@ -567,10 +619,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let me = self.clone();
         rt::spawn(async move {
             let ev = PgEvent::Failed { why };
-            for _ in 0..REPLICA_ATTEMPT_MAX {
-                if me.epoch() != epoch || me.report(pg, epoch, &ev).await.is_ok() {
-                    return;
-                }
+            // Until it is heard, or the epoch moves anyway.
+            while me.epoch() == epoch && me.report(pg, epoch, &ev).await.is_err() {
                 rt::sleep(LEADER_RETRY).await;
             }
         });
@@ -984,6 +1034,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 )
             }
             Op::Ping => {
+                self.pinged.set(rt::monotonic());
                 let mut r = h.reply(if self.up_from.get() == 0 {
                     Status::Unavailable
                 } else {

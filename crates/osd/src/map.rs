@@ -65,6 +65,9 @@ impl OsdMap {
         if let Some(o) = pm.osds.iter().find(|o| m.addr(**o).is_none()) {
             return Err(format!("map: osd.{o} has no valid address"));
         }
+        if m.epoch() > nacre_meta::map::EPOCH_MAX {
+            return Err(format!("map: epoch {} is past the last one", m.epoch()));
+        }
         if m.min_size == 0 || m.min_size > pm.size {
             return Err(format!("map: min_size {} of size {}", m.min_size, pm.size));
         }

@@ -200,9 +200,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if let Some(s) = self.check_peer_op(h).await {
             return s;
         }
-        if !self.map.borrow().acting(h.pg).contains(&self.id) {
-            return Status::NotPrimary;
+        {
+            let m = self.map.borrow();
+            if !m.acting(h.pg).contains(&self.id) {
+                return Status::NotPrimary;
+            }
+            // A version from this epoch or an earlier one, of an object of
+            // this PG.
+            if pg_of(h.oid, m.pgmap.pg_count()) != h.pg
+                || h.obj_version == 0
+                || h.obj_version >> 32 > h.epoch
+            {
+                return Status::Invalid;
+            }
         }
+        // Counted like a sub-op: a later epoch's query waits for it.
+        let _inflight = self.track(h.pg, h.epoch);
         if data
             .as_ref()
             .is_some_and(|d| d.len() != self.store.block_bytes() as usize)
@@ -416,6 +429,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         data: Option<&AlignedBuf>,
     ) -> Result<(), PeerError> {
         let s = if to == self.id {
+            let _inflight = self.track(pg, epoch);
             (self.apply_push(oid, version, entry, data.map(|d| AlignedBuf::from_slice(d)))).await
         } else {
             let mut h = Header::request(Op::Push, entry.map_or(0, |e| e.request), oid);
@@ -554,6 +568,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             "osd.{}: PG {pg}: {oid} diverged; rewritten as v{version:#x}",
             self.id
         );
+        let _inflight = self.track(pg, epoch);
         match self.replicate(acting, sub, entry, data).await {
             Status::Ok => Ok(()),
             s => Err(Retry(format!("rewriting {oid}: {s:?}"))),

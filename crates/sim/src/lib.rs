@@ -401,7 +401,9 @@ impl Cluster {
         let mut nodes = self.nodes.borrow_mut();
         let n = &mut nodes[id as usize];
         self.net.detach(&n.addr);
-        n.osd = None;
+        if let Some(o) = n.osd.take() {
+            o.halt();
+        }
         let (dev, _) = n.dev.power_cut(seed);
         self.net.disk_timing(&dev);
         n.dev = dev;
