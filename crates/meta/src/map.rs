@@ -79,6 +79,11 @@ impl PgMap {
             .collect()
     }
 
+    /// Whether `osd` is in PG `pg`'s acting set (without building it).
+    pub fn is_acting(&self, pg: u32, osd: u32) -> bool {
+        self.placement(pg).contains(&osd) && !self.down.contains(&osd)
+    }
+
     pub fn primary(&self, pg: u32) -> Option<u32> {
         (self.placement(pg).iter())
             .copied()
@@ -491,6 +496,10 @@ mod tests {
             let a = pg.acting(p);
             assert_eq!(a.len(), 3);
             assert!(a[0] != a[1] && a[1] != a[2] && a[0] != a[2]);
+            assert!(a.iter().all(|&o| pg.is_acting(p, o)));
+            let mut down = pg.clone();
+            down.down = vec![a[0]];
+            assert!(!down.is_acting(p, a[0]) && down.primary(p) == Some(a[1]));
         }
         let v = create_volume(&*s, "vm-1", &pool(), 1 << 30).unwrap();
         let w = create_volume(&*s, "vm-2", &pool(), 1 << 30).unwrap();

@@ -690,7 +690,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if h.pg >= pgs || pg_of(h.oid, pgs) != h.pg {
             return Some(Status::Invalid);
         }
-        let acting = map.acting(h.pg);
         if need_primary && !self.pgs.borrow().contains_key(&h.pg) {
             return Some(Status::NotPrimary);
         }
@@ -700,7 +699,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if !need_primary {
             // A sub-op is taken only from the PG's primary in this epoch,
             // and only by a member.
-            if !self.sent_by_primary(&map, h) || !acting.contains(&self.id) {
+            if !self.sent_by_primary(&map, h) || !map.pgmap.is_acting(h.pg, self.id) {
                 return Some(Status::NotPrimary);
             }
             if h.obj_version == 0 || h.obj_version >> 32 != h.epoch {

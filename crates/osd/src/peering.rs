@@ -202,7 +202,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         {
             let m = self.map.borrow();
-            if !m.acting(h.pg).contains(&self.id) {
+            if !m.pgmap.is_acting(h.pg, self.id) {
                 return Status::NotPrimary;
             }
             // A version from this epoch or an earlier one, of an object of
