@@ -86,3 +86,46 @@ pub enum PgEvent {
     /// must end (a new epoch) and the PG peer again.
     Failed { why: String },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map() -> OsdMap {
+        OsdMap {
+            pgmap: PgMap {
+                pool: 1,
+                epoch: 5,
+                size: 2,
+                osds: vec![0, 1, 1, 0],
+                down: vec![],
+            },
+            min_size: 1,
+            addrs: [(0, "unix:/tmp/a".into()), (1, "unix:/tmp/b".into())].into(),
+            up_from: [(0, 3)].into(),
+            last_active: Default::default(),
+        }
+    }
+
+    /// A map from a peer is taken only whole and possible.
+    #[test]
+    fn maps_roundtrip_and_bad_ones_are_refused() {
+        let m = map();
+        assert_eq!(OsdMap::from_json(&m.to_json()).unwrap(), m);
+        assert!(OsdMap::from_json(b"{").is_err());
+        let bad = |f: fn(&mut OsdMap)| {
+            let mut m = map();
+            f(&mut m);
+            OsdMap::from_json(&m.to_json()).unwrap_err()
+        };
+        assert!(bad(|m| m.pgmap.osds.push(0)).contains("PG table"));
+        assert!(bad(|m| m.pgmap.size = 0).contains("PG table"));
+        assert!(bad(|m| {
+            m.addrs.remove(&1);
+        })
+        .contains("osd.1"));
+        assert!(bad(|m| m.addrs.insert(1, "nowhere".into()).map_or((), |_| ())).contains("osd.1"));
+        assert!(bad(|m| m.min_size = 3).contains("min_size"));
+        assert!(bad(|m| m.pgmap.epoch = u64::MAX).contains("epoch"));
+    }
+}

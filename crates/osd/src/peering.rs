@@ -575,3 +575,65 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(pg: u64, version: u64, oid: ObjectId) -> LogEntry {
+        LogEntry {
+            pg,
+            version,
+            oid,
+            op: LogOp::Write,
+            offset: 0,
+            len: 4096,
+            client: 7,
+            request: version,
+        }
+    }
+
+    /// A PG info survives the wire, and a malformed or foreign one is
+    /// refused with a reason (never a panic).
+    #[test]
+    fn pg_info_roundtrips_and_refuses_what_is_not_its_pg() {
+        let count = 8;
+        let oid = (0..)
+            .map(|b| ObjectId::new(1, b))
+            .find(|o| pg_of(*o, count) == 3)
+            .unwrap();
+        let other = (0..)
+            .map(|b| ObjectId::new(1, b))
+            .find(|o| pg_of(*o, count) != 3)
+            .unwrap();
+        let key = pg_key(1, 3);
+        let mut info = PgInfo::default();
+        info.log.tail = 4;
+        info.log.entries.insert(9, entry(key, 9, oid));
+        info.objects.insert(oid, 9);
+        let b = info.encode();
+        let back = PgInfo::decode(&b, key, 3, count).unwrap();
+        assert_eq!(
+            (back.log, back.objects),
+            (info.log.clone(), info.objects.clone())
+        );
+        // Short, long, and counts that do not match the length.
+        assert!(PgInfo::decode(&b[..10], key, 3, count).is_err());
+        assert!(PgInfo::decode(&b[..b.len() - 1], key, 3, count).is_err());
+        let mut more = b.clone();
+        more.push(0);
+        assert!(PgInfo::decode(&more, key, 3, count).is_err());
+        // An entry of another PG, or at or below the tail.
+        assert!(PgInfo::decode(&b, pg_key(1, 4), 3, count).is_err());
+        let mut old = info.clone();
+        old.log.entries = [(3, entry(key, 3, oid))].into();
+        assert!(PgInfo::decode(&old.encode(), key, 3, count).is_err());
+        // An object of another PG, or at version 0.
+        let mut foreign = info.clone();
+        foreign.objects.insert(other, 5);
+        assert!(PgInfo::decode(&foreign.encode(), key, 3, count).is_err());
+        let mut zero = info;
+        zero.objects.insert(oid, 0);
+        assert!(PgInfo::decode(&zero.encode(), key, 3, count).is_err());
+    }
+}
