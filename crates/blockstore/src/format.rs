@@ -181,6 +181,9 @@ pub enum RecordKind {
     PgRewind = 6,
     /// Drops the whole log of PG `volume`.
     PgRemove = 7,
+    /// Drops the one entry of PG `volume` at `version`: an op that peering
+    /// undid (its write never reached the authoritative copy).
+    PgForget = 8,
 }
 
 impl RecordKind {
@@ -194,6 +197,15 @@ impl RecordKind {
         )
     }
 
+    /// A record that changes a PG log and nothing else, with no entry of
+    /// its own.
+    pub fn is_pg_op(self) -> bool {
+        matches!(
+            self,
+            RecordKind::PgRewind | RecordKind::PgRemove | RecordKind::PgForget
+        )
+    }
+
     pub fn from_u32(v: u32) -> Option<Self> {
         match v {
             1 => Some(RecordKind::Small),
@@ -203,6 +215,7 @@ impl RecordKind {
             5 => Some(RecordKind::Log),
             6 => Some(RecordKind::PgRewind),
             7 => Some(RecordKind::PgRemove),
+            8 => Some(RecordKind::PgForget),
             _ => None,
         }
     }

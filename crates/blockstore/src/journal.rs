@@ -62,8 +62,8 @@ pub struct Record {
     /// Small: logical journal position of the data (set when encoded or parsed).
     pub data_pos: u64,
     /// The PG log entry of a Small, Big, Delete or Log record (for
-    /// PgRewind and PgRemove, the PG is `oid.volume` and the version the
-    /// record's).
+    /// PgRewind, PgRemove and PgForget, the PG is `oid.volume` and the
+    /// version the record's).
     pub entry: Option<LogEntry>,
 }
 
@@ -85,7 +85,7 @@ impl Record {
     }
 
     /// A record that only changes a PG log: `Log` (an entry), `PgRewind`
-    /// (to `version`) or `PgRemove`.
+    /// (to `version`), `PgRemove` or `PgForget` (the entry at `version`).
     pub fn pg_op(kind: RecordKind, pg: u64, version: u64, entry: Option<LogEntry>) -> Record {
         let oid = entry.map_or(ObjectId::new(pg, 0), |e| e.oid);
         Record::bare(kind, oid, version, entry)
@@ -140,7 +140,11 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
                 l
             }
             RecordKind::Big | RecordKind::Fold => r.block,
-            RecordKind::Delete | RecordKind::Log | RecordKind::PgRewind | RecordKind::PgRemove => 0,
+            RecordKind::Delete
+            | RecordKind::Log
+            | RecordKind::PgRewind
+            | RecordKind::PgRemove
+            | RecordKind::PgForget => 0,
         };
         let rh = RecordHeader {
             kind: U32::new(r.kind as u32),
@@ -352,9 +356,11 @@ pub fn parse_batch(
             RecordKind::Big => {
                 offset == 0 && len == block_bytes && ncsum == spb as usize && loc < nblocks
             }
-            RecordKind::Delete | RecordKind::Log | RecordKind::PgRewind | RecordKind::PgRemove => {
-                len == 0 && ncsum == 0 && offset == 0 && loc == 0
-            }
+            RecordKind::Delete
+            | RecordKind::Log
+            | RecordKind::PgRewind
+            | RecordKind::PgRemove
+            | RecordKind::PgForget => len == 0 && ncsum == 0 && offset == 0 && loc == 0,
             RecordKind::Fold => {
                 len == 0
                     && offset == 0
@@ -382,11 +388,12 @@ pub fn parse_batch(
                 };
                 op_ok && e.oid == oid && e.version == rh.version.get()
             }
-            (RecordKind::PgRewind | RecordKind::PgRemove, None) => rh.obj_block.get() == 0,
+            (k, None) if k.is_pg_op() => rh.obj_block.get() == 0,
             _ => false,
         };
-        let pg_op = matches!(kind, RecordKind::PgRewind | RecordKind::PgRemove);
-        if !valid || !logged_ok || (rh.version.get() == 0 && !pg_op) {
+        let version_ok =
+            rh.version.get() != 0 || matches!(kind, RecordKind::PgRewind | RecordKind::PgRemove);
+        if !valid || !logged_ok || !version_ok {
             return Err(damaged("record fields out of range"));
         }
         if kind == RecordKind::Small {
@@ -526,13 +533,18 @@ mod logged {
         let mut del = mk(RecordKind::Delete, Some(e));
         let mut log = Record::pg_op(RecordKind::Log, 9, 4, Some(e));
         let mut rew = Record::pg_op(RecordKind::PgRewind, 9, 0, None);
-        let (hdr, _) = encode_batch(&mut [&mut del, &mut log, &mut rew], id, 512);
+        let mut fgt = Record::pg_op(RecordKind::PgForget, 9, 4, None);
+        let (hdr, _) = encode_batch(&mut [&mut del, &mut log, &mut rew, &mut fgt], id, 512);
         let recs = parse_batch(&hdr, 0, 16 << 10, 10).unwrap();
         assert_eq!(recs[0].entry, Some(e));
         assert_eq!(recs[1].entry, Some(e));
         assert_eq!(
             (recs[2].kind, recs[2].oid.volume.0, recs[2].entry),
             (RecordKind::PgRewind, 9, None)
+        );
+        assert_eq!(
+            (recs[3].kind, recs[3].oid.volume.0, recs[3].version),
+            (RecordKind::PgForget, 9, 4)
         );
         // An entry for another version, a Log without an entry, a Fold
         // with one: refused.

@@ -316,6 +316,26 @@ impl PgLogs {
         }
     }
 
+    /// Whether `pg_forget(pg, version)` may run: not while an op at that
+    /// version is in flight (it would log the entry right after).
+    pub fn check_forget(&self, pg: u64, version: u64) -> Result<()> {
+        match self.pgs.get(&pg) {
+            Some(s) if s.pending.contains_key(&version) => Err(Error::Invalid(format!(
+                "PG {pg:#x}: cannot forget version {version}, an op at it is in flight"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops the entry at `version`, if there is one.
+    pub fn forget(&mut self, pg: u64, version: u64) {
+        if let Some(s) = self.pgs.get_mut(&pg) {
+            if s.log.entries.remove(&version).is_some() {
+                s.dirty = true;
+            }
+        }
+    }
+
     /// Trims the entries at or below `upto` (in memory; the next
     /// checkpoint persists it, a crash before it only keeps more history).
     pub fn trim(&mut self, pg: u64, upto: u64) {

@@ -435,6 +435,13 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.pg_op(RecordKind::PgRewind, pg, to, None).await
     }
 
+    /// Drops PG `pg`'s entry at `version` (durably), if the log has it: an
+    /// op that peering undid, whose request must not be taken as applied.
+    /// Refused while an op at that version is in flight.
+    pub async fn pg_forget(&self, pg: u64, version: u64) -> Result<()> {
+        self.0.pg_op(RecordKind::PgForget, pg, version, None).await
+    }
+
     /// Forgets PG `pg`'s log (durably): the PG left this OSD.
     pub async fn pg_remove(&self, pg: u64) -> Result<()> {
         self.0.pg_op(RecordKind::PgRemove, pg, 0, None).await
@@ -778,8 +785,10 @@ impl<D: BlockDev + 'static> Inner<D> {
         entry: Option<LogEntry>,
     ) -> Result<()> {
         self.check_writable()?;
-        if kind == RecordKind::PgRewind {
-            self.st.borrow().pglogs.check_rewind(pg, version)?;
+        match kind {
+            RecordKind::PgRewind => self.st.borrow().pglogs.check_rewind(pg, version)?,
+            RecordKind::PgForget => self.st.borrow().pglogs.check_forget(pg, version)?,
+            _ => {}
         }
         let Some(_hold) = self.hold_pg(entry.as_ref())? else {
             return Ok(());

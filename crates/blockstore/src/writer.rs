@@ -39,6 +39,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         RecordKind::Log => return,
         RecordKind::PgRewind => return st.pglogs.rewind(rec.oid.volume.0, rec.version),
         RecordKind::PgRemove => return st.pglogs.remove(rec.oid.volume.0),
+        RecordKind::PgForget => return st.pglogs.forget(rec.oid.volume.0, rec.version),
         _ => {}
     }
     if rec.kind == RecordKind::Fold {
@@ -111,9 +112,11 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 }
             }
         }
-        RecordKind::Fold | RecordKind::Log | RecordKind::PgRewind | RecordKind::PgRemove => {
-            unreachable!("handled above")
-        }
+        RecordKind::Fold
+        | RecordKind::Log
+        | RecordKind::PgRewind
+        | RecordKind::PgRemove
+        | RecordKind::PgForget => unreachable!("handled above"),
         RecordKind::Delete => {
             if cur.is_none() {
                 return;

@@ -606,8 +606,8 @@ fn entry(pg: u64, version: u64, obj: u64, op: LogOp, request: u64) -> LogEntry {
 }
 
 /// PG logs: entries ride with their ops, survive replay, checkpoints and
-/// a clean close; rewinds, trims and removals persist; tombstones of
-/// absent objects are logged.
+/// a clean close; rewinds, trims, removals and forgotten entries persist;
+/// tombstones of absent objects are logged.
 #[test]
 fn pg_logs_survive_replay_checkpoints_and_close() {
     block_on(async {
@@ -637,17 +637,23 @@ fn pg_logs_survive_replay_checkpoints_and_close() {
             .unwrap();
         assert_eq!(s.pg_log(1).unwrap(), want1);
         assert_eq!(s.pg_log(2).unwrap().head(), 5);
-        // Checkpointed, then changed: trim, rewind, remove.
+        // Checkpointed, then changed: trim, rewind, forget, remove.
         s.checkpoint().await.unwrap();
         s.pg_trim(1, 2);
         s.pg_rewind(1, 6).await.unwrap();
+        s.pg_forget(1, 4).await.unwrap();
+        // Forgetting what the log lacks changes nothing.
+        s.pg_forget(1, 7).await.unwrap();
+        s.pg_forget(3, 1).await.unwrap();
         s.pg_remove(2).await.unwrap();
         let want1 = s.pg_log(1).unwrap();
         assert_eq!(want1.tail, 2);
         assert_eq!(
             want1.entries.keys().copied().collect::<Vec<_>>(),
-            vec![3, 4, 5, 6]
+            vec![3, 5, 6]
         );
+        // The object of a forgotten entry stays: only history changes.
+        assert_eq!(s.version(ObjectId::new(3, 1)), Some(4));
         s.checkpoint().await.unwrap();
         drop(s);
         let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
@@ -662,7 +668,12 @@ fn pg_logs_survive_replay_checkpoints_and_close() {
             .await
             .unwrap();
         s.log_only(entry(4, 1, 1, LogOp::Write, 1)).await.unwrap();
+        s.pg_forget(1, 5).await.unwrap();
         let want1 = s.pg_log(1).unwrap();
+        assert_eq!(
+            want1.entries.keys().copied().collect::<Vec<_>>(),
+            vec![3, 6, 9]
+        );
         drop(s);
         let (s, _) = Store::open(dev.clone(), StoreOptions::default())
             .await

@@ -354,6 +354,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         min_size: pool.min_size,
         addrs: m.osds.iter().map(|r| (r.id, r.addr.clone())).collect(),
         up_from: Default::default(),
+        stores: Default::default(),
         last_active: map::load_history(&*meta, pool.id)?.last_active,
     };
     let leader_addr = Addr::Unix(o.dir.join("leader.sock"));

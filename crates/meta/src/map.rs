@@ -91,13 +91,25 @@ impl PgMap {
     }
 }
 
-/// An interval of a PG: the epoch it began in and its acting set. The
-/// leader records, per PG, the last interval that went active
-/// (docs/internals/replication.md §5).
+/// An interval of a PG: the epoch it began in, its acting set and the
+/// store each member had then. The leader records, per PG, the last
+/// interval that went active (docs/internals/replication.md §5): a member
+/// that comes back with another store (a replaced or reformatted disk)
+/// holds none of that interval's writes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Interval {
     pub epoch: u64,
     pub acting: Vec<u32>,
+    /// Per member, its store's id (the blockstore's uuid, in hex).
+    pub stores: std::collections::BTreeMap<u32, String>,
+}
+
+impl Interval {
+    /// Whether OSD `osd`, now running store `store`, is a member with the
+    /// store it had in this interval.
+    pub fn holds(&self, osd: u32, store: Option<&String>) -> bool {
+        self.acting.contains(&osd) && store.is_some() && self.stores.get(&osd) == store
+    }
 }
 
 /// What the leader keeps of pool `pool` besides its PG table.

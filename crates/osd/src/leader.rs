@@ -1,8 +1,10 @@
 //! The cluster map's leader (docs/internals/replication.md §5.1): it owns
 //! the map and changes it, one epoch at a time.
 //!
-//! - An OSD that starts sends `Boot`; the leader marks it up in a new epoch
-//!   (its `up_from`), so a restarted process is a new incarnation.
+//! - An OSD that starts sends `Boot` with its store's id; the leader marks
+//!   it up in a new epoch (its `up_from`), so a restarted process is a new
+//!   incarnation, and records the store: an interval's member counts for
+//!   peering only while it runs the store it had in that interval.
 //! - The leader heartbeats every up OSD; one unheard of for
 //!   `HEARTBEAT_GRACE_MS` is marked down in a new epoch.
 //! - A primary whose write failed on some copy reports `PgEvent::Failed`:
@@ -60,6 +62,7 @@ impl<T: Transport> Leader<T> {
         all.dedup();
         map.pgmap.down = all;
         map.up_from.clear();
+        map.stores.clear();
         map.pgmap.epoch += 1;
         persist(&map)?;
         Ok(Rc::new(Leader {
@@ -182,14 +185,32 @@ impl<T: Transport> Leader<T> {
         }
     }
 
-    fn boot(self: &Rc<Self>, id: u32) -> Result<(), Status> {
-        if !self.map.borrow().addrs.contains_key(&id) {
+    fn boot(self: &Rc<Self>, id: u32, body: &[u8]) -> Result<(), Status> {
+        let store = std::str::from_utf8(body).map_err(|_| Status::Invalid)?;
+        if !self.map.borrow().addrs.contains_key(&id)
+            || store.len() != 32
+            || !store
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(Status::Invalid);
+        }
+        let stranger = {
+            let m = self.map.borrow();
+            let was =
+                (m.last_active.values()).find_map(|i| i.stores.get(&id).filter(|s| *s != store));
+            was.cloned()
+        };
+        if let Some(was) = stranger {
+            tracing::warn!(
+                "leader: osd.{id} boots with store {store}, not {was}: it holds none of the writes of its earlier intervals"
+            );
         }
         self.change(&format!("osd.{id} up"), |m| {
             m.pgmap.down.retain(|o| *o != id);
             let e = m.epoch();
             m.up_from.insert(id, e);
+            m.stores.insert(id, store.to_string());
         })?;
         self.heard.borrow_mut().insert(id, rt::monotonic());
         Ok(())
@@ -215,7 +236,17 @@ impl<T: Transport> Leader<T> {
         match ev {
             PgEvent::Active { clean } => {
                 let mut m = self.map.borrow().clone();
-                m.last_active.insert(h.pg, Interval { epoch, acting });
+                let stores = (acting.iter())
+                    .filter_map(|o| Some((*o, m.stores.get(o)?.clone())))
+                    .collect();
+                m.last_active.insert(
+                    h.pg,
+                    Interval {
+                        epoch,
+                        acting,
+                        stores,
+                    },
+                );
                 if let Err(e) = (self.persist)(&m) {
                     tracing::error!("leader: cannot record PG {} active: {e}", h.pg);
                     return Status::Unavailable;
@@ -244,7 +275,7 @@ impl<T: Transport> Handler for Leader<T> {
     async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
         let h = f.h;
         match h.op {
-            Op::Boot => match self.boot(h.sender) {
+            Op::Boot => match self.boot(h.sender, f.payload.as_deref().unwrap_or(&[])) {
                 Ok(()) => json_reply(&h, self.map.borrow().to_json()),
                 Err(s) => (h.reply(s), None),
             },

@@ -9,9 +9,9 @@
 //! the acting set in parallel, and acknowledges once all of them report it
 //! durable. A delete is logged and replicated even where the object is
 //! absent (a tombstone). A `(client, request id)` seen before is answered
-//! from a cache, filled at open from the PG logs, instead of being applied
-//! twice, so a client may retry any write after a lost connection or a
-//! restart. Reads are served from the primary's store once no write of the
+//! from a cache, filled at every peering from the authoritative PG log,
+//! instead of being applied twice, so a client may retry any write after a
+//! lost connection, a restart or a failover. Reads are served from the primary's store once no write of the
 //! object is in flight; a small read never touches other OSDs.
 //!
 //! As **replica** it applies `RepWrite`/`RepDelete` at the version the
@@ -59,8 +59,9 @@ use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 pub use map::{OsdMap, PgEvent};
 pub use stats::OsdStats;
 
-/// Completed writes remembered for retries.
-const REQ_CACHE_MAX: usize = 1 << 16;
+/// Completed writes remembered for retries, per PG (twice what a PG log
+/// holds at the default slot size, which refills the cache at peering).
+const REQ_CACHE_MAX: usize = 1024;
 /// Deletes in flight while purging a volume.
 const PURGE_PARALLEL_MAX: usize = 64;
 /// Attempts to reach a replica before the write fails.
@@ -117,8 +118,10 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     map: RefCell<OsdMap>,
     /// The epoch this incarnation was marked up in (0: not yet).
     up_from: Cell<u64>,
-    /// A map fetch or a re-boot is under way.
+    /// A map fetch is under way.
     fetching: Cell<bool>,
+    /// A boot again (after being marked down while running) is under way.
+    rebooting: Cell<bool>,
     /// When the leader last heartbeat this OSD, and whether a task
     /// watches for that to stop.
     pinged: Cell<Duration>,
@@ -143,12 +146,15 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// assigns versions only in later epochs, so that it never repeats one
     /// an earlier incarnation gave out (whatever the map says).
     epoch_floor: u64,
-    done: RefCell<ReqCache>,
+    /// Per PG, requests applied (client id, request id → version): filled
+    /// from the authoritative log at every peering, then by acknowledged
+    /// writes, so a retry is answered and not applied again.
+    done: RefCell<HashMap<u32, ReqCache>>,
     pub stats: OsdStats,
 }
 
 #[derive(Default)]
-struct ReqCache {
+pub(crate) struct ReqCache {
     map: HashMap<(u64, u64), u64>,
     order: VecDeque<(u64, u64)>,
 }
@@ -157,7 +163,7 @@ impl ReqCache {
     fn get(&self, k: (u64, u64)) -> Option<u64> {
         self.map.get(&k).copied()
     }
-    fn insert(&mut self, k: (u64, u64), v: u64) {
+    pub(crate) fn insert(&mut self, k: (u64, u64), v: u64) {
         if self.map.insert(k, v).is_none() {
             self.order.push_back(k);
             if self.order.len() > REQ_CACHE_MAX {
@@ -322,6 +328,7 @@ fn no_map() -> OsdMap {
         min_size: 1,
         addrs: Default::default(),
         up_from: Default::default(),
+        stores: Default::default(),
         last_active: Default::default(),
     }
 }
@@ -341,17 +348,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let stats = OsdStats::default();
         stats.set_replay_stopped(report.replay_stopped.clone());
-        // Requests already applied, from the PG logs: a retry after this
-        // OSD restarted is answered, not applied again.
-        let mut done = ReqCache::default();
-        let mut epoch_floor = 0;
-        for pg in store.pg_logs() {
-            let log = store.pg_log(pg).unwrap_or_default();
-            epoch_floor = epoch_floor.max(log.head() >> 32);
-            for e in log.entries.values() {
-                done.insert((e.client, e.request), e.version);
-            }
-        }
+        let epoch_floor = (store.pg_logs().into_iter())
+            .filter_map(|pg| store.pg_log(pg))
+            .map(|log| log.head() >> 32)
+            .max()
+            .unwrap_or(0);
         Rc::new(Osd {
             id,
             store,
@@ -361,6 +362,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             map: RefCell::new(no_map()),
             up_from: Cell::new(0),
             fetching: Cell::new(false),
+            rebooting: Cell::new(false),
             pinged: Cell::new(Duration::ZERO),
             watching: Cell::new(false),
             halted: Cell::new(false),
@@ -373,7 +375,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             unbusy: Notify::new(),
             seqs: RefCell::new(HashMap::new()),
             epoch_floor,
-            done: RefCell::new(done),
+            done: RefCell::new(HashMap::new()),
             stats,
         })
     }
@@ -426,6 +428,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         r
     }
 
+    /// The store's id as the leader knows it: its uuid, in hex.
+    pub fn store_id(&self) -> String {
+        (self.store.geometry().uuid.iter())
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// Registers this incarnation with the leader, which marks it up in a
     /// new epoch and answers with that map. Fails after
     /// `BOOT_ATTEMPT_MAX` unanswered attempts.
@@ -435,9 +444,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             if self.halted.get() {
                 return Err(format!("osd.{}: stopped while booting", self.id));
             }
-            let mut h = Header::request(Op::Boot, 0, ObjectId::default());
+            let store = self.store_id();
+            let mut h =
+                Header::request(Op::Boot, 0, ObjectId::default()).with_payload(store.as_bytes());
             h.sender = self.id;
-            match self.leader_call(h, None).await {
+            match (self.leader_call(h, Some(AlignedBuf::from_slice(store.as_bytes())))).await {
                 Ok(f) if f.h.status == Status::Ok => {
                     let body = f.payload.as_deref().unwrap_or(&[]);
                     match OsdMap::from_json(body) {
@@ -508,15 +519,30 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// [`Osd::set_map`]; `again` also re-applies the current epoch.
     fn apply_map(self: &Rc<Self>, m: OsdMap, again: bool) {
         let known = self.epoch();
-        if self.halted.get()
-            || self.up_from.get() == 0
-            || m.epoch() < known
-            || (m.epoch() == known && !again)
-        {
+        if self.halted.get() || self.up_from.get() == 0 || m.epoch() < known {
             return;
         }
         let epoch = m.epoch();
         let me = m.up_from.get(&self.id) == Some(&self.up_from.get());
+        // Marked down while running (a map of this epoch or a newer one
+        // says so, however it came): boot again, once at a time.
+        if !me && !self.rebooting.replace(true) {
+            tracing::warn!(
+                "osd.{}: marked down in epoch {epoch} while running; booting again",
+                self.id
+            );
+            let me = self.clone();
+            rt::spawn(async move {
+                me.up_from.set(u64::MAX);
+                if let Err(e) = me.boot().await {
+                    tracing::error!("{e}");
+                }
+                me.rebooting.set(false);
+            });
+        }
+        if m.epoch() == known && !again {
+            return;
+        }
         let mine: Vec<u32> = (0..m.pgmap.pg_count())
             .filter(|&pg| me && m.primary(pg) == Some(self.id))
             .collect();
@@ -529,20 +555,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.pg_changed.notify();
         for pg in mine {
             rt::spawn(self.clone().peer(pg, epoch));
-        }
-        if !me && !self.fetching.replace(true) {
-            tracing::warn!(
-                "osd.{}: marked down in epoch {epoch} while running; booting again",
-                self.id
-            );
-            let me = self.clone();
-            rt::spawn(async move {
-                me.up_from.set(u64::MAX);
-                if let Err(e) = me.boot().await {
-                    tracing::error!("{e}");
-                }
-                me.fetching.set(false);
-            });
         }
     }
 
@@ -619,8 +631,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let me = self.clone();
         rt::spawn(async move {
             let ev = PgEvent::Failed { why };
-            // Until it is heard, or the epoch moves anyway.
-            while me.epoch() == epoch && me.report(pg, epoch, &ev).await.is_err() {
+            // Until it is heard, or the epoch moves anyway, or this OSD
+            // stopped.
+            while me.epoch() == epoch
+                && !me.halted.get()
+                && me.report(pg, epoch, &ev).await.is_err()
+            {
                 rt::sleep(LEADER_RETRY).await;
             }
         });
@@ -852,7 +868,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     ) -> (Status, u64) {
         let oid = h.oid;
         let key = (h.client, h.request_id);
-        if let Some(v) = self.done.borrow().get(key) {
+        if let Some(v) = self.done.borrow().get(&h.pg).and_then(|c| c.get(key)) {
             return (Status::Ok, v);
         }
         // The PG may have stopped, or the epoch moved, while this op
@@ -896,7 +912,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         sub.sender = self.id;
         let status = self.replicate(&acting, sub, entry, data).await;
         if status == Status::Ok {
-            self.done.borrow_mut().insert(key, version);
+            (self.done.borrow_mut().entry(h.pg).or_default()).insert(key, version);
         } else {
             // Some copies may have it and some not: the interval ends.
             self.fail_pg(h.pg, epoch, format!("{oid} v{version:#x}: {status:?}"));
@@ -1059,6 +1075,10 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             Op::Pull => self.answer_pull(&h).await,
             Op::Push => {
                 let s = self.answer_push(&h, f.payload).await;
+                (h.reply(s), None)
+            }
+            Op::Forget => {
+                let s = self.answer_forget(&h, f.payload.as_deref()).await;
                 (h.reply(s), None)
             }
             Op::Boot | Op::GetMap | Op::PgEvent => (h.reply(Status::Invalid), None),

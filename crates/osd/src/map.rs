@@ -20,6 +20,9 @@ pub struct OsdMap {
     /// Up OSDs and the epoch each came up in (`up_from`): an incarnation
     /// acts only in epochs from there on.
     pub up_from: BTreeMap<u32, u64>,
+    /// The store each OSD booted with since the leader started (its uuid,
+    /// in hex): a member of an interval counts only with the same store.
+    pub stores: BTreeMap<u32, String>,
     /// Per PG, the last interval that went active: peering needs an answer
     /// from one of its members (docs/internals/replication.md §5.3).
     pub last_active: BTreeMap<u32, Interval>,
@@ -40,6 +43,11 @@ impl OsdMap {
 
     pub fn is_up(&self, osd: u32) -> bool {
         self.up_from.contains_key(&osd)
+    }
+
+    /// Whether OSD `osd` is up with the store it had in `interval`.
+    pub fn holds(&self, interval: &Interval, osd: u32) -> bool {
+        self.is_up(osd) && interval.holds(osd, self.stores.get(&osd))
     }
 
     pub fn addr(&self, osd: u32) -> Option<Addr> {
@@ -70,6 +78,9 @@ impl OsdMap {
         }
         if m.min_size == 0 || m.min_size > pm.size {
             return Err(format!("map: min_size {} of size {}", m.min_size, pm.size));
+        }
+        if let Some(o) = m.up_from.keys().find(|o| !m.stores.contains_key(o)) {
+            return Err(format!("map: osd.{o} is up with no store"));
         }
         Ok(m)
     }
@@ -103,6 +114,7 @@ mod tests {
             min_size: 1,
             addrs: [(0, "unix:/tmp/a".into()), (1, "unix:/tmp/b".into())].into(),
             up_from: [(0, 3)].into(),
+            stores: [(0, "00".repeat(16))].into(),
             last_active: Default::default(),
         }
     }
@@ -127,5 +139,9 @@ mod tests {
         assert!(bad(|m| m.addrs.insert(1, "nowhere".into()).map_or((), |_| ())).contains("osd.1"));
         assert!(bad(|m| m.min_size = 3).contains("min_size"));
         assert!(bad(|m| m.pgmap.epoch = u64::MAX).contains("epoch"));
+        assert!(bad(|m| {
+            m.stores.clear();
+        })
+        .contains("no store"));
     }
 }

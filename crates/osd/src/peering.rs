@@ -12,15 +12,20 @@
 //!    acknowledged in it (an acknowledgement needs every member), so any
 //!    member holds every acknowledged write. Without an answering member
 //!    the PG stays inactive.
-//! 3. Recover every member of the acting set to the authoritative copy,
-//!    object by object, comparing versions (one version names one content,
-//!    invariant 1): an older or missing object gets the authoritative one
+//! 3. Recover every member of the acting set to the authoritative copy.
+//!    First its log: entries the authoritative log does not hold are ops
+//!    that never completed (or history it no longer reaches back to), and
+//!    are forgotten, so that no copy answers a retry of an undone request
+//!    as applied. Then object by object, comparing versions (one version
+//!    names one content, invariant 1): an older or missing object gets the
+//!    authoritative one
 //!    pushed at its version, with its log entry; an object a copy holds at
 //!    a version the authoritative copy does not know (divergent: a write
 //!    that was never acknowledged) is rewritten on every member at a new
 //!    version of this epoch, since the store never goes back to an older
 //!    version.
-//! 4. Have the leader record the interval as active, then serve.
+//! 4. Have the leader record the interval as active, refill the PG's
+//!    request cache from the authoritative log, then serve.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
@@ -32,7 +37,7 @@ use nacre_net::Transport;
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status, PAYLOAD_MAX_BYTES};
 
-use crate::{pg_key, status_of, Osd, PgEvent, PgState};
+use crate::{pg_key, status_of, Osd, PgEvent, PgState, ReqCache};
 
 /// Pause between two peering attempts of one PG in one epoch.
 const PEER_RETRY: Duration = Duration::from_millis(300);
@@ -239,6 +244,72 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.apply_push(h.oid, h.obj_version, entry, data).await
     }
 
+    pub(crate) async fn answer_forget(self: &Rc<Self>, h: &Header, body: Option<&[u8]>) -> Status {
+        if let Some(s) = self.check_peer_op(h).await {
+            return s;
+        }
+        if !self.map.borrow().pgmap.is_acting(h.pg, self.id) {
+            return Status::NotPrimary;
+        }
+        let body = body.unwrap_or(&[]);
+        if body.is_empty() || !body.len().is_multiple_of(8) {
+            return Status::Invalid;
+        }
+        let versions: Vec<u64> = (body.chunks_exact(8))
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        // History of older epochs, or of this epoch's peering (rewrites
+        // that reached some copies): no client op runs while a PG peers.
+        if versions.iter().any(|v| v >> 32 > h.epoch) {
+            return Status::Invalid;
+        }
+        let _inflight = self.track(h.pg, h.epoch);
+        self.forget_local(h.pg, &versions).await
+    }
+
+    async fn forget_local(&self, pg: u32, versions: &[u64]) -> Status {
+        let key = pg_key(self.map.borrow().pgmap.pool, pg);
+        for &v in versions {
+            if let Err(e) = self.store.pg_forget(key, v).await {
+                tracing::warn!("osd.{}: forgetting PG {pg} v{v:#x}: {e}", self.id);
+                return status_of(&e);
+            }
+        }
+        Status::Ok
+    }
+
+    /// Has OSD `to` drop the entries of PG `pg` at `versions`.
+    async fn forget(
+        self: &Rc<Self>,
+        to: u32,
+        pg: u32,
+        epoch: u64,
+        versions: &[u64],
+    ) -> Result<(), PeerError> {
+        let s = if to == self.id {
+            let _inflight = self.track(pg, epoch);
+            self.forget_local(pg, versions).await
+        } else {
+            let body: Vec<u8> = versions.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let mut h = Header::request(Op::Forget, 0, ObjectId::default()).with_payload(&body);
+            h.pg = pg;
+            h.epoch = epoch;
+            h.sender = self.id;
+            let body = AlignedBuf::from_slice(&body);
+            match self.call_osd(to, h, Some(&body)).await {
+                Ok(f) => f.h.status,
+                Err(why) => return Err(Retry(why)),
+            }
+        };
+        if s != Status::Ok {
+            return Err(Retry(format!(
+                "forgetting {} entries on osd.{to}: {s:?}",
+                versions.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Makes this copy's `oid` the given whole object (or absent) at
     /// `version`, with `entry` logged in the same step when there is one.
     async fn apply_push(
@@ -308,15 +379,20 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     async fn try_peer(self: &Rc<Self>, pg: u32, epoch: u64) -> Result<(), PeerError> {
-        let (acting, prior, min_size, size, up) = {
+        let (acting, prior, min_size, size, members) = {
             let m = self.map.borrow();
-            let up: Vec<u32> = m.up_from.keys().copied().collect();
+            let prior = m.last_active.get(&pg).cloned();
+            // The members of the last active interval that are up with
+            // the store they had then.
+            let members: Vec<u32> = (prior.iter())
+                .flat_map(|p| p.acting.iter().copied().filter(|&o| m.holds(p, o)))
+                .collect();
             (
                 m.acting(pg),
-                m.last_active.get(&pg).cloned(),
+                prior,
                 m.min_size as usize,
                 m.pgmap.size as usize,
-                up,
+                members,
             )
         };
         if acting.len() < min_size {
@@ -327,20 +403,28 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let mut ask = acting.clone();
         if let Some(p) = &prior {
-            if !p.acting.iter().any(|o| up.contains(o)) {
+            if members.is_empty() {
+                let replaced: Vec<String> = {
+                    let m = self.map.borrow();
+                    (p.acting.iter())
+                        .filter(|&&o| m.is_up(o))
+                        .map(|o| format!("osd.{o}"))
+                        .collect()
+                };
                 return Err(Inactive(format!(
-                    "waiting for one of {} (active in epoch {})",
+                    "waiting for one of {} with the store it had when the PG was last active (epoch {}){}",
                     (p.acting.iter().map(|o| format!("osd.{o}")))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    p.epoch
+                    p.epoch,
+                    if replaced.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {} came back with a new store", replaced.join(", "))
+                    }
                 )));
             }
-            ask.extend(
-                p.acting
-                    .iter()
-                    .filter(|o| up.contains(o) && !acting.contains(o)),
-            );
+            ask.extend(members.iter().filter(|o| !acting.contains(o)));
         }
         let queries: Vec<_> = (ask.iter())
             .map(|&id| {
@@ -365,7 +449,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Err(Retry("the epoch moved".into()));
         }
         let auth = (infos.iter())
-            .filter(|(id, _)| prior.as_ref().is_none_or(|p| p.acting.contains(id)))
+            .filter(|(id, _)| prior.is_none() || members.contains(id))
             .max_by_key(|(&id, i)| (i.log.head(), id == self.id, std::cmp::Reverse(id)))
             .map(|(&id, _)| id)
             .ok_or_else(|| Retry("no member of the last active interval answered".into()))?;
@@ -378,11 +462,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .await
             .map_err(Retry)?;
         // Retries of requests the authoritative history holds are
-        // answered from it, whichever primary took them.
-        let mut done = self.done.borrow_mut();
+        // answered from it, whichever primary took them; no other request
+        // is (a request of a divergent op must be applied again).
+        let mut done = ReqCache::default();
         for e in infos[&auth].log.entries.values().filter(|e| e.client != 0) {
             done.insert((e.client, e.request), e.version);
         }
+        self.done.borrow_mut().insert(pg, done);
         Ok(())
     }
 
@@ -473,6 +559,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let mut cache: HashMap<ObjectId, AlignedBuf> = HashMap::new();
         for &c in acting.iter().filter(|&&c| c != auth) {
             let ci = &infos[&c];
+            let divergent: Vec<u64> = (ci.log.entries.values())
+                .filter(|e| a.log.entries.get(&e.version) != Some(*e))
+                .map(|e| e.version)
+                .collect();
+            if !divergent.is_empty() {
+                self.forget(c, pg, epoch, &divergent).await?;
+            }
             let oids: BTreeSet<ObjectId> = (a.objects.keys().chain(ci.objects.keys()))
                 .copied()
                 .collect();

@@ -77,6 +77,7 @@ fn start_leader(d: &std::path::Path, s: &Setup) -> Rc<Leader<Sockets>> {
         min_size: s.pool.min_size,
         addrs: (s.addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
         up_from: Default::default(),
+        stores: Default::default(),
         last_active: Default::default(),
     };
     let leader = Leader::new(map, Sockets, Box::new(|_| Ok(()))).unwrap();
@@ -305,13 +306,21 @@ fn reads_wait_for_writes_in_flight() {
         // The third copy boots and peers, and never answers a sub-op.
         let silent = Listener::bind(&st.addrs[&acting[2]]).unwrap();
         rt::spawn(nacre_net::serve(silent, Rc::new(Silent)));
-        let mut boot = Header::request(Op::Boot, 0, ObjectId::default());
-        boot.sender = acting[2];
         let to_leader = Conn::connect(&leader_addr(d.path())).unwrap();
-        assert_eq!(
-            to_leader.call(boot, None).await.unwrap().h.status,
-            Status::Ok
-        );
+        // A boot must name its store (32 hex digits).
+        for bad in [&b""[..], b"5111e470", b"5111E47000000000000000000000000A"] {
+            let mut boot = Header::request(Op::Boot, 0, ObjectId::default()).with_payload(bad);
+            boot.sender = acting[2];
+            let r = to_leader
+                .call(boot, Some(AlignedBuf::from_slice(bad)))
+                .await;
+            assert_eq!(r.unwrap().h.status, Status::Invalid);
+        }
+        let store = b"5111e47000000000000000000000000a";
+        let mut boot = Header::request(Op::Boot, 0, ObjectId::default()).with_payload(store);
+        boot.sender = acting[2];
+        let boot = to_leader.call(boot, Some(AlignedBuf::from_slice(store)));
+        assert_eq!(boot.await.unwrap().h.status, Status::Ok);
         let (primary, _s0) = start_osd(d.path(), &st, acting[0]).await;
         let (_replica, _s1) = start_osd(d.path(), &st, acting[1]).await;
         let e = active(&leader, &primary, pg).await;

@@ -49,6 +49,7 @@ type Handling = Pin<Box<dyn Future<Output = (Header, Option<AlignedBuf>)>>>;
 /// reference would be a cycle that leaks every simulated disk). `None`
 /// once the node is gone.
 type Serve = Rc<dyn Fn(Frame) -> Option<Handling>>;
+type Filter = Box<dyn Fn(&str, &Header) -> bool>;
 
 struct NetState {
     /// What serves each address, with its incarnation (raised at every
@@ -60,6 +61,8 @@ struct NetState {
     changed: nacre_io::sync::Notify,
     rng: RefCell<SplitMix>,
     faults: Cell<Faults>,
+    /// Requests it matches (destination address, header) are lost.
+    filter: RefCell<Option<Filter>>,
     /// How long a caller waits for a reply that does not come.
     deadline: Duration,
     /// Print every message (`NACRE_SIM_TRACE`).
@@ -68,35 +71,63 @@ struct NetState {
 
 /// The in-process network: a [`Transport`] whose links are function calls
 /// into the addressed node, with faults drawn from one seeded generator.
+/// A node's own handle ([`Net::for_node`]) also names the sender: once
+/// that node is gone (crashed, or started again), its calls fail at once,
+/// as a dead process sends nothing.
 #[derive(Clone)]
-pub struct Net(Rc<NetState>);
+pub struct Net(Rc<NetState>, Option<(String, u64)>);
 
 impl Net {
     pub fn new(seed: u64, deadline: Duration) -> Net {
-        Net(Rc::new(NetState {
-            nodes: RefCell::new(HashMap::new()),
-            incarnations: Cell::new(0),
-            changed: nacre_io::sync::Notify::new(),
-            rng: RefCell::new(SplitMix(seed)),
-            faults: Cell::new(Faults::default()),
-            deadline,
-            trace: std::env::var_os("NACRE_SIM_TRACE").is_some(),
-        }))
+        Net(
+            Rc::new(NetState {
+                nodes: RefCell::new(HashMap::new()),
+                incarnations: Cell::new(0),
+                changed: nacre_io::sync::Notify::new(),
+                rng: RefCell::new(SplitMix(seed)),
+                faults: Cell::new(Faults::default()),
+                filter: RefCell::new(None),
+                deadline,
+                trace: std::env::var_os("NACRE_SIM_TRACE").is_some(),
+            }),
+            None,
+        )
+    }
+
+    fn next_incarnation(&self) -> u64 {
+        let n = self.0.incarnations.get() + 1;
+        self.0.incarnations.set(n);
+        n
     }
 
     /// Serves requests to `addr` with `h`, replacing what served it.
     pub fn attach<H: Handler>(&self, addr: &Addr, h: Rc<H>) {
+        let n = self.next_incarnation();
+        self.insert(addr.to_string(), h, n);
+    }
+
+    /// The transport of a new incarnation of the node at `addr`, to be
+    /// attached with [`Net::attach_node`].
+    pub fn for_node(&self, addr: &Addr) -> Net {
+        Net(
+            self.0.clone(),
+            Some((addr.to_string(), self.next_incarnation())),
+        )
+    }
+
+    /// Serves requests to the node this handle was made for with `h`.
+    pub fn attach_node<H: Handler>(&self, h: Rc<H>) {
+        let (addr, n) = self.1.clone().expect("a node's handle (Net::for_node)");
+        self.insert(addr, h, n);
+    }
+
+    fn insert<H: Handler>(&self, addr: String, h: Rc<H>, n: u64) {
         let node = Rc::downgrade(&h);
         let serve: Serve = Rc::new(move |f| {
             let h = node.upgrade()?;
             Some(Box::pin(h.handle(f)) as Handling)
         });
-        let n = self.0.incarnations.get() + 1;
-        self.0.incarnations.set(n);
-        self.0
-            .nodes
-            .borrow_mut()
-            .insert(addr.to_string(), (serve, n));
+        self.0.nodes.borrow_mut().insert(addr, (serve, n));
     }
 
     /// Nothing answers at `addr` any more (a crashed node is silent), and
@@ -112,6 +143,16 @@ impl Net {
 
     pub fn set_faults(&self, f: Faults) {
         self.0.faults.set(f);
+    }
+
+    /// Loses every request `f` matches (by destination address and
+    /// header), until [`Net::clear_filter`]: a scenario's targeted fault.
+    pub fn set_filter(&self, f: impl Fn(&str, &Header) -> bool + 'static) {
+        *self.0.filter.borrow_mut() = Some(Box::new(f));
+    }
+
+    pub fn clear_filter(&self) {
+        *self.0.filter.borrow_mut() = None;
     }
 
     /// A draw from the simulation's generator.
@@ -216,8 +257,14 @@ impl Rpc for SimConn {
 
 impl SimConn {
     async fn call_inner(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        if let Some((me, n)) = &self.net.1 {
+            if self.net.incarnation(me) != Some(*n) {
+                return Err(NetError::Closed);
+            }
+        }
         let f = self.net.0.faults.get();
-        if self.net.strikes(f.drop_per_mille) {
+        let filtered = (self.net.0.filter.borrow().as_ref()).is_some_and(|lose| lose(&self.to, &h));
+        if filtered || self.net.strikes(f.drop_per_mille) {
             return self.time_out().await;
         }
         self.net.delay().await;
@@ -283,6 +330,26 @@ fn leader_addr() -> Addr {
     Addr::Tcp("leader:6789".into())
 }
 
+/// A new simulated disk with a freshly formatted store on it.
+async fn blank_disk(net: &Net) -> FaultDev {
+    let dev = FaultDev::new(DEV_BYTES, 512);
+    let fo = FormatOptions {
+        block_bytes: OBJECT_BYTES,
+        journal_bytes: Some(JOURNAL_BYTES),
+        zero_journal: false,
+        pg_logs: nacre_blockstore::LogRegion {
+            slots: 32,
+            slot_pages: 2,
+        },
+        ..FormatOptions::default()
+    };
+    Store::format(&dev, &fo)
+        .await
+        .expect("format a simulated OSD");
+    net.disk_timing(&dev);
+    dev
+}
+
 impl Cluster {
     /// Formats every OSD's device and starts them with a leader. Inside
     /// `block_on_virtual`.
@@ -305,6 +372,7 @@ impl Cluster {
             min_size,
             addrs: (addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
             up_from: Default::default(),
+            stores: Default::default(),
             last_active: Default::default(),
         };
         let leader = Leader::new(map, net.clone(), Box::new(|_| Ok(()))).expect("a leader");
@@ -312,25 +380,10 @@ impl Cluster {
         rt::spawn(leader.clone().run());
         let mut nodes = Vec::new();
         for id in 0..osds {
-            let dev = FaultDev::new(DEV_BYTES, 512);
-            let fo = FormatOptions {
-                block_bytes: OBJECT_BYTES,
-                journal_bytes: Some(JOURNAL_BYTES),
-                zero_journal: false,
-                pg_logs: nacre_blockstore::LogRegion {
-                    slots: 32,
-                    slot_pages: 2,
-                },
-                ..FormatOptions::default()
-            };
-            Store::format(&dev, &fo)
-                .await
-                .expect("format a simulated OSD");
-            net.disk_timing(&dev);
             nodes.push(Node {
                 id,
                 addr: addrs[&id].clone(),
-                dev,
+                dev: blank_disk(&net).await,
                 osd: None,
             });
         }
@@ -356,8 +409,9 @@ impl Cluster {
         let (store, report) = Store::open(dev, StoreOptions::default())
             .await
             .unwrap_or_else(|e| panic!("osd.{id} does not reopen: {e}"));
-        let osd = Osd::with_store(id, store, &report, leader_addr(), self.net.clone());
-        self.net.attach(&addr, osd.clone());
+        let net = self.net.for_node(&addr);
+        let osd = Osd::with_store(id, store, &report, leader_addr(), net.clone());
+        net.attach_node(osd.clone());
         self.nodes.borrow_mut()[id as usize].osd = Some(osd.clone());
         if let Err(e) = osd.boot().await {
             panic!("{e}");
@@ -369,13 +423,17 @@ impl Cluster {
         self.leader.stop();
     }
 
-    /// Waits until every PG is active on its primary, within `limit`;
-    /// the PGs that are not, otherwise.
+    /// Waits until every running OSD is up in the leader's map and every
+    /// PG is active on its primary, within `limit`; what is not,
+    /// otherwise.
     pub async fn settle(&self, limit: Duration) -> Result<(), String> {
         let until = rt::monotonic() + limit;
         loop {
             let m = self.leader.map();
-            let mut waiting = Vec::new();
+            let mut waiting: Vec<String> = (self.nodes.borrow().iter())
+                .filter(|n| n.osd.is_some() && !m.is_up(n.id))
+                .map(|n| format!("osd.{} runs and is down", n.id))
+                .collect();
             for pg in 0..m.pgmap.pg_count() {
                 let state = (m.primary(pg))
                     .and_then(|p| self.osd(p).filter(|o| o.epoch() == m.epoch()))
@@ -407,6 +465,15 @@ impl Cluster {
         let (dev, _) = n.dev.power_cut(seed);
         self.net.disk_timing(&dev);
         n.dev = dev;
+    }
+
+    /// Swaps the disk of OSD `id` (which must not be running) for a blank,
+    /// freshly formatted one: a failed disk replaced, or a store
+    /// reformatted. The OSD keeps its id and address and holds nothing.
+    pub async fn replace_disk(&self, id: u32) {
+        assert!(!self.is_up(id), "osd.{id} is running");
+        let dev = blank_disk(&self.net).await;
+        self.nodes.borrow_mut()[id as usize].dev = dev;
     }
 
     pub fn is_up(&self, id: u32) -> bool {

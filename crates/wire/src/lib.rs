@@ -52,7 +52,8 @@ pub enum Op {
     PurgeVolume = 6,
     /// Anyone → an OSD: its counters and space, as JSON in the reply.
     Stat = 7,
-    /// OSD (in `sender`) → leader: this OSD has started; the leader marks
+    /// OSD (in `sender`) → leader: this OSD has started, with the store
+    /// whose id is the payload (its uuid, 32 hex digits); the leader marks
     /// it up in a new epoch and replies with the map (JSON).
     Boot = 8,
     /// Anyone → leader: the current map (JSON in the reply).
@@ -74,6 +75,10 @@ pub enum Op {
     /// entry the header describes (`offset`/`length` its range, `client`
     /// and `request_id` its request) unless [`FLAG_UNLOGGED`] is set.
     Push = 15,
+    /// Primary → replica: drop the entries of PG `pg`'s log at the
+    /// versions in the payload (u64 each, little-endian): ops of older
+    /// epochs that the authoritative history does not hold.
+    Forget = 16,
 }
 
 impl Op {
@@ -94,6 +99,7 @@ impl Op {
             13 => Op::PgQuery,
             14 => Op::Pull,
             15 => Op::Push,
+            16 => Op::Forget,
             _ => return None,
         })
     }
@@ -372,7 +378,7 @@ impl Header {
             // Maps, PG events and logs, whole objects of recovery: sized
             // by their payload (bounded above), parsed by the receiver.
             (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull, true)
-            | (Op::Map | Op::PgEvent | Op::Push, false) => return Ok(()),
+            | (Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::Forget, false) => return Ok(()),
             _ => false,
         };
         match (carries_data, len == self.length) {

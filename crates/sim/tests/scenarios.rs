@@ -1,0 +1,158 @@
+//! Failure scenarios on the simulated cluster, each built step by step
+//! with targeted faults (the seeded histories of `sim.rs` find such
+//! sequences only by chance).
+
+use std::time::Duration;
+
+use nacre_io::{rt, AlignedBuf};
+use nacre_osd::pg_key;
+use nacre_sim::{Cluster, Net, OBJECT_BYTES};
+use nacre_types::ObjectId;
+use nacre_wire::{Header, Op, Status};
+
+const SETTLE: Duration = Duration::from_secs(60);
+const CLIENT: u64 = 7;
+
+fn write(oid: ObjectId, request: u64, data: &[u8]) -> Header {
+    let mut h = Header::request(Op::Write, request, oid).with_payload(data);
+    h.length = data.len() as u32;
+    h.client = CLIENT;
+    h
+}
+
+/// The object's bytes through its primary (`None`: absent).
+async fn read(c: &Cluster, oid: ObjectId) -> Option<Vec<u8>> {
+    let mut h = Header::request(Op::Read, 0, oid);
+    h.length = OBJECT_BYTES;
+    let f = c.call(h, None).await.expect("a read");
+    match f.h.status {
+        Status::Ok => Some(f.payload.expect("data").to_vec()),
+        Status::NotFound => None,
+        s => panic!("read of {oid}: {s:?}"),
+    }
+}
+
+/// A write that reached only its primary's store (the sub-ops were lost,
+/// then the primary lost power) is divergent: the next interval goes on
+/// without it. When the old primary returns, peering undoes the write on
+/// its copy and forgets its log entry, so a retry of the request is
+/// applied, not answered from history as if it had been.
+#[test]
+fn a_divergent_write_is_undone_and_its_retry_is_applied() {
+    rt::block_on_virtual(async {
+        let net = Net::new(1, Duration::from_millis(500));
+        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
+        c.settle(SETTLE).await.unwrap();
+        let oid = ObjectId::new(1, 5);
+        let (pg, acting) = c.route(oid);
+        let p = acting[0];
+        let replicas: Vec<String> = (acting[1..].iter())
+            .map(|&id| c.nodes.borrow()[id as usize].addr.to_string())
+            .collect();
+        net.set_filter(move |to, h| h.op == Op::RepWrite && replicas.iter().any(|r| r == to));
+        let data = vec![0x5au8; 4096];
+        let attempt = {
+            let (c, h) = (c.clone(), write(oid, 1, &data));
+            let d = AlignedBuf::from_slice(&data);
+            rt::spawn(async move { c.call(h, Some(d)).await })
+        };
+        let primary = c.osd(p).unwrap();
+        while primary.store().version(oid).is_none() {
+            rt::sleep(Duration::from_millis(1)).await;
+        }
+        drop(primary);
+        c.crash(p, 3);
+        let r = attempt.await;
+        assert!(
+            r.as_ref().map_or(true, |f| f.h.status != Status::Ok),
+            "the write was acknowledged without its replicas: {:?}",
+            r.map(|f| f.h.status)
+        );
+        net.clear_filter();
+        // An interval without the old primary, then one with it again.
+        c.settle(SETTLE).await.unwrap();
+        c.start(p).await;
+        c.settle(SETTLE).await.unwrap();
+        assert_eq!(c.route(oid).1[0], p, "osd.{p} is primary again");
+        let key = pg_key(1, pg);
+        for &id in &acting {
+            let log = c.osd(id).unwrap().store().pg_log(key).unwrap_or_default();
+            assert!(
+                !(log.entries.values()).any(|e| e.client == CLIENT && e.request == 1),
+                "osd.{id} still logs the undone request: {log:?}"
+            );
+            assert_eq!(c.osd(id).unwrap().store().version(oid), None, "osd.{id}");
+        }
+        // The retry.
+        let f = (c.call(write(oid, 1, &data), Some(AlignedBuf::from_slice(&data))))
+            .await
+            .unwrap();
+        assert_eq!(f.h.status, Status::Ok);
+        let got = read(&c, oid).await.expect("the retried write is there");
+        assert_eq!(&got[..4096], &data[..]);
+        c.stop();
+    });
+}
+
+/// An OSD whose disk was replaced (a blank store under the same id) holds
+/// none of the writes of the intervals it was in. While it is the only
+/// member of the PG's last active interval that is up, the PG waits for
+/// another (rather than taking the empty store as the authority and
+/// erasing every copy); once one is back, everything acknowledged is
+/// there and the new disk is filled.
+#[test]
+fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
+    rt::block_on_virtual(async {
+        let net = Net::new(2, Duration::from_millis(500));
+        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
+        c.settle(SETTLE).await.unwrap();
+        let oid = ObjectId::new(1, 9);
+        let (pg, acting) = c.route(oid);
+        let (x, y, z) = (acting[0], acting[1], acting[2]);
+        let put = |req: u64, byte: u8| {
+            let c = c.clone();
+            async move {
+                let data = vec![byte; 4096];
+                let f = (c.call(write(oid, req, &data), Some(AlignedBuf::from_slice(&data))))
+                    .await
+                    .unwrap();
+                assert_eq!(f.h.status, Status::Ok, "write {req}");
+            }
+        };
+        put(1, 0x11).await;
+        // An interval of x and y alone, with a write in it.
+        c.crash(z, 1);
+        c.settle(SETTLE).await.unwrap();
+        put(2, 0x22).await;
+        // y goes; x's disk is replaced; x (blank) and z come back.
+        c.crash(y, 2);
+        c.crash(x, 3);
+        c.replace_disk(x).await;
+        c.start(x).await;
+        c.start(z).await;
+        rt::sleep(Duration::from_secs(10)).await;
+        let primary = c.route(oid).1[0];
+        assert_ne!(
+            c.osd(primary).unwrap().pg_state(pg),
+            Some(nacre_osd::PgState::Active),
+            "PG {pg} went active with none of its last active copies"
+        );
+        let mut h = Header::request(Op::Read, 0, oid);
+        h.length = OBJECT_BYTES;
+        // Refused, or not answered within the network's deadline while
+        // the primary waits for the PG: never data, never NotFound.
+        if let Ok(f) = c.call(h, None).await {
+            assert_eq!(f.h.status, Status::Unavailable);
+        }
+        // y is back: the PG peers from it and fills the new disk.
+        c.start(y).await;
+        c.settle(SETTLE).await.unwrap();
+        let got = read(&c, oid).await.expect("the acknowledged write");
+        assert_eq!(&got[..4096], &[0x22u8; 4096][..]);
+        let v = c.osd(y).unwrap().store().version(oid);
+        for id in [x, y, z] {
+            assert_eq!(c.osd(id).unwrap().store().version(oid), v, "osd.{id}");
+        }
+        c.stop();
+    });
+}
