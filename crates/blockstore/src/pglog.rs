@@ -319,12 +319,29 @@ impl PgLogs {
     /// Whether `pg_forget(pg, version)` may run: not while an op at that
     /// version is in flight (it would log the entry right after).
     pub fn check_forget(&self, pg: u64, version: u64) -> Result<()> {
+        if version == 0 {
+            return Err(Error::Invalid(format!("PG {pg:#x}: version 0 names no op")));
+        }
         match self.pgs.get(&pg) {
             Some(s) if s.pending.contains_key(&version) => Err(Error::Invalid(format!(
                 "PG {pg:#x}: cannot forget version {version}, an op at it is in flight"
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// Whether `e` is older than what its PG's log keeps: at or below the
+    /// tail, or before every entry of a full log.
+    pub fn too_old(&self, e: &LogEntry) -> bool {
+        let cap = self.region.entries_per_slot();
+        self.pgs.get(&e.pg).is_some_and(|s| {
+            e.version <= s.log.tail
+                || (s.log.entries.len() >= cap
+                    && s.log
+                        .entries
+                        .first_key_value()
+                        .is_some_and(|(&v, _)| e.version < v))
+        })
     }
 
     /// Drops the entry at `version`, if there is one.

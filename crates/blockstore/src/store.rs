@@ -435,6 +435,17 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.pg_op(RecordKind::PgRewind, pg, to, None).await
     }
 
+    /// Adopts `entry` into its PG's log (durably) as history another copy
+    /// holds and whose effect this copy already has; an entry older than
+    /// what the log keeps (at or below its tail, or before every entry of
+    /// a full log) is skipped.
+    pub async fn adopt_entry(&self, entry: LogEntry) -> Result<()> {
+        if self.0.st.borrow().pglogs.too_old(&entry) {
+            return Ok(());
+        }
+        self.log_only(entry).await
+    }
+
     /// Drops PG `pg`'s entry at `version` (durably), if the log has it: an
     /// op that peering undid, whose request must not be taken as applied.
     /// Refused while an op at that version is in flight.

@@ -642,9 +642,11 @@ fn pg_logs_survive_replay_checkpoints_and_close() {
         s.pg_trim(1, 2);
         s.pg_rewind(1, 6).await.unwrap();
         s.pg_forget(1, 4).await.unwrap();
-        // Forgetting what the log lacks changes nothing.
+        // Forgetting what the log lacks changes nothing; version 0 names
+        // no op (the journal would refuse such a record at replay).
         s.pg_forget(1, 7).await.unwrap();
         s.pg_forget(3, 1).await.unwrap();
+        assert!(matches!(s.pg_forget(1, 0).await, Err(Error::Invalid(_))));
         s.pg_remove(2).await.unwrap();
         let want1 = s.pg_log(1).unwrap();
         assert_eq!(want1.tail, 2);

@@ -100,7 +100,9 @@ impl PgMap {
 pub struct Interval {
     pub epoch: u64,
     pub acting: Vec<u32>,
-    /// Per member, its store's id (the blockstore's uuid, in hex).
+    /// Per member, its store's id (the blockstore's uuid, in hex); empty
+    /// in an interval recorded before stores were (any store counts).
+    #[serde(default)]
     pub stores: std::collections::BTreeMap<u32, String>,
 }
 
@@ -108,7 +110,9 @@ impl Interval {
     /// Whether OSD `osd`, now running store `store`, is a member with the
     /// store it had in this interval.
     pub fn holds(&self, osd: u32, store: Option<&String>) -> bool {
-        self.acting.contains(&osd) && store.is_some() && self.stores.get(&osd) == store
+        self.acting.contains(&osd)
+            && store.is_some()
+            && (self.stores.is_empty() || self.stores.get(&osd) == store)
     }
 }
 

@@ -459,8 +459,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                             };
                             tracing::info!("osd.{}: up from epoch {up}", self.id);
                             self.up_from.set(up);
-                            // Even if a push of this epoch came first, while
-                            // this incarnation was not yet up in it.
+                            // Applied again even if a push of this epoch, or
+                            // of a later one, came first while this
+                            // incarnation was not up in it: the newer map.
+                            let m = if m.epoch() >= self.epoch() {
+                                m
+                            } else {
+                                self.map.borrow().clone()
+                            };
                             self.apply_map(m, true);
                             if !self.watching.replace(true) {
                                 rt::spawn(Self::watch_leader(Rc::downgrade(self)));
@@ -659,9 +665,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// The PG's next version in the current epoch, if any is left.
-    fn next_version(&self, pg: u32) -> Option<u64> {
-        let epoch = self.epoch();
+    /// The PG's next version in `epoch`, if that is still the current
+    /// epoch and a version is left in it: a task of an epoch that just
+    /// ended must not take one of the next epoch, whose versions belong to
+    /// that epoch's primary.
+    fn next_version(&self, pg: u32, epoch: u64) -> Option<u64> {
+        if self.epoch() != epoch {
+            return None;
+        }
         let mut seqs = self.seqs.borrow_mut();
         let s = seqs.entry(pg).or_insert((epoch, 0));
         if s.0 != epoch {
@@ -881,7 +892,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return (Status::Unavailable, 0);
         }
         let _inflight = self.track(h.pg, epoch);
-        let Some(version) = self.next_version(h.pg) else {
+        let Some(version) = self.next_version(h.pg, epoch) else {
             tracing::warn!(
                 "osd.{}: PG {} has no version left in epoch {epoch} (this OSD's logs reach epoch {}, it is up from {})",
                 self.id,
@@ -1077,8 +1088,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 let s = self.answer_push(&h, f.payload).await;
                 (h.reply(s), None)
             }
-            Op::Forget => {
-                let s = self.answer_forget(&h, f.payload.as_deref()).await;
+            Op::LogSync => {
+                let s = self.answer_log_sync(&h, f.payload.as_deref()).await;
                 (h.reply(s), None)
             }
             Op::Boot | Op::GetMap | Op::PgEvent => (h.reply(Status::Invalid), None),

@@ -12,18 +12,21 @@
 //!    acknowledged in it (an acknowledgement needs every member), so any
 //!    member holds every acknowledged write. Without an answering member
 //!    the PG stays inactive.
-//! 3. Recover every member of the acting set to the authoritative copy.
-//!    First its log: entries the authoritative log does not hold are ops
-//!    that never completed (or history it no longer reaches back to), and
-//!    are forgotten, so that no copy answers a retry of an undone request
-//!    as applied. Then object by object, comparing versions (one version
-//!    names one content, invariant 1): an older or missing object gets the
+//! 3. Recover every member of the acting set to the authoritative copy,
+//!    object by object, comparing versions (one version names one
+//!    content, invariant 1): an older or missing object gets the
 //!    authoritative one
 //!    pushed at its version, with its log entry; an object a copy holds at
 //!    a version the authoritative copy does not know (divergent: a write
 //!    that was never acknowledged) is rewritten on every member at a new
 //!    version of this epoch, since the store never goes back to an older
 //!    version.
+//!    Then its log (`LogSync`): entries the authoritative log does not
+//!    hold above its tail are ops that never completed and are forgotten,
+//!    so that no copy answers a retry of an undone request as applied; the
+//!    authoritative entries it lacks are adopted, so that every member's
+//!    log holds the whole authoritative history whichever becomes the
+//!    authority next.
 //! 4. Have the leader record the interval as active, refill the PG's
 //!    request cache from the authoritative log, then serve.
 
@@ -44,6 +47,87 @@ const PEER_RETRY: Duration = Duration::from_millis(300);
 /// Bytes of a PG info's fixed part: tail, entry count, object count.
 const INFO_HEAD_BYTES: usize = 16;
 const OBJECT_BYTES: usize = 24;
+
+/// What a copy's log of a PG needs, once its objects are recovered, to be
+/// the authoritative log: the entries to forget (ops the authoritative
+/// history does not hold: never acknowledged), then the entries to adopt
+/// (history whose effects the copy now holds), oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LogSync {
+    pub forget: Vec<u64>,
+    pub adopt: Vec<LogEntry>,
+}
+
+impl LogSync {
+    /// What turns `copy` into `auth`: entries above `auth`'s tail that
+    /// it lacks are forgotten (below its tail the authoritative copy
+    /// cannot tell), and its entries the copy lacks are adopted.
+    fn between(copy: &PgLog, auth: &PgLog) -> LogSync {
+        LogSync {
+            forget: (copy.entries.values())
+                .filter(|e| e.version > auth.tail && auth.entries.get(&e.version) != Some(*e))
+                .map(|e| e.version)
+                .collect(),
+            adopt: (auth.entries.values())
+                .filter(|e| e.version > copy.tail && copy.entries.get(&e.version) != Some(*e))
+                .copied()
+                .collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.forget.is_empty() && self.adopt.is_empty()
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(8 + self.forget.len() * 8 + self.adopt.len() * 64);
+        b.extend_from_slice(&(self.forget.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(self.adopt.len() as u32).to_le_bytes());
+        for v in &self.forget {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for e in &self.adopt {
+            b.extend_from_slice(&e.to_bytes());
+        }
+        b
+    }
+
+    /// Parses a primary's `LogSync` for PG `pg` (key `key`) in `epoch`:
+    /// versions of this epoch or older (this epoch's: rewrites of an
+    /// earlier peering attempt), never 0; entries of this PG, ascending.
+    fn decode(b: &[u8], key: u64, pg: u32, pg_count: u32, epoch: u64) -> Result<LogSync, String> {
+        if b.len() < 8 {
+            return Err(format!("log sync of {} bytes", b.len()));
+        }
+        let n = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")) as usize;
+        let m = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
+        if b.len() != 8 + n * 8 + m * 64 {
+            return Err(format!("log sync of {} bytes for {n} and {m}", b.len()));
+        }
+        let ok = |v: u64| v != 0 && v >> 32 <= epoch;
+        let forget: Vec<u64> = (b[8..8 + n * 8].chunks_exact(8))
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        if let Some(v) = forget.iter().find(|&&v| !ok(v)) {
+            return Err(format!("forget version {v:#x} in epoch {epoch}"));
+        }
+        let mut adopt = Vec::with_capacity(m);
+        for c in b[8 + n * 8..].chunks_exact(64) {
+            let e = LogEntry::from_bytes(c).ok_or("a malformed entry")?;
+            if e.pg != key || pg_of(e.oid, pg_count) != pg || !ok(e.version) {
+                return Err(format!("entry {e:?} is not of PG {pg} in epoch {epoch}"));
+            }
+            if adopt
+                .last()
+                .is_some_and(|l: &LogEntry| l.version >= e.version)
+            {
+                return Err("entries out of order".into());
+            }
+            adopt.push(e);
+        }
+        Ok(LogSync { forget, adopt })
+    }
+}
 
 /// One copy's state of a PG: its log and its objects with their versions.
 #[derive(Clone, Debug, Default)]
@@ -244,54 +328,59 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.apply_push(h.oid, h.obj_version, entry, data).await
     }
 
-    pub(crate) async fn answer_forget(self: &Rc<Self>, h: &Header, body: Option<&[u8]>) -> Status {
+    pub(crate) async fn answer_log_sync(
+        self: &Rc<Self>,
+        h: &Header,
+        body: Option<&[u8]>,
+    ) -> Status {
         if let Some(s) = self.check_peer_op(h).await {
             return s;
         }
-        if !self.map.borrow().pgmap.is_acting(h.pg, self.id) {
-            return Status::NotPrimary;
-        }
-        let body = body.unwrap_or(&[]);
-        if body.is_empty() || !body.len().is_multiple_of(8) {
+        let (key, count) = {
+            let m = self.map.borrow();
+            if !m.pgmap.is_acting(h.pg, self.id) {
+                return Status::NotPrimary;
+            }
+            (pg_key(m.pgmap.pool, h.pg), m.pgmap.pg_count())
+        };
+        let Ok(sync) = LogSync::decode(body.unwrap_or(&[]), key, h.pg, count, h.epoch) else {
             return Status::Invalid;
-        }
-        let versions: Vec<u64> = (body.chunks_exact(8))
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .collect();
-        // History of older epochs, or of this epoch's peering (rewrites
-        // that reached some copies): no client op runs while a PG peers.
-        if versions.iter().any(|v| v >> 32 > h.epoch) {
-            return Status::Invalid;
-        }
+        };
         let _inflight = self.track(h.pg, h.epoch);
-        self.forget_local(h.pg, &versions).await
+        self.log_sync_local(h.pg, &sync).await
     }
 
-    async fn forget_local(&self, pg: u32, versions: &[u64]) -> Status {
+    async fn log_sync_local(&self, pg: u32, sync: &LogSync) -> Status {
         let key = pg_key(self.map.borrow().pgmap.pool, pg);
-        for &v in versions {
+        for &v in &sync.forget {
             if let Err(e) = self.store.pg_forget(key, v).await {
                 tracing::warn!("osd.{}: forgetting PG {pg} v{v:#x}: {e}", self.id);
                 return status_of(&e);
             }
         }
+        for e in &sync.adopt {
+            if let Err(err) = self.store.adopt_entry(*e).await {
+                tracing::warn!("osd.{}: adopting PG {pg} v{:#x}: {err}", self.id, e.version);
+                return status_of(&err);
+            }
+        }
         Status::Ok
     }
 
-    /// Has OSD `to` drop the entries of PG `pg` at `versions`.
-    async fn forget(
+    /// Makes OSD `to`'s log of PG `pg` the authoritative one (`sync`).
+    async fn log_sync(
         self: &Rc<Self>,
         to: u32,
         pg: u32,
         epoch: u64,
-        versions: &[u64],
+        sync: &LogSync,
     ) -> Result<(), PeerError> {
         let s = if to == self.id {
             let _inflight = self.track(pg, epoch);
-            self.forget_local(pg, versions).await
+            self.log_sync_local(pg, sync).await
         } else {
-            let body: Vec<u8> = versions.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let mut h = Header::request(Op::Forget, 0, ObjectId::default()).with_payload(&body);
+            let body = sync.encode();
+            let mut h = Header::request(Op::LogSync, 0, ObjectId::default()).with_payload(&body);
             h.pg = pg;
             h.epoch = epoch;
             h.sender = self.id;
@@ -303,8 +392,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         };
         if s != Status::Ok {
             return Err(Retry(format!(
-                "forgetting {} entries on osd.{to}: {s:?}",
-                versions.len()
+                "syncing the log of osd.{to} ({} forgotten, {} adopted): {s:?}",
+                sync.forget.len(),
+                sync.adopt.len()
             )));
         }
         Ok(())
@@ -559,13 +649,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let mut cache: HashMap<ObjectId, AlignedBuf> = HashMap::new();
         for &c in acting.iter().filter(|&&c| c != auth) {
             let ci = &infos[&c];
-            let divergent: Vec<u64> = (ci.log.entries.values())
-                .filter(|e| a.log.entries.get(&e.version) != Some(*e))
-                .map(|e| e.version)
-                .collect();
-            if !divergent.is_empty() {
-                self.forget(c, pg, epoch, &divergent).await?;
-            }
             let oids: BTreeSet<ObjectId> = (a.objects.keys().chain(ci.objects.keys()))
                 .copied()
                 .collect();
@@ -609,6 +692,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             };
             self.rewrite(pg, epoch, acting, oid, data).await?;
         }
+        // Every copy's objects are the authoritative ones: now its log.
+        for &c in acting.iter().filter(|&&c| c != auth) {
+            let sync = LogSync::between(&infos[&c].log, &a.log);
+            if !sync.is_empty() {
+                self.log_sync(c, pg, epoch, &sync).await?;
+            }
+        }
         Ok(())
     }
 
@@ -622,8 +712,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         oid: ObjectId,
         data: Option<AlignedBuf>,
     ) -> Result<(), PeerError> {
+        if self.epoch() != epoch {
+            return Err(Retry("the epoch moved".into()));
+        }
         let version = self
-            .next_version(pg)
+            .next_version(pg, epoch)
             .ok_or_else(|| Inactive(format!("no version left for PG {pg} in epoch {epoch}")))?;
         let bb = self.store.block_bytes();
         let entry = LogEntry {
@@ -728,5 +821,54 @@ mod tests {
         let mut zero = info;
         zero.objects.insert(oid, 0);
         assert!(PgInfo::decode(&zero.encode(), key, 3, count).is_err());
+    }
+
+    /// A copy's log is made the authoritative one: what it holds above
+    /// the authoritative tail and the authority lacks is forgotten, what
+    /// the authority holds above the copy's tail and it lacks is adopted;
+    /// the sync survives the wire and a malformed one is refused.
+    #[test]
+    fn log_sync_makes_a_copy_the_authoritative_log_and_refuses_bad_input() {
+        let count = 8;
+        let oid = (0..)
+            .map(|b| ObjectId::new(1, b))
+            .find(|o| pg_of(*o, count) == 3)
+            .unwrap();
+        let key = pg_key(1, 3);
+        let e = |v: u64| entry(key, (2 << 32) | v, oid);
+        let log = |tail: u64, vs: &[u64]| PgLog {
+            entries: vs.iter().map(|&v| (e(v).version, e(v))).collect(),
+            tail,
+        };
+        let auth = log(e(2).version, &[3, 5, 6]);
+        // Copy: 1 (below the authority's tail: kept), 3 (shared), 4
+        // (divergent), 5 with another request at its version (divergent).
+        let mut copy = log(0, &[1, 3, 4]);
+        let other5 = LogEntry {
+            request: 99,
+            ..e(5)
+        };
+        copy.entries.insert(other5.version, other5);
+        let sync = LogSync::between(&copy, &auth);
+        assert_eq!(sync.forget, vec![e(4).version, e(5).version]);
+        assert_eq!(sync.adopt, vec![e(5), e(6)]);
+        let b = sync.encode();
+        assert_eq!(LogSync::decode(&b, key, 3, count, 2).unwrap(), sync);
+        // Short, long, from a later epoch, of another PG, version 0, out
+        // of order.
+        assert!(LogSync::decode(&b[..7], key, 3, count, 2).is_err());
+        assert!(LogSync::decode(&b[..b.len() - 1], key, 3, count, 2).is_err());
+        assert!(LogSync::decode(&b, key, 3, count, 1).is_err());
+        assert!(LogSync::decode(&b, pg_key(1, 4), 3, count, 2).is_err());
+        let zero = LogSync {
+            forget: vec![0],
+            adopt: vec![],
+        };
+        assert!(LogSync::decode(&zero.encode(), key, 3, count, 2).is_err());
+        let unordered = LogSync {
+            forget: vec![],
+            adopt: vec![e(6), e(5)],
+        };
+        assert!(LogSync::decode(&unordered.encode(), key, 3, count, 2).is_err());
     }
 }

@@ -75,10 +75,12 @@ pub enum Op {
     /// entry the header describes (`offset`/`length` its range, `client`
     /// and `request_id` its request) unless [`FLAG_UNLOGGED`] is set.
     Push = 15,
-    /// Primary → replica: drop the entries of PG `pg`'s log at the
-    /// versions in the payload (u64 each, little-endian): ops of older
-    /// epochs that the authoritative history does not hold.
-    Forget = 16,
+    /// Primary → replica, at the end of its recovery: make its log of PG
+    /// `pg` the authoritative one. Payload: forget count and adopt count
+    /// (u32 each), the versions to forget (u64 each: ops the authoritative
+    /// history does not hold), then the entries to adopt (64 bytes each,
+    /// ascending). Little-endian.
+    LogSync = 16,
 }
 
 impl Op {
@@ -99,7 +101,7 @@ impl Op {
             13 => Op::PgQuery,
             14 => Op::Pull,
             15 => Op::Push,
-            16 => Op::Forget,
+            16 => Op::LogSync,
             _ => return None,
         })
     }
@@ -378,7 +380,7 @@ impl Header {
             // Maps, PG events and logs, whole objects of recovery: sized
             // by their payload (bounded above), parsed by the receiver.
             (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull, true)
-            | (Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::Forget, false) => return Ok(()),
+            | (Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::LogSync, false) => return Ok(()),
             _ => false,
         };
         match (carries_data, len == self.length) {
