@@ -258,6 +258,7 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
             let last = v["last_damage"].as_str().unwrap_or("?");
             out.push(serde_json::json!({
                 "code": "OSD_DAMAGED",
+                "severity": "HEALTH_ERR",
                 "osd": id,
                 "message": format!("osd.{id} holds damaged data: {n} reads failed their checksum since it started and were refused with EIO (last: {last})")
             }));
@@ -265,12 +266,89 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
         if let Some(why) = v["replay_stopped"].as_str() {
             out.push(serde_json::json!({
                 "code": "OSD_JOURNAL_DAMAGED",
+                "severity": "HEALTH_ERR",
                 "osd": id,
                 "message": format!("osd.{id}: journal replay stopped before its end at open: {why}")
             }));
         }
     }
     out
+}
+
+/// The PGs of a pool of `total` as their primaries report them (`stats`:
+/// each OSD's `Op::Stat` answer), and the health checks their states
+/// raise: a PG no primary reports (its primary is down or unreachable)
+/// counts as unknown, and like an inactive one cannot serve I/O.
+fn pg_summary(
+    total: u32,
+    stats: &[(u32, Option<serde_json::Value>)],
+) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let mut counts: std::collections::BTreeMap<String, u32> = Default::default();
+    let mut named: Vec<nacre_osd::PgReport> = Vec::new();
+    for v in stats.iter().filter_map(|(_, v)| v.as_ref()) {
+        let Ok(r) = serde_json::from_value::<nacre_osd::OsdReport>(v.clone()) else {
+            continue;
+        };
+        for (state, n) in r.pg_states {
+            *counts.entry(state).or_default() += n;
+        }
+        named.extend(r.pgs_not_clean);
+    }
+    named.sort_by_key(|p| p.pg);
+    named.truncate(nacre_osd::PG_REPORT_MAX);
+    let n = |s: &str| counts.get(s).copied().unwrap_or(0);
+    // Briefly, two OSDs may both report a PG whose primary just changed.
+    let unknown = total.saturating_sub(counts.values().sum());
+    let (inactive, peering, degraded) = (n("inactive"), n("peering"), n("active+degraded"));
+    let list = |state: &str| {
+        let some: Vec<String> = (named.iter().filter(|p| p.state == state).take(3))
+            .map(|p| format!("PG {} {}", p.pg, p.detail.as_deref().unwrap_or(state)))
+            .collect();
+        if some.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", some.join("; "))
+        }
+    };
+    let mut checks = Vec::new();
+    if inactive + unknown > 0 {
+        let mut what = Vec::new();
+        if inactive > 0 {
+            what.push(format!("{inactive} inactive{}", list("inactive")));
+        }
+        if unknown > 0 {
+            what.push(format!("{unknown} with no primary reporting"));
+        }
+        checks.push(serde_json::json!({
+            "code": "PG_INACTIVE",
+            "severity": "HEALTH_ERR",
+            "message": format!("{} PGs cannot serve I/O: {}", inactive + unknown, what.join(", ")),
+        }));
+    }
+    if peering > 0 {
+        checks.push(serde_json::json!({
+            "code": "PG_PEERING",
+            "severity": "HEALTH_WARN",
+            "message": format!("{peering} PGs peering{}", list("peering")),
+        }));
+    }
+    if degraded > 0 {
+        checks.push(serde_json::json!({
+            "code": "PG_DEGRADED",
+            "severity": "HEALTH_WARN",
+            "message": format!("{degraded} PGs active with fewer copies than the pool's size{}", list("active+degraded")),
+        }));
+    }
+    let json = serde_json::json!({
+        "total": total,
+        "active_clean": n("active+clean"),
+        "degraded": degraded,
+        "peering": peering,
+        "inactive": inactive,
+        "unknown": unknown,
+        "not_clean": named,
+    });
+    (json, checks)
 }
 
 pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
@@ -282,22 +360,14 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     })?;
     let pool = m.pools.first().context("no pool")?;
     let pg = m.pgmap(pool.id).context("no PG table")?;
-    let (mut clean, mut degraded, mut inactive) = (0u32, 0u32, 0u32);
-    for p in 0..pg.pg_count() {
-        let up = pg.acting(p).iter().filter(|o| m.is_up(**o)).count();
-        if up == pg.size as usize {
-            clean += 1;
-        } else if up >= pool.min_size as usize {
-            degraded += 1;
-        } else {
-            inactive += 1;
-        }
-    }
+    let (pgs, pg_checks) = pg_summary(pg.pg_count(), &stats);
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
-    let checks = damage_checks(&stats);
-    let health = if inactive > 0 || !checks.is_empty() {
+    let mut checks = damage_checks(&stats);
+    checks.extend(pg_checks);
+    let severity = |s: &str| checks.iter().any(|c| c["severity"] == s);
+    let health = if severity("HEALTH_ERR") {
         "HEALTH_ERR"
-    } else if degraded > 0 || up_count < m.osds.len() {
+    } else if severity("HEALTH_WARN") || up_count < m.osds.len() {
         "HEALTH_WARN"
     } else {
         "HEALTH_OK"
@@ -311,7 +381,7 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
         "health": health,
         "checks": checks,
         "osds": {"total": m.osds.len(), "up": up_count},
-        "pgs": {"total": pg.pg_count(), "active_clean": clean, "degraded": degraded, "inactive": inactive},
+        "pgs": pgs,
         "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
         "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
                       "read_bytes_per_s": sum("read_bytes_per_s") as u64, "write_bytes_per_s": sum("write_bytes_per_s") as u64},
@@ -332,8 +402,8 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
             }
             println!("osds      {} total, {up_count} up", m.osds.len());
             println!(
-                "pgs       {} total: {clean} active+clean, {degraded} degraded, {inactive} inactive",
-                pg.pg_count()
+                "pgs       {} total: {} active+clean, {} degraded, {} peering, {} inactive, {} unknown",
+                pgs["total"], pgs["active_clean"], pgs["degraded"], pgs["peering"], pgs["inactive"], pgs["unknown"]
             );
             println!(
                 "pool      {} (replicated size {}, min_size {})",
@@ -642,7 +712,77 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::signal_name;
+    use super::{pg_summary, signal_name};
+
+    /// PG states add up over the primaries' reports; a PG none reports is
+    /// unknown; inactive and unknown PGs are an error, peering and
+    /// degraded ones a warning, each named with why.
+    #[test]
+    fn pg_states_add_up_and_raise_checks() {
+        let report = |states: &[(&str, u32)], named: &[(u32, &str, &str)]| {
+            let r = nacre_osd::OsdReport {
+                pg_states: states.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
+                pgs_not_clean: (named.iter())
+                    .map(|(pg, state, why)| nacre_osd::PgReport {
+                        pg: *pg,
+                        state: state.to_string(),
+                        detail: Some(why.to_string()),
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            Some(serde_json::to_value(r).unwrap())
+        };
+        let clean = vec![
+            (0, report(&[("active+clean", 3)], &[])),
+            (1, report(&[("active+clean", 3)], &[])),
+        ];
+        let (pgs, checks) = pg_summary(6, &clean);
+        assert_eq!(
+            (pgs["active_clean"].as_u64(), pgs["unknown"].as_u64()),
+            (Some(6), Some(0))
+        );
+        assert!(checks.is_empty());
+        let bad = vec![
+            (
+                0,
+                report(
+                    &[("active+degraded", 2), ("inactive", 1)],
+                    &[
+                        (1, "active+degraded", "2 of 3 copies up"),
+                        (4, "inactive", "waiting for osd.2"),
+                        (3, "active+degraded", "2 of 3 copies up"),
+                    ],
+                ),
+            ),
+            (1, None),
+            (
+                2,
+                report(&[("peering", 1)], &[(5, "peering", "a write failed")]),
+            ),
+        ];
+        let (pgs, checks) = pg_summary(6, &bad);
+        assert_eq!(pgs["degraded"], 2);
+        assert_eq!(pgs["inactive"], 1);
+        assert_eq!(pgs["peering"], 1);
+        assert_eq!(pgs["unknown"], 2);
+        assert_eq!(pgs["not_clean"][0]["pg"], 1, "sorted by PG");
+        let codes: Vec<(&str, &str)> = (checks.iter())
+            .map(|c| (c["code"].as_str().unwrap(), c["severity"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                ("PG_INACTIVE", "HEALTH_ERR"),
+                ("PG_PEERING", "HEALTH_WARN"),
+                ("PG_DEGRADED", "HEALTH_WARN")
+            ]
+        );
+        let msg = checks[0]["message"].as_str().unwrap();
+        assert!(msg.contains("3 PGs cannot serve I/O"), "{msg}");
+        assert!(msg.contains("PG 4 waiting for osd.2"), "{msg}");
+        assert!(msg.contains("2 with no primary reporting"), "{msg}");
+    }
 
     #[test]
     fn signals_are_named() {

@@ -90,7 +90,7 @@ impl Up {
         // Ready once this process has written its pid (it does so after
         // everything listens: a socket file or a lease left by a killed
         // predecessor proves nothing), the NBD socket answers and status
-        // reports every OSD up.
+        // reports every OSD up and every PG active+clean.
         let pid = self.child.as_ref().unwrap().id().to_string();
         loop {
             assert!(
@@ -106,7 +106,10 @@ impl Up {
                 let out = nacre(&["status", "--dir", self.dir(), "--format", "json"]);
                 if out.status.success() {
                     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                    if v["osds"]["up"] == v["osds"]["total"] {
+                    // Every OSD up and every PG peered.
+                    if v["osds"]["up"] == v["osds"]["total"]
+                        && v["pgs"]["active_clean"] == v["pgs"]["total"]
+                    {
                         return;
                     }
                 }

@@ -57,7 +57,7 @@ use nacre_types::{pg_of, ObjectId, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use map::{OsdMap, PgEvent};
-pub use stats::OsdStats;
+pub use stats::{OsdReport, OsdStats, PgReport, PG_REPORT_MAX};
 
 /// Completed writes remembered for retries, per PG (twice what a PG log
 /// holds at the default slot size, which refills the cache at peering).
@@ -411,6 +411,48 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.pgs.borrow().get(&pg).cloned()
     }
 
+    /// What `Op::Stat` answers: counters, space, and the PGs this OSD is
+    /// primary of in its epoch.
+    pub fn stat_report(&self) -> OsdReport {
+        let mut r = self.stats.report(self.id, &self.store);
+        let m = self.map.borrow();
+        r.epoch = m.epoch();
+        let mut pgs: Vec<(u32, PgState)> = (self.pgs.borrow().iter())
+            .map(|(&pg, s)| (pg, s.clone()))
+            .collect();
+        pgs.sort_unstable_by_key(|(pg, _)| *pg);
+        for (pg, s) in pgs {
+            let (state, detail) = match s {
+                PgState::Active if m.acting(pg).len() == m.pgmap.size as usize => {
+                    ("active+clean", None)
+                }
+                PgState::Active => (
+                    "active+degraded",
+                    Some(format!(
+                        "{} of {} copies up",
+                        m.acting(pg).len(),
+                        m.pgmap.size
+                    )),
+                ),
+                PgState::Peering => ("peering", None),
+                PgState::Failed => (
+                    "peering",
+                    Some("a write failed on some copy; waiting for the next epoch".into()),
+                ),
+                PgState::Inactive(why) => ("inactive", Some(why)),
+            };
+            *r.pg_states.entry(state.into()).or_default() += 1;
+            if state != "active+clean" && r.pgs_not_clean.len() < PG_REPORT_MAX {
+                r.pgs_not_clean.push(PgReport {
+                    pg,
+                    state: state.into(),
+                    detail,
+                });
+            }
+        }
+        r
+    }
+
     async fn leader_call(&self, h: Header, body: Option<AlignedBuf>) -> Result<Frame, NetError> {
         let cached = self.leader_conn.borrow().clone();
         let conn = match cached {
@@ -618,10 +660,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// Waits until no op of PG `pg` from an epoch before `epoch` is in
-    /// flight here.
+    /// Waits until no op of PG `pg` from `epoch` or an earlier one is in
+    /// flight here. In `epoch` itself, while the PG peers, those are the
+    /// pushes, rewrites and log syncs of an earlier peering attempt that
+    /// the primary stopped waiting for: the next attempt must see their
+    /// effects, not have them land after it made its plan.
     async fn drain(&self, pg: u32, epoch: u64) {
-        while (self.inflight.borrow().keys()).any(|&(p, e)| p == pg && e < epoch) {
+        while (self.inflight.borrow().keys()).any(|&(p, e)| p == pg && e <= epoch) {
             self.drained.wait().await;
         }
     }
@@ -1052,8 +1097,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             }
             Op::PurgeVolume => (h.reply(self.purge_volume(h.oid.volume.0).await), None),
             Op::Stat => {
-                let body = serde_json::to_vec(&self.stats.report(self.id, &self.store))
-                    .expect("stats serialise");
+                let body = serde_json::to_vec(&self.stat_report()).expect("stats serialise");
                 (
                     h.reply(Status::Ok).with_payload(&body),
                     Some(AlignedBuf::from_slice(&body)),

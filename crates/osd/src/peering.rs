@@ -5,7 +5,8 @@
 //! 1. Query every up OSD of the acting set and of the PG's last active
 //!    interval for its log and its objects (each answers once no op of an
 //!    older epoch is in flight there, so the answer holds every write that
-//!    copy will ever acknowledge for older epochs).
+//!    copy will ever acknowledge for older epochs, nor one of an earlier
+//!    peering attempt of this epoch, so no recovery step lands after it).
 //! 2. The authoritative copy is an answering member of the last active
 //!    interval, the one with the newest log head. Every member of that
 //!    interval was complete when it went active and took every write
@@ -210,8 +211,8 @@ enum PeerError {
 use PeerError::{Inactive, Retry};
 
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
-    /// This copy's info of PG `pg`, once no op of an epoch before `epoch`
-    /// is in flight here.
+    /// This copy's info of PG `pg`, once no op of `epoch` or an earlier
+    /// one is in flight here.
     async fn local_info(&self, pg: u32, epoch: u64) -> PgInfo {
         self.drain(pg, epoch).await;
         let (key, count) = {

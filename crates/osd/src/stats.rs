@@ -2,6 +2,7 @@
 //! latency sums, and rates over the last completed second.
 
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use nacre_blockstore::Store;
@@ -57,6 +58,32 @@ pub struct OsdReport {
     /// (damage in the journal, not a torn tail).
     #[serde(default)]
     pub replay_stopped: Option<String>,
+    /// The map epoch this OSD is in.
+    #[serde(default)]
+    pub epoch: u64,
+    /// The PGs this OSD is primary of in that epoch, counted by state
+    /// ([`PgReport::state`]).
+    #[serde(default)]
+    pub pg_states: BTreeMap<String, u32>,
+    /// Those not `active+clean`, with why (at most [`PG_REPORT_MAX`]).
+    #[serde(default)]
+    pub pgs_not_clean: Vec<PgReport>,
+}
+
+/// PGs not `active+clean` an OSD names in its report (the counts cover
+/// every PG): a report must fit one control frame.
+pub const PG_REPORT_MAX: usize = 32;
+
+/// One PG as its primary sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgReport {
+    pub pg: u32,
+    /// `active+clean`, `active+degraded` (fewer than `size` copies up),
+    /// `peering` (gathering and recovering the copies, or waiting for the
+    /// next epoch after a failed write), or `inactive` (cannot peer).
+    pub state: String,
+    #[serde(default)]
+    pub detail: Option<String>,
 }
 
 fn add(c: &Cell<u64>, n: u64) {
@@ -157,6 +184,7 @@ impl OsdStats {
             damaged_reads: self.damaged_reads.get(),
             last_damage: self.last_damage.borrow().clone(),
             replay_stopped: self.replay_stopped.borrow().clone(),
+            ..OsdReport::default()
         }
     }
 }

@@ -408,3 +408,51 @@ fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
         }
     });
 }
+
+/// A primary reports the state of each of its PGs (for `nacre status`):
+/// active+degraded while a copy is down and `min_size` are up, inactive
+/// with the reason once fewer are.
+#[test]
+fn primaries_report_degraded_and_inactive_pgs() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
+        // osd.2 never starts.
+        let (a, _sa) = start_osd(d.path(), &st, 0).await;
+        let (b, sb) = start_osd(d.path(), &st, 1).await;
+        let mine = |id: u32| {
+            let m = leader.map();
+            (0..m.pgmap.pg_count())
+                .filter(|&pg| m.primary(pg) == Some(id))
+                .count() as u32
+        };
+        let wait = |osd: Rc<Osd>, state: &'static str, n: u32| async move {
+            for _ in 0..500 {
+                let r = osd.stat_report();
+                if r.pg_states.get(state) == Some(&n) && r.pg_states.len() == 1 {
+                    return r;
+                }
+                rt::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("osd.{}: {:?}", osd.id, osd.stat_report().pg_states);
+        };
+        let r = wait(a.clone(), "active+degraded", mine(0)).await;
+        assert!(mine(0) > 0);
+        assert_eq!(r.pgs_not_clean.len(), mine(0) as usize);
+        assert_eq!(
+            r.pgs_not_clean[0].detail.as_deref(),
+            Some("2 of 3 copies up")
+        );
+        wait(b.clone(), "active+degraded", mine(1)).await;
+        // osd.1 stops: after the heartbeat grace it is down, and osd.0's
+        // PGs (now all of them) have one copy of three.
+        drop(sb);
+        b.halt();
+        let r = wait(a.clone(), "inactive", 8).await;
+        assert_eq!(
+            r.pgs_not_clean[0].detail.as_deref(),
+            Some("1 of 3 copies up, min_size 2")
+        );
+    });
+}

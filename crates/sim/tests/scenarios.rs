@@ -20,6 +20,20 @@ fn write(oid: ObjectId, request: u64, data: &[u8]) -> Header {
     h
 }
 
+/// Writes 4 KiB of `byte` at the start of `oid` as request `request`,
+/// which must be acknowledged; its version.
+async fn put(c: &Cluster, oid: ObjectId, request: u64, byte: u8) -> u64 {
+    let data = vec![byte; 4096];
+    let f = (c.call(
+        write(oid, request, &data),
+        Some(AlignedBuf::from_slice(&data)),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(f.h.status, Status::Ok, "write {request}");
+    f.h.obj_version
+}
+
 /// The object's bytes through its primary (`None`: absent).
 async fn read(c: &Cluster, oid: ObjectId) -> Option<Vec<u8>> {
     let mut h = Header::request(Op::Read, 0, oid);
@@ -109,21 +123,11 @@ fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
         let oid = ObjectId::new(1, 9);
         let (pg, acting) = c.route(oid);
         let (x, y, z) = (acting[0], acting[1], acting[2]);
-        let put = |req: u64, byte: u8| {
-            let c = c.clone();
-            async move {
-                let data = vec![byte; 4096];
-                let f = (c.call(write(oid, req, &data), Some(AlignedBuf::from_slice(&data))))
-                    .await
-                    .unwrap();
-                assert_eq!(f.h.status, Status::Ok, "write {req}");
-            }
-        };
-        put(1, 0x11).await;
+        put(&c, oid, 1, 0x11).await;
         // An interval of x and y alone, with a write in it.
         c.crash(z, 1);
         c.settle(SETTLE).await.unwrap();
-        put(2, 0x22).await;
+        put(&c, oid, 2, 0x22).await;
         // y goes; x's disk is replaced; x (blank) and z come back.
         c.crash(y, 2);
         c.crash(x, 3);
@@ -171,22 +175,11 @@ fn a_recovered_copy_carries_the_whole_history() {
         let oid = ObjectId::new(1, 7);
         let (_, acting) = c.route(oid);
         let (x, y, z) = (acting[0], acting[1], acting[2]);
-        let put = |req: u64, byte: u8| {
-            let c = c.clone();
-            async move {
-                let data = vec![byte; 4096];
-                let f = (c.call(write(oid, req, &data), Some(AlignedBuf::from_slice(&data))))
-                    .await
-                    .unwrap();
-                assert_eq!(f.h.status, Status::Ok, "write {req}");
-                f.h.obj_version
-            }
-        };
         // z misses two writes of the object; recovery brings it the second.
         c.crash(z, 1);
         c.settle(SETTLE).await.unwrap();
-        let v1 = put(1, 0x11).await;
-        put(2, 0x22).await;
+        let v1 = put(&c, oid, 1, 0x11).await;
+        put(&c, oid, 2, 0x22).await;
         c.start(z).await;
         c.settle(SETTLE).await.unwrap();
         // Then only z is left of the last active interval, and x peers
