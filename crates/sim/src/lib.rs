@@ -63,6 +63,9 @@ struct NetState {
     faults: Cell<Faults>,
     /// Requests it matches (destination address, header) are lost.
     filter: RefCell<Option<Filter>>,
+    /// Nodes cut off from every other node (not from clients): a call
+    /// from or to one of them is lost.
+    isolated: RefCell<std::collections::HashSet<String>>,
     /// How long a caller waits for a reply that does not come.
     deadline: Duration,
     /// Print every message (`NACRE_SIM_TRACE`).
@@ -87,6 +90,7 @@ impl Net {
                 rng: RefCell::new(SplitMix(seed)),
                 faults: Cell::new(Faults::default()),
                 filter: RefCell::new(None),
+                isolated: RefCell::new(Default::default()),
                 deadline,
                 trace: std::env::var_os("NACRE_SIM_TRACE").is_some(),
             }),
@@ -98,12 +102,6 @@ impl Net {
         let n = self.0.incarnations.get() + 1;
         self.0.incarnations.set(n);
         n
-    }
-
-    /// Serves requests to `addr` with `h`, replacing what served it.
-    pub fn attach<H: Handler>(&self, addr: &Addr, h: Rc<H>) {
-        let n = self.next_incarnation();
-        self.insert(addr.to_string(), h, n);
     }
 
     /// The transport of a new incarnation of the node at `addr`, to be
@@ -153,6 +151,18 @@ impl Net {
 
     pub fn clear_filter(&self) {
         *self.0.filter.borrow_mut() = None;
+    }
+
+    /// Cuts the node at `addr` off from the other nodes (the leader and
+    /// the OSDs; clients still reach it), or (`false`) joins it again: a
+    /// partition. The node runs on, and what it sends is lost.
+    pub fn isolate(&self, addr: &Addr, cut: bool) {
+        let mut i = self.0.isolated.borrow_mut();
+        if cut {
+            i.insert(addr.to_string());
+        } else {
+            i.remove(&addr.to_string());
+        }
     }
 
     /// A draw from the simulation's generator.
@@ -264,7 +274,11 @@ impl SimConn {
         }
         let f = self.net.0.faults.get();
         let filtered = (self.net.0.filter.borrow().as_ref()).is_some_and(|lose| lose(&self.to, &h));
-        if filtered || self.net.strikes(f.drop_per_mille) {
+        let cut = self.net.1.as_ref().is_some_and(|(me, _)| {
+            let i = self.net.0.isolated.borrow();
+            i.contains(me) || i.contains(&self.to)
+        });
+        if filtered || cut || self.net.strikes(f.drop_per_mille) {
             return self.time_out().await;
         }
         self.net.delay().await;
@@ -375,8 +389,10 @@ impl Cluster {
             stores: Default::default(),
             last_active: Default::default(),
         };
-        let leader = Leader::new(map, net.clone(), Box::new(|_| Ok(()))).expect("a leader");
-        net.attach(&leader_addr(), leader.clone());
+        // The leader is a node too: a partition can cut it off.
+        let lnet = net.for_node(&leader_addr());
+        let leader = Leader::new(map, lnet.clone(), Box::new(|_| Ok(()))).expect("a leader");
+        lnet.attach_node(leader.clone());
         rt::spawn(leader.clone().run());
         let mut nodes = Vec::new();
         for id in 0..osds {
@@ -450,6 +466,13 @@ impl Cluster {
             }
             rt::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Cuts OSD `id` off from the leader and the other OSDs (`cut`), or
+    /// joins it again; it runs on, and clients still reach it.
+    pub fn isolate(&self, id: u32, cut: bool) {
+        let addr = self.nodes.borrow()[id as usize].addr.clone();
+        self.net.isolate(&addr, cut);
     }
 
     /// Cuts OSD `id`'s power: it stops answering, its device keeps what a

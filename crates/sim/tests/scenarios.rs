@@ -202,3 +202,55 @@ fn a_recovered_copy_carries_the_whole_history() {
         c.stop();
     });
 }
+
+/// A primary cut off from the other OSDs and the leader (its clients
+/// still reach it) acknowledges no write; the others go on without it in
+/// a new epoch; once it joins again it learns it was marked down, boots
+/// again, and serves what the others acknowledged meanwhile.
+#[test]
+fn a_partitioned_primary_acknowledges_nothing_and_catches_up() {
+    rt::block_on_virtual(async {
+        let net = Net::new(4, Duration::from_millis(500));
+        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
+        c.settle(SETTLE).await.unwrap();
+        let oid = ObjectId::new(1, 11);
+        let (_, acting) = c.route(oid);
+        let p = acting[0];
+        put(&c, oid, 1, 0x11).await;
+        c.isolate(p, true);
+        // Straight to the old primary, in the epoch it knows.
+        let data = vec![0x22u8; 4096];
+        let f = c
+            .call(write(oid, 2, &data), Some(AlignedBuf::from_slice(&data)))
+            .await;
+        assert!(
+            f.as_ref().map_or(true, |f| f.h.status != Status::Ok),
+            "an isolated primary acknowledged a write"
+        );
+        // Its answer may come after the client stopped waiting: the primary
+        // itself must have given up on the write (each sub-op tried three
+        // times) and stopped the PG.
+        let (pg, _) = c.route(oid);
+        rt::sleep(Duration::from_millis(2000)).await;
+        assert_eq!(
+            c.osd(p).unwrap().pg_state(pg),
+            Some(nacre_osd::PgState::Failed)
+        );
+        // The leader marks it down; the others serve the PG.
+        for _ in 0..300 {
+            let q = c.route(oid).1[0];
+            if q != p && c.osd(q).unwrap().pg_state(pg) == Some(nacre_osd::PgState::Active) {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!c.leader.map().is_up(p), "osd.{p} is still up");
+        put(&c, oid, 3, 0x33).await;
+        c.isolate(p, false);
+        c.settle(SETTLE).await.unwrap();
+        assert_eq!(c.route(oid).1[0], p, "osd.{p} is primary again");
+        let got = read(&c, oid).await.expect("the object");
+        assert_eq!(&got[..4096], &[0x33u8; 4096][..]);
+        c.stop();
+    });
+}

@@ -1,8 +1,8 @@
 //! Seeded histories on the simulated cluster: clients write whole objects,
 //! write parts of them and delete them through the primaries while the
 //! network drops, delays and duplicates messages and loses replies, and
-//! OSDs crash (power cut) and restart, in some histories once on a blank
-//! disk; the leader marks them down and up and primaries peer and recover. Then everything heals, and every object
+//! OSDs are cut off by partitions and join again, or crash (power cut)
+//! and restart, in some histories once on a blank disk; the leader marks them down and up and primaries peer and recover. Then everything heals, and every object
 //! is checked against a model of what the clients were told.
 //!
 //! `NACRE_SIM_SEEDS` (default 128) sets how many seeds run, `NACRE_SIM_SEED`
@@ -138,16 +138,26 @@ async fn client(c: Rc<Cluster>, k: u64, model: Model, seed: u64) {
     }
 }
 
-/// Crashes a random OSD now and then, and restarts it a little later. In
-/// some histories, once, the crashed OSD comes back on a blank disk (a
-/// disk replaced): one at a time, every PG keeps a member of its last
-/// active interval with its store, so nothing acknowledged may be lost.
+/// Now and then cuts a random OSD off from the leader and the other OSDs
+/// (a partition; clients still reach it) or crashes it, and a little
+/// later joins or restarts it. In some histories, once, the crashed OSD
+/// comes back on a blank disk (a disk replaced): one at a time, every PG
+/// keeps a member of its last active interval with its store, so nothing
+/// acknowledged may be lost.
 async fn chaos(c: Rc<Cluster>, until: Rc<std::cell::Cell<bool>>) {
     let mut replaced = false;
     while !until.get() {
         rt::sleep(Duration::from_millis(200 + c.net.below(1800))).await;
         let id = c.net.below(u64::from(OSDS)) as u32;
         if !c.is_up(id) {
+            continue;
+        }
+        if c.net.below(4) == 0 {
+            trace(&format!("isolate osd.{id}"));
+            c.isolate(id, true);
+            rt::sleep(Duration::from_millis(100 + c.net.below(5000))).await;
+            trace(&format!("join osd.{id}"));
+            c.isolate(id, false);
             continue;
         }
         trace(&format!("crash osd.{id}"));
