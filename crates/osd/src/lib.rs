@@ -490,8 +490,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let mut h =
                 Header::request(Op::Boot, 0, ObjectId::default()).with_payload(store.as_bytes());
             h.sender = self.id;
+            // The leader hears this OSD after this instant: the read lease
+            // runs from here, not from the reply.
+            let sent = rt::monotonic();
             match (self.leader_call(h, Some(AlignedBuf::from_slice(store.as_bytes())))).await {
                 Ok(f) if f.h.status == Status::Ok => {
+                    self.pinged.set(sent);
                     let body = f.payload.as_deref().unwrap_or(&[]);
                     match OsdMap::from_json(body) {
                         Ok(m) => {
@@ -1054,6 +1058,13 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 // be on this copy and not yet on the others; wait for it to
                 // be acknowledged or to fail.
                 self.wait_unbusy(h.oid).await;
+                // The read lease: not heard from the leader for a while,
+                // this OSD may be marked down and another primary may
+                // have taken writes this copy lacks.
+                let lease = Duration::from_millis(nacre_types::READ_LEASE_MS);
+                if rt::monotonic().saturating_sub(self.pinged.get()) > lease {
+                    return (h.reply(Status::Unavailable), None);
+                }
                 if self.pg_state(h.pg) != Some(PgState::Active) {
                     // It failed: this copy may hold what others lack.
                     return (h.reply(Status::Unavailable), None);

@@ -254,3 +254,51 @@ fn a_partitioned_primary_acknowledges_nothing_and_catches_up() {
         c.stop();
     });
 }
+
+/// Reads need a lease (§6 of docs/internals/replication.md): a primary
+/// cut off from the leader still thinks its PG active and its clients
+/// still reach it, while the others take writes in a new epoch. It must
+/// stop answering reads before the leader can mark it down, or it would
+/// return data older than an acknowledged write.
+#[test]
+fn a_partitioned_primary_serves_no_stale_read() {
+    rt::block_on_virtual(async {
+        let net = Net::new(5, Duration::from_millis(500));
+        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
+        c.settle(SETTLE).await.unwrap();
+        let oid = ObjectId::new(1, 13);
+        let (pg, acting) = c.route(oid);
+        let p = acting[0];
+        put(&c, oid, 1, 0x11).await;
+        c.isolate(p, true);
+        for _ in 0..300 {
+            let q = c.route(oid).1[0];
+            if q != p && c.osd(q).unwrap().pg_state(pg) == Some(nacre_osd::PgState::Active) {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        put(&c, oid, 2, 0x22).await;
+        // The old primary has heard of none of this.
+        let old = c.osd(p).unwrap();
+        assert_eq!(old.pg_state(pg), Some(nacre_osd::PgState::Active));
+        let mut h = Header::request(Op::Read, 0, oid);
+        h.length = 4096;
+        h.pg = pg;
+        h.epoch = old.epoch();
+        let addr = c.nodes.borrow()[p as usize].addr.clone();
+        let conn = nacre_net::Transport::connect(&net, &addr).unwrap();
+        let f = nacre_net::Rpc::call(&*conn, h, None).await.unwrap();
+        assert_eq!(
+            f.h.status,
+            Status::Unavailable,
+            "the old primary answered a read (data {:?})",
+            f.payload.as_ref().map(|d| d[0])
+        );
+        c.isolate(p, false);
+        c.settle(SETTLE).await.unwrap();
+        let got = read(&c, oid).await.expect("the object");
+        assert_eq!(&got[..4096], &[0x22u8; 4096][..]);
+        c.stop();
+    });
+}

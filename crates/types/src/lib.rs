@@ -50,6 +50,13 @@ pub const BLOCK_BYTES_DEFAULT: u32 = 128 << 10;
 pub const HEARTBEAT_INTERVAL_MS: u64 = 500;
 /// An OSD unheard of for this long is marked down.
 pub const HEARTBEAT_GRACE_MS: u64 = 3_000;
+/// A primary serves reads only this long after a heartbeat from the
+/// leader reached it (a read lease, docs/internals/replication.md §6):
+/// shorter than the grace by a margin for clock drift, so that a primary
+/// cut off from the leader stops serving reads before the leader can mark
+/// it down and let another primary take writes.
+pub const READ_LEASE_MS: u64 = 2_000;
+const _: () = assert!(READ_LEASE_MS + 1_000 <= HEARTBEAT_GRACE_MS);
 /// How long a client op waits on an OSD for its PG to become active
 /// (peering) before it is answered `Unavailable` and retried.
 pub const PG_WAIT_MS: u64 = 2_000;
