@@ -281,14 +281,20 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
 /// counts as unknown, and like an inactive one cannot serve I/O.
 fn pg_summary(
     total: u32,
+    epoch: u64,
     stats: &[(u32, Option<serde_json::Value>)],
 ) -> (serde_json::Value, Vec<serde_json::Value>) {
     let mut counts: std::collections::BTreeMap<String, u32> = Default::default();
     let mut named: Vec<nacre_osd::PgReport> = Vec::new();
     for v in stats.iter().filter_map(|(_, v)| v.as_ref()) {
+        // A report from an epoch before the stored map's speaks for PGs
+        // that may have another primary now.
         let Ok(r) = serde_json::from_value::<nacre_osd::OsdReport>(v.clone()) else {
             continue;
         };
+        if r.epoch < epoch {
+            continue;
+        }
         for (state, n) in r.pg_states {
             *counts.entry(state).or_default() += n;
         }
@@ -360,7 +366,7 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     })?;
     let pool = m.pools.first().context("no pool")?;
     let pg = m.pgmap(pool.id).context("no PG table")?;
-    let (pgs, pg_checks) = pg_summary(pg.pg_count(), &stats);
+    let (pgs, pg_checks) = pg_summary(pg.pg_count(), pg.epoch, &stats);
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
     let mut checks = damage_checks(&stats);
     checks.extend(pg_checks);
@@ -737,7 +743,7 @@ mod tests {
             (0, report(&[("active+clean", 3)], &[])),
             (1, report(&[("active+clean", 3)], &[])),
         ];
-        let (pgs, checks) = pg_summary(6, &clean);
+        let (pgs, checks) = pg_summary(6, 0, &clean);
         assert_eq!(
             (pgs["active_clean"].as_u64(), pgs["unknown"].as_u64()),
             (Some(6), Some(0))
@@ -761,7 +767,7 @@ mod tests {
                 report(&[("peering", 1)], &[(5, "peering", "a write failed")]),
             ),
         ];
-        let (pgs, checks) = pg_summary(6, &bad);
+        let (pgs, checks) = pg_summary(6, 0, &bad);
         assert_eq!(pgs["degraded"], 2);
         assert_eq!(pgs["inactive"], 1);
         assert_eq!(pgs["peering"], 1);

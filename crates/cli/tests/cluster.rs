@@ -830,8 +830,14 @@ fn a_full_cluster_says_enospc_and_recovers() {
         assert!(ok_after, "space did not come back after trim");
         c.disconnect().await;
     });
-    let s = up.status();
-    assert_eq!(s["health"], "HEALTH_OK");
+    // Each refused write ended its PG's interval: wait for the peering.
+    let t0 = Instant::now();
+    let mut s = up.status();
+    while s["health"] != "HEALTH_OK" && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+        s = up.status();
+    }
+    assert_eq!(s["health"], "HEALTH_OK", "{s}");
 }
 
 fn suite_names(v: &serde_json::Value) -> Vec<String> {

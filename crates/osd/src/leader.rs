@@ -5,8 +5,9 @@
 //!   it up in a new epoch (its `up_from`), so a restarted process is a new
 //!   incarnation, and records the store: an interval's member counts for
 //!   peering only while it runs the store it had in that interval.
-//! - The leader heartbeats every up OSD; one unheard of for
-//!   `HEARTBEAT_GRACE_MS` is marked down in a new epoch.
+//! - Every up OSD heartbeats the leader (`Ping`, every
+//!   `HEARTBEAT_INTERVAL_MS`); one unheard of for `HEARTBEAT_GRACE_MS` is
+//!   marked down in a new epoch.
 //! - A primary whose write failed on some copy reports `PgEvent::Failed`:
 //!   a new epoch ends the interval and the PG peers again.
 //! - A primary that finished peering reports `PgEvent::Active`; the leader
@@ -16,10 +17,10 @@
 //!
 //! Every change is persisted (`persist`, the meta store in `nacre up`)
 //! before anyone hears of it, then pushed to every up OSD; an OSD that
-//! missed the push learns the epoch from the next heartbeat.
+//! missed the push learns the epoch from its next heartbeat's answer.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -40,8 +41,6 @@ pub struct Leader<T: Transport> {
     persist: Persist,
     /// When each up OSD last answered a heartbeat (or booted).
     heard: RefCell<HashMap<u32, Duration>>,
-    /// OSDs with a heartbeat in flight.
-    pinging: RefCell<HashSet<u32>>,
     conns: RefCell<HashMap<u32, Rc<T::Conn>>>,
     stopped: Cell<bool>,
 }
@@ -70,7 +69,6 @@ impl<T: Transport> Leader<T> {
             map: RefCell::new(map),
             persist,
             heard: RefCell::new(HashMap::new()),
-            pinging: RefCell::new(HashSet::new()),
             conns: RefCell::new(HashMap::new()),
             stopped: Cell::new(false),
         }))
@@ -132,36 +130,28 @@ impl<T: Transport> Leader<T> {
         let _ = c.call(h, Some(AlignedBuf::from_slice(&body))).await;
     }
 
-    /// Heartbeats OSD `id`; pushes the map if it is behind.
-    async fn ping(self: Rc<Self>, id: u32) {
-        let epoch = self.map.borrow().epoch();
-        if let Some(c) = self.conn(id) {
-            let mut h = Header::request(Op::Ping, 0, ObjectId::default());
-            h.epoch = epoch;
-            if let Ok(f) = c.call(h, None).await {
-                if f.h.status == Status::Ok {
-                    self.heard.borrow_mut().insert(id, rt::monotonic());
-                    if f.h.epoch < self.map.borrow().epoch() {
-                        self.clone().push(id).await;
-                    }
-                }
-            }
+    /// A heartbeat from OSD `h.sender`, incarnation `h.obj_version` (its
+    /// `up_from`): counted when it arrives, if that incarnation is up;
+    /// `Unavailable` if it is not (it must boot again). The answer carries
+    /// the epoch.
+    fn heartbeat(&self, h: &Header) -> Header {
+        let m = self.map.borrow();
+        let up = m.up_from.get(&h.sender) == Some(&h.obj_version);
+        if up {
+            self.heard.borrow_mut().insert(h.sender, rt::monotonic());
         }
-        self.pinging.borrow_mut().remove(&id);
+        let mut r = h.reply(if up { Status::Ok } else { Status::Unavailable });
+        r.epoch = m.epoch();
+        r
     }
 
-    /// Heartbeats and marks silent OSDs down, until [`Leader::stop`].
+    /// Marks OSDs whose heartbeats stopped down, until [`Leader::stop`].
     pub async fn run(self: Rc<Self>) {
         let every = Duration::from_millis(HEARTBEAT_INTERVAL_MS);
         let grace = Duration::from_millis(HEARTBEAT_GRACE_MS);
         while !self.stopped.get() {
             rt::sleep(every).await;
             let up: Vec<u32> = self.map.borrow().up_from.keys().copied().collect();
-            for &id in &up {
-                if self.pinging.borrow_mut().insert(id) {
-                    rt::spawn(self.clone().ping(id));
-                }
-            }
             let now = rt::monotonic();
             let silent: Vec<u32> = {
                 let heard = self.heard.borrow();
@@ -280,6 +270,7 @@ impl<T: Transport> Handler for Leader<T> {
                 Err(s) => (h.reply(s), None),
             },
             Op::GetMap => json_reply(&h, self.map.borrow().to_json()),
+            Op::Ping => (self.heartbeat(&h), None),
             Op::PgEvent => {
                 let body = f.payload.as_deref().unwrap_or(&[]);
                 let s = self.pg_event(&h, body);

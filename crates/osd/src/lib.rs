@@ -122,8 +122,9 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     fetching: Cell<bool>,
     /// A boot again (after being marked down while running) is under way.
     rebooting: Cell<bool>,
-    /// When the leader last heartbeat this OSD, and whether a task
-    /// watches for that to stop.
+    /// When this OSD sent the last heartbeat (or `Boot`) the leader
+    /// answered: the read lease runs from there. And whether the task that
+    /// sends them runs.
     pinged: Cell<Duration>,
     watching: Cell<bool>,
     /// Closed or crashed: takes no new map, boots no more.
@@ -515,7 +516,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                             };
                             self.apply_map(m, true);
                             if !self.watching.replace(true) {
-                                rt::spawn(Self::watch_leader(Rc::downgrade(self)));
+                                rt::spawn(Self::heartbeat(Rc::downgrade(self)));
                             }
                             return Ok(());
                         }
@@ -610,19 +611,40 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// Asks the leader for the map whenever no heartbeat came for longer
-    /// than the grace: an OSD the leader marked down is no longer pinged
-    /// or sent maps, and must learn it to boot again.
+    /// Heartbeats the leader every `HEARTBEAT_INTERVAL_MS` (`Ping`, with
+    /// this incarnation's `up_from`). The leader counts one when it arrives;
+    /// the read lease runs from when it was sent, so it always ends before
+    /// the leader's grace for the same heartbeat, however late the
+    /// messages. A newer epoch in the answer fetches the map; `Unavailable`
+    /// (marked down) fetches it too, which boots this OSD again.
     /// (Holds the OSD only while it asks, so a closed one goes.)
-    async fn watch_leader(me: std::rc::Weak<Self>) {
-        let grace = Duration::from_millis(nacre_types::HEARTBEAT_GRACE_MS);
+    async fn heartbeat(me: std::rc::Weak<Self>) {
+        let every = Duration::from_millis(nacre_types::HEARTBEAT_INTERVAL_MS);
         loop {
-            rt::sleep(grace).await;
+            rt::sleep(every).await;
             let Some(me) = me.upgrade().filter(|o| !o.halted.get()) else {
                 return;
             };
-            if rt::monotonic().saturating_sub(me.pinged.get()) > grace {
-                me.refresh_map().await;
+            let up = me.up_from.get();
+            if up == 0 || up == u64::MAX {
+                continue;
+            }
+            let mut h = Header::request(Op::Ping, 0, ObjectId::default());
+            h.sender = me.id;
+            h.epoch = me.epoch();
+            h.obj_version = up;
+            let sent = rt::monotonic();
+            match me.leader_call(h, None).await {
+                Ok(f) if f.h.status == Status::Ok => {
+                    if me.up_from.get() == up && sent > me.pinged.get() {
+                        me.pinged.set(sent);
+                    }
+                    if f.h.epoch > me.epoch() {
+                        me.refresh_map().await;
+                    }
+                }
+                Ok(f) if f.h.status == Status::Unavailable => me.refresh_map().await,
+                _ => {}
             }
         }
     }
@@ -1114,16 +1136,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                     Some(AlignedBuf::from_slice(&body)),
                 )
             }
-            Op::Ping => {
-                self.pinged.set(rt::monotonic());
-                let mut r = h.reply(if self.up_from.get() == 0 {
-                    Status::Unavailable
-                } else {
-                    Status::Ok
-                });
-                r.epoch = self.epoch();
-                (r, None)
-            }
+
             Op::Map => {
                 let body = f.payload.as_deref().unwrap_or(&[]);
                 match OsdMap::from_json(body) {
@@ -1147,7 +1160,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 let s = self.answer_log_sync(&h, f.payload.as_deref()).await;
                 (h.reply(s), None)
             }
-            Op::Boot | Op::GetMap | Op::PgEvent => (h.reply(Status::Invalid), None),
+            Op::Boot | Op::GetMap | Op::PgEvent | Op::Ping => (h.reply(Status::Invalid), None),
         }
     }
 }

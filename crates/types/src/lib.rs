@@ -45,7 +45,7 @@ pub const BLOCK_BYTES_MAX: u32 = 4 << 20;
 /// The default store block size.
 pub const BLOCK_BYTES_DEFAULT: u32 = 128 << 10;
 
-/// How often the leader heartbeats every up OSD
+/// How often every up OSD heartbeats the leader
 /// (docs/internals/replication.md §7).
 pub const HEARTBEAT_INTERVAL_MS: u64 = 500;
 /// An OSD unheard of for this long is marked down.

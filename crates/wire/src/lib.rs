@@ -60,7 +60,9 @@ pub enum Op {
     GetMap = 9,
     /// Leader → OSD: a newer map (JSON payload).
     Map = 10,
-    /// Leader → OSD: heartbeat; the reply carries the OSD's epoch.
+    /// OSD (in `sender`, its `up_from` in `obj_version`) → leader:
+    /// heartbeat; `Unavailable` if that incarnation is not up. The reply
+    /// carries the leader's epoch.
     Ping = 11,
     /// Primary → leader: an event of PG `pg` in `epoch` (JSON payload:
     /// went active, or a write failed and the interval must end).
