@@ -11,8 +11,9 @@
 //! absent (a tombstone). A `(client, request id)` seen before is answered
 //! from a cache, filled at every peering from the authoritative PG log,
 //! instead of being applied twice, so a client may retry any write after a
-//! lost connection, a restart or a failover. Reads are served from the primary's store once no write of the
-//! object is in flight; a small read never touches other OSDs.
+//! lost connection, a restart or a failover. Reads are served from the
+//! primary's store once no write of the object is in flight and while its
+//! read lease holds; a small read never touches other OSDs.
 //!
 //! As **replica** it applies `RepWrite`/`RepDelete` at the version the
 //! primary chose, with the same log entry (the sub-op carries the client's
@@ -126,7 +127,7 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// answered: the read lease runs from there. And whether the task that
     /// sends them runs.
     pinged: Cell<Duration>,
-    watching: Cell<bool>,
+    beating: Cell<bool>,
     /// Closed or crashed: takes no new map, boots no more.
     halted: Cell<bool>,
     /// The PGs this OSD is primary of in the current epoch.
@@ -365,7 +366,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             fetching: Cell::new(false),
             rebooting: Cell::new(false),
             pinged: Cell::new(Duration::ZERO),
-            watching: Cell::new(false),
+            beating: Cell::new(false),
             halted: Cell::new(false),
             pgs: RefCell::new(HashMap::new()),
             pg_changed: Notify::new(),
@@ -515,7 +516,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                                 self.map.borrow().clone()
                             };
                             self.apply_map(m, true);
-                            if !self.watching.replace(true) {
+                            if !self.beating.replace(true) {
                                 rt::spawn(Self::heartbeat(Rc::downgrade(self)));
                             }
                             return Ok(());

@@ -98,28 +98,17 @@ impl Net {
         )
     }
 
-    fn next_incarnation(&self) -> u64 {
-        let n = self.0.incarnations.get() + 1;
-        self.0.incarnations.set(n);
-        n
-    }
-
     /// The transport of a new incarnation of the node at `addr`, to be
     /// attached with [`Net::attach_node`].
     pub fn for_node(&self, addr: &Addr) -> Net {
-        Net(
-            self.0.clone(),
-            Some((addr.to_string(), self.next_incarnation())),
-        )
+        let n = self.0.incarnations.get() + 1;
+        self.0.incarnations.set(n);
+        Net(self.0.clone(), Some((addr.to_string(), n)))
     }
 
     /// Serves requests to the node this handle was made for with `h`.
     pub fn attach_node<H: Handler>(&self, h: Rc<H>) {
         let (addr, n) = self.1.clone().expect("a node's handle (Net::for_node)");
-        self.insert(addr, h, n);
-    }
-
-    fn insert<H: Handler>(&self, addr: String, h: Rc<H>, n: u64) {
         let node = Rc::downgrade(&h);
         let serve: Serve = Rc::new(move |f| {
             let h = node.upgrade()?;

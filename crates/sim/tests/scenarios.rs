@@ -2,10 +2,12 @@
 //! with targeted faults (the seeded histories of `sim.rs` find such
 //! sequences only by chance).
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use nacre_io::{rt, AlignedBuf};
-use nacre_osd::pg_key;
+use nacre_net::{Frame, NetError};
+use nacre_osd::{pg_key, PgState};
 use nacre_sim::{Cluster, Net, OBJECT_BYTES};
 use nacre_types::ObjectId;
 use nacre_wire::{Header, Op, Status};
@@ -13,25 +15,43 @@ use nacre_wire::{Header, Op, Status};
 const SETTLE: Duration = Duration::from_secs(60);
 const CLIENT: u64 = 7;
 
-fn write(oid: ObjectId, request: u64, data: &[u8]) -> Header {
-    let mut h = Header::request(Op::Write, request, oid).with_payload(data);
-    h.length = data.len() as u32;
-    h.client = CLIENT;
-    h
+/// Three OSDs, one pool of 4 PGs with 3 copies (`min_size` 2) and the
+/// leader, on a network seeded with `seed`, every PG active.
+async fn cluster(seed: u64) -> Rc<Cluster> {
+    let c = Cluster::new(Net::new(seed, Duration::from_millis(500)), 3, 3, 2, 4).await;
+    c.settle(SETTLE).await.unwrap();
+    c
 }
 
-/// Writes 4 KiB of `byte` at the start of `oid` as request `request`,
-/// which must be acknowledged; its version.
+/// Writes 4 KiB of `byte` at the start of `oid` as request `request`
+/// through its primary; the answer, whatever it is.
+async fn send(c: &Cluster, oid: ObjectId, request: u64, byte: u8) -> Result<Frame, NetError> {
+    let data = [byte; 4096];
+    let mut h = Header::request(Op::Write, request, oid).with_payload(&data);
+    h.length = data.len() as u32;
+    h.client = CLIENT;
+    c.call(h, Some(AlignedBuf::from_slice(&data))).await
+}
+
+/// [`send`], which must be acknowledged; its version.
 async fn put(c: &Cluster, oid: ObjectId, request: u64, byte: u8) -> u64 {
-    let data = vec![byte; 4096];
-    let f = (c.call(
-        write(oid, request, &data),
-        Some(AlignedBuf::from_slice(&data)),
-    ))
-    .await
-    .unwrap();
+    let f = send(c, oid, request, byte).await.unwrap();
     assert_eq!(f.h.status, Status::Ok, "write {request}");
     f.h.obj_version
+}
+
+/// Waits until an OSD other than `old` is the primary of `oid`'s PG and
+/// serves it (the leader marked `old` down and the others peered).
+async fn taken_over(c: &Cluster, oid: ObjectId, old: u32) {
+    let (pg, _) = c.route(oid);
+    for _ in 0..300 {
+        let q = c.route(oid).1[0];
+        if q != old && c.osd(q).unwrap().pg_state(pg) == Some(PgState::Active) {
+            return;
+        }
+        rt::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no other primary serves PG {pg} without osd.{old}");
 }
 
 /// The object's bytes through its primary (`None`: absent).
@@ -54,21 +74,18 @@ async fn read(c: &Cluster, oid: ObjectId) -> Option<Vec<u8>> {
 #[test]
 fn a_divergent_write_is_undone_and_its_retry_is_applied() {
     rt::block_on_virtual(async {
-        let net = Net::new(1, Duration::from_millis(500));
-        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
-        c.settle(SETTLE).await.unwrap();
+        let c = cluster(1).await;
         let oid = ObjectId::new(1, 5);
         let (pg, acting) = c.route(oid);
         let p = acting[0];
         let replicas: Vec<String> = (acting[1..].iter())
             .map(|&id| c.nodes.borrow()[id as usize].addr.to_string())
             .collect();
-        net.set_filter(move |to, h| h.op == Op::RepWrite && replicas.iter().any(|r| r == to));
-        let data = vec![0x5au8; 4096];
+        c.net
+            .set_filter(move |to, h| h.op == Op::RepWrite && replicas.iter().any(|r| r == to));
         let attempt = {
-            let (c, h) = (c.clone(), write(oid, 1, &data));
-            let d = AlignedBuf::from_slice(&data);
-            rt::spawn(async move { c.call(h, Some(d)).await })
+            let c = c.clone();
+            rt::spawn(async move { send(&c, oid, 1, 0x5a).await })
         };
         let primary = c.osd(p).unwrap();
         while primary.store().version(oid).is_none() {
@@ -82,7 +99,7 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
             "the write was acknowledged without its replicas: {:?}",
             r.map(|f| f.h.status)
         );
-        net.clear_filter();
+        c.net.clear_filter();
         // An interval without the old primary, then one with it again.
         c.settle(SETTLE).await.unwrap();
         c.start(p).await;
@@ -98,12 +115,9 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
             assert_eq!(c.osd(id).unwrap().store().version(oid), None, "osd.{id}");
         }
         // The retry.
-        let f = (c.call(write(oid, 1, &data), Some(AlignedBuf::from_slice(&data))))
-            .await
-            .unwrap();
-        assert_eq!(f.h.status, Status::Ok);
+        put(&c, oid, 1, 0x5a).await;
         let got = read(&c, oid).await.expect("the retried write is there");
-        assert_eq!(&got[..4096], &data[..]);
+        assert_eq!(&got[..4096], &[0x5au8; 4096][..]);
         c.stop();
     });
 }
@@ -117,9 +131,7 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
 #[test]
 fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
     rt::block_on_virtual(async {
-        let net = Net::new(2, Duration::from_millis(500));
-        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
-        c.settle(SETTLE).await.unwrap();
+        let c = cluster(2).await;
         let oid = ObjectId::new(1, 9);
         let (pg, acting) = c.route(oid);
         let (x, y, z) = (acting[0], acting[1], acting[2]);
@@ -138,7 +150,7 @@ fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
         let primary = c.route(oid).1[0];
         assert_ne!(
             c.osd(primary).unwrap().pg_state(pg),
-            Some(nacre_osd::PgState::Active),
+            Some(PgState::Active),
             "PG {pg} went active with none of its last active copies"
         );
         let mut h = Header::request(Op::Read, 0, oid);
@@ -169,9 +181,7 @@ fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
 #[test]
 fn a_recovered_copy_carries_the_whole_history() {
     rt::block_on_virtual(async {
-        let net = Net::new(3, Duration::from_millis(500));
-        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
-        c.settle(SETTLE).await.unwrap();
+        let c = cluster(3).await;
         let oid = ObjectId::new(1, 7);
         let (_, acting) = c.route(oid);
         let (x, y, z) = (acting[0], acting[1], acting[2]);
@@ -192,11 +202,7 @@ fn a_recovered_copy_carries_the_whole_history() {
         assert_eq!(c.route(oid).1, vec![x, z]);
         // The first request again (as after a lost reply): answered from
         // history with its version, not applied over the second.
-        let data = vec![0x11u8; 4096];
-        let f = (c.call(write(oid, 1, &data), Some(AlignedBuf::from_slice(&data))))
-            .await
-            .unwrap();
-        assert_eq!((f.h.status, f.h.obj_version), (Status::Ok, v1));
+        assert_eq!(put(&c, oid, 1, 0x11).await, v1);
         let got = read(&c, oid).await.expect("the object");
         assert_eq!(&got[..4096], &[0x22u8; 4096][..]);
         c.stop();
@@ -210,19 +216,14 @@ fn a_recovered_copy_carries_the_whole_history() {
 #[test]
 fn a_partitioned_primary_acknowledges_nothing_and_catches_up() {
     rt::block_on_virtual(async {
-        let net = Net::new(4, Duration::from_millis(500));
-        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
-        c.settle(SETTLE).await.unwrap();
+        let c = cluster(4).await;
         let oid = ObjectId::new(1, 11);
         let (_, acting) = c.route(oid);
         let p = acting[0];
         put(&c, oid, 1, 0x11).await;
         c.isolate(p, true);
         // Straight to the old primary, in the epoch it knows.
-        let data = vec![0x22u8; 4096];
-        let f = c
-            .call(write(oid, 2, &data), Some(AlignedBuf::from_slice(&data)))
-            .await;
+        let f = send(&c, oid, 2, 0x22).await;
         assert!(
             f.as_ref().map_or(true, |f| f.h.status != Status::Ok),
             "an isolated primary acknowledged a write"
@@ -232,18 +233,9 @@ fn a_partitioned_primary_acknowledges_nothing_and_catches_up() {
         // times) and stopped the PG.
         let (pg, _) = c.route(oid);
         rt::sleep(Duration::from_millis(2000)).await;
-        assert_eq!(
-            c.osd(p).unwrap().pg_state(pg),
-            Some(nacre_osd::PgState::Failed)
-        );
+        assert_eq!(c.osd(p).unwrap().pg_state(pg), Some(PgState::Failed));
         // The leader marks it down; the others serve the PG.
-        for _ in 0..300 {
-            let q = c.route(oid).1[0];
-            if q != p && c.osd(q).unwrap().pg_state(pg) == Some(nacre_osd::PgState::Active) {
-                break;
-            }
-            rt::sleep(Duration::from_millis(100)).await;
-        }
+        taken_over(&c, oid, p).await;
         assert!(!c.leader.map().is_up(p), "osd.{p} is still up");
         put(&c, oid, 3, 0x33).await;
         c.isolate(p, false);
@@ -263,31 +255,23 @@ fn a_partitioned_primary_acknowledges_nothing_and_catches_up() {
 #[test]
 fn a_partitioned_primary_serves_no_stale_read() {
     rt::block_on_virtual(async {
-        let net = Net::new(5, Duration::from_millis(500));
-        let c = Cluster::new(net.clone(), 3, 3, 2, 4).await;
-        c.settle(SETTLE).await.unwrap();
+        let c = cluster(5).await;
         let oid = ObjectId::new(1, 13);
         let (pg, acting) = c.route(oid);
         let p = acting[0];
         put(&c, oid, 1, 0x11).await;
         c.isolate(p, true);
-        for _ in 0..300 {
-            let q = c.route(oid).1[0];
-            if q != p && c.osd(q).unwrap().pg_state(pg) == Some(nacre_osd::PgState::Active) {
-                break;
-            }
-            rt::sleep(Duration::from_millis(100)).await;
-        }
+        taken_over(&c, oid, p).await;
         put(&c, oid, 2, 0x22).await;
         // The old primary has heard of none of this.
         let old = c.osd(p).unwrap();
-        assert_eq!(old.pg_state(pg), Some(nacre_osd::PgState::Active));
+        assert_eq!(old.pg_state(pg), Some(PgState::Active));
         let mut h = Header::request(Op::Read, 0, oid);
         h.length = 4096;
         h.pg = pg;
         h.epoch = old.epoch();
         let addr = c.nodes.borrow()[p as usize].addr.clone();
-        let conn = nacre_net::Transport::connect(&net, &addr).unwrap();
+        let conn = nacre_net::Transport::connect(&c.net, &addr).unwrap();
         let f = nacre_net::Rpc::call(&*conn, h, None).await.unwrap();
         assert_eq!(
             f.h.status,
