@@ -1,20 +1,16 @@
-//! A whole cluster in one process (`nacre up`, `nacre demo`): the embedded
+//! A whole cluster on one machine (`nacre up`, `nacre demo`): the embedded
 //! meta store (served on `DIR/meta.sock` for other commands), the cluster
 //! map's leader (on `DIR/leader.sock`; it stores every map it makes in the
-//! meta store), one thread per OSD on `DIR/osd.N.img`, and an NBD gateway
-//! thread. The OSDs and the
+//! meta store) and an NBD gateway, each on a thread of this process, and
+//! one process per OSD on `DIR/osd.N.img` (`crate::osds`). The OSDs and the
 //! gateway talk over unix sockets with the same wire protocol, client
 //! library and code as a multi-host cluster; only the meta store backend
 //! and the addresses differ.
-//!
-//! Each OSD holds a lease in the meta store while its thread runs, which is
-//! what `nacre status` reports as up.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use nacre_io::net::{Addr, Event, Listener};
@@ -23,10 +19,10 @@ use nacre_meta::embedded::Embedded;
 use nacre_meta::map::{self, OsdRecord, PoolRecord};
 use nacre_meta::MetaStore;
 use nacre_osd::leader::Leader;
-use nacre_osd::{Osd, OsdConfig, OsdMap};
+use nacre_osd::OsdMap;
 
-const LEASE_TTL_S: i64 = 10;
-const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+use crate::osds::{RunOpts, Supervisor};
+
 const OBJECT_BYTES: u32 = 128 << 10;
 
 #[derive(Clone, Debug)]
@@ -38,22 +34,14 @@ pub struct UpOpts {
     pub journal_bytes: Option<u64>,
     pub replicas: u8,
     pub nbd: Addr,
+    /// Restart an OSD process that dies (after `osds::RESTART_DELAY`).
+    pub restart: bool,
 }
 
 struct Worker {
     name: String,
     stop: Arc<Event>,
     thread: JoinHandle<()>,
-    /// Cleared when the thread ends, however it ends.
-    alive: Arc<AtomicBool>,
-}
-
-struct ClearOnDrop(Arc<AtomicBool>);
-
-impl Drop for ClearOnDrop {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
 }
 
 /// A running cluster; [`Running::stop`] shuts it down cleanly.
@@ -61,19 +49,23 @@ pub struct Running {
     pub meta: Arc<Embedded>,
     pub nbd: Addr,
     pub dir: PathBuf,
+    /// The leader and the gateway, in start order.
     workers: Vec<Worker>,
+    osds: Option<Supervisor>,
     /// The OSDs' unix sockets, removed at stop.
     sockets: Vec<PathBuf>,
-    keepalive_stop: Arc<AtomicBool>,
-    keepalive: Option<JoinHandle<()>>,
 }
 
 pub fn meta_socket(dir: &Path) -> PathBuf {
     dir.join("meta.sock")
 }
 
+pub fn leader_addr(dir: &Path) -> Addr {
+    Addr::Unix(dir.join("leader.sock"))
+}
+
 /// Can files in `dir` be opened with O_DIRECT? (tmpfs says no.)
-fn direct_io_works(dir: &Path) -> bool {
+pub fn direct_io_works(dir: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
     let p = dir.join(".direct-probe");
     let r = std::fs::OpenOptions::new()
@@ -147,12 +139,9 @@ fn spawn_leader(
 ) -> anyhow::Result<Worker> {
     let stop = Arc::new(Event::new()?);
     let stop2 = stop.clone();
-    let alive = Arc::new(AtomicBool::new(true));
-    let guard = ClearOnDrop(alive.clone());
     let thread = std::thread::Builder::new()
         .name("leader".into())
         .spawn(move || {
-            let _guard = guard;
             rt::block_on(async move {
                 let persist = move |m: &OsdMap| {
                     let history = map::PgHistory {
@@ -187,55 +176,6 @@ fn spawn_leader(
         name: "leader".into(),
         stop,
         thread,
-        alive,
-    })
-}
-
-fn spawn_osd(cfg: OsdConfig, ready: mpsc::Sender<anyhow::Result<()>>) -> anyhow::Result<Worker> {
-    let stop = Arc::new(Event::new()?);
-    let stop2 = stop.clone();
-    let name = format!("osd.{}", cfg.id);
-    let alive = Arc::new(AtomicBool::new(true));
-    let guard = ClearOnDrop(alive.clone());
-    let thread = std::thread::Builder::new()
-        .name(name.clone())
-        .spawn(move || {
-            let _guard = guard;
-            rt::block_on(async move {
-                let osd = match Osd::open(&cfg).await {
-                    Ok(o) => o,
-                    Err(e) => {
-                        let _ = ready.send(Err(anyhow::anyhow!("osd.{}: {e}", cfg.id)));
-                        return;
-                    }
-                };
-                let l = match Listener::bind(&cfg.addr) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = ready.send(Err(anyhow::anyhow!("osd.{}: {e}", cfg.id)));
-                        return;
-                    }
-                };
-                let serving = osd.serve(l);
-                if let Err(e) = osd.boot().await {
-                    let _ = ready.send(Err(anyhow::anyhow!(e)));
-                    return;
-                }
-                let _ = ready.send(Ok(()));
-                if let Err(e) = stop2.wait().await {
-                    tracing::error!("osd.{}: stop event: {e}", cfg.id);
-                }
-                drop(serving);
-                if let Err(e) = osd.close().await {
-                    tracing::error!("osd.{}: close: {e}", cfg.id);
-                }
-            })
-        })?;
-    Ok(Worker {
-        name,
-        stop,
-        thread,
-        alive,
     })
 }
 
@@ -272,7 +212,6 @@ fn spawn_gateway(
         name: "nbd".into(),
         stop,
         thread,
-        alive: Arc::new(AtomicBool::new(true)),
     })
 }
 
@@ -357,52 +296,20 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         stores: Default::default(),
         last_active: map::load_history(&*meta, pool.id)?.last_active,
     };
-    let leader_addr = Addr::Unix(o.dir.join("leader.sock"));
-    let direct = direct_io_works(&o.dir);
-    if !direct {
+    let leader_addr = leader_addr(&o.dir);
+    if !direct_io_works(&o.dir) {
         tracing::warn!(
             "{} does not support O_DIRECT (tmpfs?): OSDs use the page cache",
             o.dir.display()
         );
     }
     let (tx, rx) = mpsc::channel();
-    let mut workers = Vec::new();
-    let run = || -> anyhow::Result<()> {
-        workers.push(spawn_leader(
-            meta.clone(),
-            osd_map,
-            leader_addr.clone(),
-            tx.clone(),
-        )?);
-        rx.recv()
-            .context("the leader thread died while starting")??;
-        for r in &m.osds {
-            let cfg = OsdConfig {
-                id: r.id,
-                path: o.dir.join(format!("osd.{}.img", r.id)),
-                size_bytes: o.osd_size_bytes,
-                addr: r.addr.parse().map_err(anyhow::Error::msg)?,
-                object_bytes: pool.object_bytes,
-                journal_bytes: o.journal_bytes,
-                direct,
-                leader: leader_addr.clone(),
-            };
-            workers.push(spawn_osd(cfg, tx.clone())?);
-        }
-        for _ in &m.osds {
-            rx.recv().context("an OSD thread died while starting")??;
-        }
-        workers.push(spawn_gateway(meta.clone(), o.nbd.clone(), tx.clone())?);
-        rx.recv()
-            .context("the gateway thread died while starting")??;
-        Ok(())
-    };
-    let started = run();
     let mut running = Running {
         meta: meta.clone(),
         nbd: o.nbd.clone(),
         dir: o.dir.clone(),
-        workers,
+        workers: Vec::new(),
+        osds: None,
         sockets: (m.osds.iter())
             .filter_map(|r| match r.addr.parse::<Addr>() {
                 Ok(Addr::Unix(p)) => Some(p),
@@ -410,73 +317,102 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             })
             .chain([o.dir.join("leader.sock")])
             .collect(),
-        keepalive_stop: Arc::new(AtomicBool::new(false)),
-        keepalive: None,
     };
-    if let Err(e) = started {
+    let run = || -> anyhow::Result<()> {
+        running.workers.push(spawn_leader(
+            meta.clone(),
+            osd_map,
+            leader_addr,
+            tx.clone(),
+        )?);
+        rx.recv()
+            .context("the leader thread died while starting")??;
+        let opts = (m.osds.iter())
+            .map(|r| RunOpts {
+                dir: o.dir.clone(),
+                id: r.id,
+                create_bytes: o.osd_size_bytes,
+                journal_bytes: o.journal_bytes,
+            })
+            .collect();
+        let sup = running
+            .osds
+            .insert(Supervisor::start(meta.clone(), opts, o.restart)?);
+        wait_osds_up(
+            &*meta,
+            sup,
+            &m.osds.iter().map(|r| r.id).collect::<Vec<_>>(),
+        )?;
+        running
+            .workers
+            .push(spawn_gateway(meta.clone(), o.nbd.clone(), tx.clone())?);
+        rx.recv()
+            .context("the gateway thread died while starting")??;
+        Ok(())
+    };
+    if let Err(e) = run() {
         running.stop();
         return Err(e);
     }
-    running.keepalive = Some(hold_leases(
-        &running,
-        m.osds.iter().map(|r| r.id).collect(),
-    )?);
     std::fs::write(o.dir.join("nacre.pid"), std::process::id().to_string())?;
     Ok(running)
 }
 
-/// Publishes each OSD as up under a lease, renewed while its thread runs.
-fn hold_leases(r: &Running, ids: Vec<u32>) -> anyhow::Result<JoinHandle<()>> {
-    let meta = r.meta.clone();
-    let mut leases = Vec::new();
-    for id in &ids {
-        let l = meta.lease_grant(LEASE_TTL_S)?;
-        meta.put(&map::up_key(*id), b"up".to_vec(), l)?;
-        leases.push(l);
+/// Waits until every OSD of `ids` runs and holds its `up` key (each opens
+/// its store, replaying its journal, and boots with the leader first).
+fn wait_osds_up(meta: &dyn MetaStore, sup: &Supervisor, ids: &[u32]) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let mut said = false;
+    loop {
+        let procs = sup.procs.lock().unwrap().clone();
+        let mut waiting = Vec::new();
+        for &id in ids {
+            let p = procs.get(&id).cloned().unwrap_or_default();
+            if let Some(why) = &p.last_exit {
+                bail!("osd.{id} {why} while starting (its error is above)");
+            }
+            let up = meta.get(&map::up_key(id))?;
+            let is_up = match (p.pid, up) {
+                (Some(pid), Some(kv)) => kv.value == pid.to_string().as_bytes(),
+                _ => false,
+            };
+            if !is_up {
+                waiting.push(format!("osd.{id}"));
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if !said && t0.elapsed() > Duration::from_secs(10) {
+            tracing::warn!(
+                "waiting for {} to open their stores and boot",
+                waiting.join(", ")
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let stop = r.keepalive_stop.clone();
-    let alive: Vec<Arc<AtomicBool>> = r
-        .workers
-        .iter()
-        .filter(|w| w.name.starts_with("osd."))
-        .map(|w| w.alive.clone())
-        .collect();
-    Ok(std::thread::Builder::new()
-        .name("leases".into())
-        .spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                // An OSD whose thread ended stops renewing: it goes down
-                // when its lease expires.
-                for (l, a) in leases.iter().zip(&alive) {
-                    if a.load(Ordering::Acquire) {
-                        if let Err(e) = meta.lease_keepalive(*l) {
-                            tracing::warn!("lease {l}: {e}");
-                        }
-                    }
-                }
-                std::thread::sleep(KEEPALIVE_EVERY);
-            }
-            for l in leases {
-                let _ = meta.lease_revoke(l);
-            }
-        })?)
 }
 
 impl Running {
     /// Stops the gateway, then the OSDs (each closes its store with a
-    /// checkpoint), then the leases.
+    /// checkpoint), then the leader.
     pub fn stop(&mut self) {
-        for w in self.workers.iter().rev() {
+        // Workers are in start order: the gateway stops first, the leader
+        // after the OSDs.
+        while let Some(w) = self.workers.pop() {
+            if w.name == "leader" {
+                if let Some(mut s) = self.osds.take() {
+                    s.stop();
+                }
+            }
             w.stop.signal();
-        }
-        for w in self.workers.drain(..).rev() {
             if w.thread.join().is_err() {
                 tracing::error!("{} panicked", w.name);
             }
         }
-        self.keepalive_stop.store(true, Ordering::Release);
-        if let Some(k) = self.keepalive.take() {
-            let _ = k.join();
+        if let Some(mut s) = self.osds.take() {
+            s.stop();
         }
         let _ = std::fs::remove_file(self.dir.join("nacre.pid"));
         let _ = std::fs::remove_file(meta_socket(&self.dir));

@@ -1,4 +1,5 @@
-//! The cluster commands: `up`, `volume`, `status`, `bench`, `demo`.
+//! The cluster commands: `up`, `osd start`, `volume`, `status`, `bench`,
+//! `demo`.
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -23,7 +24,7 @@ use crate::Format;
 
 /// Blocks SIGINT and SIGTERM in this thread and every thread it starts
 /// later, so that [`wait_for_signal`] can take them synchronously.
-fn block_stop_signals() -> libc::sigset_t {
+pub(crate) fn block_stop_signals() -> libc::sigset_t {
     // SAFETY: plain signal-mask calls on a set we own.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -35,25 +36,46 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
-fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+pub(crate) fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     let mut sig = 0;
     // SAFETY: sigwait on a set of blocked signals.
     unsafe { libc::sigwait(set, &mut sig) };
     sig
 }
 
-pub fn up(
+#[derive(Args)]
+pub struct UpArgs {
+    #[arg(long)]
     dir: PathBuf,
+    #[arg(long, default_value_t = 3)]
     osds: u32,
+    /// Size of each OSD's file when it is created: a number and a unit
+    /// (B, K, M, G, T; binary), e.g. 4G or 1.5T.
+    #[arg(long, value_parser = parse_size, default_value = "4G")]
     osd_size: u64,
+    #[arg(long, default_value_t = 3)]
     replicas: u8,
+    /// Where the NBD gateway listens (default unix:DIR/nbd.sock).
+    #[arg(long)]
     nbd: Option<String>,
-    journal_bytes: Option<u64>,
-) -> anyhow::Result<()> {
+    /// Journal size of each OSD's store when it is created (default
+    /// 1/64 of the OSD, 64 MiB..1 GiB). A small journal folds and
+    /// checkpoints often.
+    #[arg(long, value_parser = parse_size)]
+    journal_size: Option<u64>,
+    /// Leave an OSD process that dies stopped (by default it is
+    /// restarted after 5 s, later ones after longer delays while it
+    /// keeps dying); `nacre osd start` starts it.
+    #[arg(long)]
+    no_restart: bool,
+}
+
+pub fn up(a: UpArgs) -> anyhow::Result<()> {
     // Absolute, so that what it prints (attach URIs, sockets) works from
     // anywhere.
-    let dir = std::path::absolute(&dir).with_context(|| format!("--dir {}", dir.display()))?;
-    let nbd: Addr = match nbd {
+    let dir = std::path::absolute(&a.dir).with_context(|| format!("--dir {}", a.dir.display()))?;
+    let (osds, replicas) = (a.osds, a.replicas);
+    let nbd: Addr = match a.nbd {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,
         None => Addr::Unix(dir.join("nbd.sock")),
     };
@@ -61,10 +83,11 @@ pub fn up(
     let o = UpOpts {
         dir: dir.clone(),
         osds,
-        osd_size_bytes: osd_size,
-        journal_bytes,
+        osd_size_bytes: a.osd_size,
+        journal_bytes: a.journal_size,
         replicas,
         nbd: nbd.clone(),
+        restart: !a.no_restart,
     };
     let mut running = cluster::start(&o)?;
     let vols = map::list_volumes(&*running.meta)?;
@@ -97,12 +120,16 @@ pub fn up(
 }
 
 /// What the operator sent, by name.
-fn signal_name(sig: i32) -> String {
+pub(crate) fn signal_name(sig: i32) -> String {
     match sig {
         libc::SIGINT => "SIGINT (Ctrl-C)".into(),
         libc::SIGTERM => "SIGTERM".into(),
         libc::SIGHUP => "SIGHUP".into(),
         libc::SIGQUIT => "SIGQUIT".into(),
+        libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGSEGV => "SIGSEGV".into(),
+        libc::SIGABRT => "SIGABRT".into(),
+        libc::SIGBUS => "SIGBUS".into(),
         s => format!("signal {s}"),
     }
 }
@@ -183,6 +210,12 @@ fn human(bytes: u64) -> String {
     } else {
         format!("{v:.1} {}", units[u])
     }
+}
+
+/// `nacre osd start ID --dir DIR`.
+pub fn osd_start(dir: &Path, id: u32) -> anyhow::Result<()> {
+    let dir = std::path::absolute(dir)?;
+    crate::osds::start(&dir, id, &*remote(&dir)?)
 }
 
 pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
@@ -655,6 +688,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             journal_bytes: None,
             replicas: a.replicas,
             nbd: Addr::Unix(dir.join("nbd.sock")),
+            restart: true,
         };
         say(&format!(
             "starting {} OSDs ({} each, {} replicas) in {}",

@@ -3,6 +3,7 @@
 mod args;
 mod cluster;
 mod commands;
+mod osds;
 mod targets;
 
 use std::path::PathBuf;
@@ -28,27 +29,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a whole cluster on this machine in the foreground: an embedded
-    /// meta store, OSDs on files in DIR, an NBD gateway. Stops cleanly on
-    /// SIGINT/SIGTERM; restart with the same DIR to serve the same volumes.
-    Up {
-        #[arg(long)]
-        dir: PathBuf,
-        #[arg(long, default_value_t = 3)]
-        osds: u32,
-        /// Size of each OSD's file when it is created: a number and a unit
-        /// (B, K, M, G, T; binary), e.g. 4G or 1.5T.
-        #[arg(long, value_parser = args::parse_size, default_value = "4G")]
-        osd_size: u64,
-        #[arg(long, default_value_t = 3)]
-        replicas: u8,
-        /// Where the NBD gateway listens (default unix:DIR/nbd.sock).
-        #[arg(long)]
-        nbd: Option<String>,
-        /// Journal size of each OSD's store when it is created (default
-        /// 1/64 of the OSD, 64 MiB..1 GiB). A small journal folds and
-        /// checkpoints often.
-        #[arg(long, value_parser = args::parse_size)]
-        journal_size: Option<u64>,
+    /// meta store, one OSD process per file DIR/osd.N.img (its pid in
+    /// DIR/osd.N.pid), an NBD gateway. Stops cleanly on SIGINT/SIGTERM (the
+    /// OSDs with it; they also die if this process is killed); restart
+    /// with the same DIR to serve the same volumes.
+    Up(commands::UpArgs),
+    /// The OSD processes of the cluster running in DIR.
+    Osd {
+        #[command(subcommand)]
+        cmd: OsdCmd,
     },
     /// Volumes of the cluster running in DIR.
     Volume {
@@ -72,6 +61,32 @@ enum Cmd {
     Store {
         #[command(subcommand)]
         cmd: StoreCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum OsdCmd {
+    /// Start a stopped or crashed OSD of the `nacre up` running in DIR and
+    /// wait until it is up (stop one with SIGTERM to the pid in
+    /// DIR/osd.N.pid).
+    Start {
+        id: u32,
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Run one OSD of the cluster in DIR in the foreground: what `nacre up`
+    /// starts for each OSD. Stops cleanly on SIGTERM/SIGINT.
+    Run {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        id: u32,
+        /// Size of the OSD's file DIR/osd.ID.img if it does not exist yet.
+        #[arg(long, value_parser = args::parse_size, default_value = "4G")]
+        create_size: u64,
+        /// Journal size of the OSD's store if it does not exist yet.
+        #[arg(long, value_parser = args::parse_size)]
+        journal_size: Option<u64>,
     },
 }
 
@@ -140,7 +155,16 @@ fn main() {
         .with_ansi(ansi)
         .init();
     let cli = Cli::parse();
-    if !matches!(cli.cmd, Cmd::Up { .. } | Cmd::Demo(_) | Cmd::Bench(_)) {
+    let serves = matches!(
+        cli.cmd,
+        Cmd::Up(_)
+            | Cmd::Demo(_)
+            | Cmd::Bench(_)
+            | Cmd::Osd {
+                cmd: OsdCmd::Run { .. }
+            }
+    );
+    if !serves {
         // Short-lived commands die quietly when their output pipe closes
         // (`nacre status | head`), as shell tools do.
         // SAFETY: restoring the default disposition of one signal.
@@ -155,14 +179,21 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Store { cmd } => store(cmd),
-        Cmd::Up {
-            dir,
-            osds,
-            osd_size,
-            replicas,
-            nbd,
-            journal_size,
-        } => commands::up(dir, osds, osd_size, replicas, nbd, journal_size),
+        Cmd::Up(a) => commands::up(a),
+        Cmd::Osd { cmd } => match cmd {
+            OsdCmd::Run {
+                dir,
+                id,
+                create_size,
+                journal_size,
+            } => osds::run(&osds::RunOpts {
+                dir,
+                id,
+                create_bytes: create_size,
+                journal_bytes: journal_size,
+            }),
+            OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
+        },
         Cmd::Volume { cmd } => commands::volume(cmd),
         Cmd::Status { dir, format } => commands::status(&dir, format),
         Cmd::Bench(a) => commands::bench(a),

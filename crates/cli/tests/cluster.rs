@@ -303,6 +303,8 @@ struct AckLog {
     acked: HashMap<u64, u64>,
     /// Acknowledgements received, overwrites included.
     acks: usize,
+    /// Writes that failed (each ends its writer task).
+    errors: usize,
     /// Per writer task: the (offset, seed) it has sent and not seen acked.
     inflight: HashMap<usize, (u64, u64)>,
 }
@@ -346,7 +348,11 @@ fn fua_writer(
                             l.acks += 1;
                             l.inflight.remove(&w);
                         }
-                        Err(_) => return, // the server died
+                        Err(_) => {
+                            // The server died (or gave up on the write).
+                            log.lock().unwrap().errors += 1;
+                            return;
+                        }
                     }
                 }
             }));
@@ -501,6 +507,133 @@ fn kill9_rounds(extra: &[&str], rounds: u32, writes_per_round: usize) {
             log.acked.len()
         );
     }
+}
+
+/// Polls `nacre status` until `ok` holds (at most 60 s); returns it.
+fn status_until(up: &Up, what: &str, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let st = up.status();
+        if ok(&st) {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "status never showed {what}: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn osd_pid(up: &Up, id: u32) -> Option<i32> {
+    let p = std::fs::read_to_string(up.dir.join(format!("osd.{id}.pid"))).ok()?;
+    p.trim().parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| !r.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
+/// Issue 8: every OSD is a process of its own. `kill -9` of one leaves the
+/// cluster serving FUA writes with two of three copies (min_size 2), and
+/// status shows it down and the PGs degraded; with `--no-restart` it stays
+/// down until `nacre osd start`, then the PGs go clean again and every
+/// acknowledged write reads back. By default a killed OSD is restarted.
+/// `kill -9` of `nacre up` takes its OSDs with it.
+#[test]
+fn an_osd_process_killed_leaves_the_cluster_serving() {
+    let d = tempfile::tempdir().unwrap();
+    let mut up = Up::start(&d.path().join("c"), &["--osd-size", "1G", "--no-restart"]);
+    up.volume(&["create", "vol1", "--size", "1G"]);
+    let log = Arc::new(Mutex::new(AckLog::default()));
+    let stop = Arc::new(Mutex::new(false));
+    let uri = up.uri("vol1");
+    let writer = |seed| {
+        let (u, s, l) = (uri.clone(), stop.clone(), log.clone());
+        std::thread::spawn(move || fua_writer(u, 64 << 20, seed, s, l))
+    };
+    let acks_after = |n: usize| {
+        let t0 = Instant::now();
+        while log.lock().unwrap().acks < n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "writes stopped at {} acknowledgements ({} errors)",
+                log.lock().unwrap().acks,
+                log.lock().unwrap().errors
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let w = writer(11);
+    acks_after(500);
+    let victim = osd_pid(&up, 1).expect("osd.1.pid");
+    // SAFETY: killing a process this test's cluster started.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let at_kill = log.lock().unwrap().acks;
+    status_until(&up, "osd.1 down", |st| st["osds"]["up"] == 2);
+    // Writes go on, to every PG (each has two copies up).
+    acks_after(at_kill + 2000);
+    let st = status_until(&up, "every PG degraded", |st| {
+        st["pgs"]["degraded"] == st["pgs"]["total"]
+    });
+    assert_eq!(st["health"], "HEALTH_WARN", "{st}");
+    // Not restarted: still down after the restart delay.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(up.status()["osds"]["up"], 2);
+    assert!(
+        osd_pid(&up, 1).is_none(),
+        "the pid file of a dead OSD stays"
+    );
+    let out = ok(nacre(&["osd", "start", "1", "--dir", up.dir()]));
+    assert!(out.contains("osd.1 started"), "{out}");
+    status_until(&up, "HEALTH_OK", |st| st["health"] == "HEALTH_OK");
+    let check = |w: std::thread::JoinHandle<()>, what: &str| {
+        *stop.lock().unwrap() = true;
+        w.join().unwrap();
+        *stop.lock().unwrap() = false;
+        let mut l = log.lock().unwrap();
+        assert_eq!(l.errors, 0, "writes failed while {what}");
+        let bad = verify_acked(&uri, &mut l);
+        assert!(
+            bad.is_empty(),
+            "{what}: {} acknowledged pieces are wrong: {:?}",
+            bad.len(),
+            &bad[..bad.len().min(5)]
+        );
+    };
+    check(w, "one OSD of three was down");
+    let out = nacre(&["osd", "start", "7", "--dir", up.dir()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no osd.7; its OSDs are osd.0, osd.1, osd.2")
+    );
+
+    // kill -9 of nacre up: no OSD outlives it.
+    let osds: Vec<i32> = (0..3).map(|i| osd_pid(&up, i).unwrap()).collect();
+    up.kill9();
+    let t0 = Instant::now();
+    while osds.iter().any(|&p| alive(p)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "OSD processes outlived nacre up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Restarted by default.
+    up.args.retain(|a| a != "--no-restart");
+    up.spawn();
+    let w = writer(12);
+    let before = osd_pid(&up, 2).unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(before, libc::SIGKILL) };
+    status_until(&up, "osd.2 restarted and the PGs clean", |st| {
+        st["health"] == "HEALTH_OK" && osd_pid(&up, 2).is_some_and(|p| p != before)
+    });
+    check(w, "osd.2 restarted");
 }
 
 /// Issue 7's procedure: random 4 KiB FUA writes over 256 MiB (most objects

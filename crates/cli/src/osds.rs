@@ -1,0 +1,535 @@
+//! OSD processes of a one-machine cluster: [`run`] is one OSD in the
+//! foreground (`nacre osd run`, what `nacre up` starts for each OSD), and
+//! [`Supervisor`] is the part of `nacre up` that starts them, restarts one
+//! that dies, starts one again on request (`nacre osd start`) and stops
+//! them at the end.
+//!
+//! Every OSD is a child process, so `kill -9` of one OSD leaves the rest of
+//! the cluster and the gateway running, as the loss of one disk's daemon
+//! does on a real cluster. The children die with `nacre up` however it
+//! ends (`PR_SET_PDEATHSIG`, as after a power cut of the machine), so a
+//! restart finds no stragglers; each child's pid is in `DIR/osd.N.pid`
+//! while it runs. They run in their own process group: Ctrl-C at the
+//! terminal reaches `nacre up` only, which stops them in order.
+//!
+//! An OSD holds its `up` key in the meta store under a lease it renews
+//! while it runs (its value is the pid); `nacre status` reports it up from
+//! that. The supervisor deletes the key as soon as it reaps the process,
+//! so a crashed OSD is shown down at once, not when the lease expires.
+
+use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nacre_io::net::{Event, Listener};
+use nacre_io::rt;
+use nacre_meta::map;
+use nacre_meta::remote::Remote;
+use nacre_meta::{MetaStore, Range};
+use nacre_osd::{Osd, OsdConfig};
+
+use crate::cluster;
+use crate::commands::{block_stop_signals, signal_name, wait_for_signal};
+
+/// TTL of an OSD's `up` lease: how long a hung OSD (alive, not renewing)
+/// still shows up.
+const LEASE_TTL_S: i64 = 10;
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+/// Delay before the first restart of an OSD that died; it doubles while
+/// the OSD keeps dying within [`RESTART_STABLE`] of its start, up to
+/// [`RESTART_DELAY_MAX`].
+pub const RESTART_DELAY: Duration = Duration::from_secs(5);
+const RESTART_DELAY_MAX: Duration = Duration::from_secs(80);
+const RESTART_STABLE: Duration = Duration::from_secs(60);
+/// How long a stopping OSD may take to close its store (a checkpoint)
+/// after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a child of an earlier `nacre up` (killed with it) may take to
+/// die before a new start refuses to run beside it.
+const STRAGGLER_WAIT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(100);
+
+/// Where `nacre osd start` asks the supervisor of `nacre up` to start an
+/// OSD (the supervisor deletes the key when it has acted on it).
+fn start_key(id: u32) -> String {
+    format!("/nacre/ctl/start/osd/{id:05}")
+}
+const START_PREFIX: &str = "/nacre/ctl/start/osd/";
+
+pub fn pid_file(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("osd.{id}.pid"))
+}
+
+/// The pid in `path`, if that process still runs and is a `nacre`.
+pub fn live_pid(path: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let nacre = exe
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("nacre"));
+    (nacre && nacre_io::file::process_alive(pid)).then_some(pid)
+}
+
+fn no_such_osd(dir: &Path, id: u32, m: &map::ClusterMap) -> anyhow::Error {
+    let ids: Vec<String> = m.osds.iter().map(|r| format!("osd.{}", r.id)).collect();
+    anyhow::anyhow!(
+        "the cluster in {} has no osd.{id}; its OSDs are {}",
+        dir.display(),
+        ids.join(", ")
+    )
+}
+
+/// What `nacre osd run` needs besides the cluster's map.
+#[derive(Clone, Debug)]
+pub struct RunOpts {
+    pub dir: PathBuf,
+    pub id: u32,
+    /// Size of the store file if it does not exist yet.
+    pub create_bytes: u64,
+    pub journal_bytes: Option<u64>,
+}
+
+impl RunOpts {
+    fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "osd".into(),
+            "run".into(),
+            "--dir".into(),
+            self.dir.display().to_string(),
+            "--id".into(),
+            self.id.to_string(),
+            "--create-size".into(),
+            self.create_bytes.to_string(),
+        ];
+        if let Some(j) = self.journal_bytes {
+            a.extend(["--journal-size".into(), j.to_string()]);
+        }
+        a
+    }
+}
+
+/// Holds an OSD's `up` key under a lease renewed from a thread of its own;
+/// revokes it (the key goes with it) when dropped.
+struct UpLease {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl UpLease {
+    fn hold(meta: Arc<dyn MetaStore>, id: u32) -> anyhow::Result<UpLease> {
+        let lease = meta.lease_grant(LEASE_TTL_S)?;
+        let pid = std::process::id().to_string();
+        meta.put(&map::up_key(id), pid.into_bytes(), lease)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("lease".into())
+            .spawn(move || {
+                let mut last = Instant::now();
+                while !stop2.load(Ordering::Acquire) {
+                    if last.elapsed() >= KEEPALIVE_EVERY {
+                        if let Err(e) = meta.lease_keepalive(lease) {
+                            tracing::warn!("osd.{id}: up lease {lease}: {e}");
+                        }
+                        last = Instant::now();
+                    }
+                    std::thread::sleep(POLL);
+                }
+                let _ = meta.lease_revoke(lease);
+            })?;
+        Ok(UpLease {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for UpLease {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One OSD of the cluster in `o.dir`, in the foreground, until SIGTERM or
+/// SIGINT: opens (or creates) `DIR/osd.N.img`, serves on the socket the
+/// map gives it, boots with the leader, holds its `up` lease; at the
+/// signal stops serving and closes its store cleanly.
+pub fn run(o: &RunOpts) -> anyhow::Result<()> {
+    let set = block_stop_signals();
+    let dir = std::path::absolute(&o.dir)?;
+    let meta: Arc<dyn MetaStore> = Arc::new(
+        Remote::connect(&cluster::meta_socket(&dir))
+            .map_err(|e| anyhow::anyhow!("no cluster running in {} ({e})", dir.display()))?,
+    );
+    let m = map::load(&*meta)?;
+    let rec = (m.osds.iter().find(|r| r.id == o.id)).ok_or_else(|| no_such_osd(&dir, o.id, &m))?;
+    let pool = m.pools.first().context("no pool in the map")?;
+    let cfg = OsdConfig {
+        id: o.id,
+        path: dir.join(format!("osd.{}.img", o.id)),
+        size_bytes: o.create_bytes,
+        addr: rec.addr.parse().map_err(anyhow::Error::msg)?,
+        object_bytes: pool.object_bytes,
+        journal_bytes: o.journal_bytes,
+        direct: cluster::direct_io_works(&dir),
+        leader: cluster::leader_addr(&dir),
+    };
+    let stop = Arc::new(Event::new()?);
+    let stop2 = stop.clone();
+    let id = o.id;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = wait_for_signal(&set);
+            tracing::info!("osd.{id}: {}, stopping", signal_name(sig));
+            stop2.signal();
+        })?;
+    rt::block_on(async move {
+        let osd = Osd::open(&cfg)
+            .await
+            .map_err(|e| anyhow::anyhow!("osd.{}: {e}", cfg.id))?;
+        let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
+        let serving = osd.serve(l);
+        osd.boot().await.map_err(anyhow::Error::msg)?;
+        let lease = UpLease::hold(meta, cfg.id)?;
+        stop.wait().await?;
+        drop(lease);
+        drop(serving);
+        osd.close()
+            .await
+            .map_err(|e| anyhow::anyhow!("osd.{}: close: {e}", cfg.id))
+    })
+}
+
+/// `nacre osd start ID --dir DIR`: asks the `nacre up` running in DIR to
+/// start a stopped OSD and waits until it is up.
+pub fn start(dir: &Path, id: u32, meta: &dyn MetaStore) -> anyhow::Result<()> {
+    let m = map::load(meta)?;
+    if !m.osds.iter().any(|r| r.id == id) {
+        return Err(no_such_osd(dir, id, &m));
+    }
+    if let Some(pid) = live_pid(&pid_file(dir, id)) {
+        println!("osd.{id} already runs (pid {pid})");
+        return Ok(());
+    }
+    meta.put(&start_key(id), Vec::new(), 0)?;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        let asked = meta.get(&start_key(id))?.is_some();
+        let up = meta.get(&map::up_key(id))?;
+        if let (false, Some(kv)) = (asked, up) {
+            if let Some(pid) = live_pid(&pid_file(dir, id)) {
+                if kv.value == pid.to_string().as_bytes() {
+                    println!("osd.{id} started (pid {pid})");
+                    return Ok(());
+                }
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    bail!("osd.{id} did not come up within 60 s; the log of nacre up says why")
+}
+
+/// The state of one OSD's process, as the supervisor last saw it.
+#[derive(Clone, Debug, Default)]
+pub struct OsdProc {
+    pub pid: Option<u32>,
+    /// How it last ended.
+    pub last_exit: Option<String>,
+}
+
+struct Slot {
+    opts: RunOpts,
+    child: Option<Child>,
+    started: Instant,
+    restart_at: Option<Instant>,
+    delay: Duration,
+}
+
+/// Starts, watches, restarts and stops the OSD processes of `nacre up`.
+/// The children are spawned from its own thread: `PR_SET_PDEATHSIG` fires
+/// when the thread that forked a child ends, so they die with it.
+pub struct Supervisor {
+    stop: mpsc::Sender<()>,
+    thread: Option<JoinHandle<()>>,
+    pub procs: Arc<Mutex<HashMap<u32, OsdProc>>>,
+}
+
+impl Supervisor {
+    /// Starts every OSD of `osds` (first waiting for any child of an
+    /// earlier run to die), then watches them from its own thread.
+    pub fn start(
+        meta: Arc<dyn MetaStore>,
+        osds: Vec<RunOpts>,
+        restart: bool,
+    ) -> anyhow::Result<Supervisor> {
+        for o in &osds {
+            let t0 = Instant::now();
+            while let Some(pid) = live_pid(&pid_file(&o.dir, o.id)) {
+                if t0.elapsed() > STRAGGLER_WAIT {
+                    bail!(
+                        "osd.{} of an earlier run still runs (pid {pid}); stop it first",
+                        o.id
+                    );
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+        let exe = std::env::current_exe().context("where is the nacre binary?")?;
+        let procs = Arc::new(Mutex::new(HashMap::new()));
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let procs2 = procs.clone();
+        let thread = std::thread::Builder::new()
+            .name("osds".into())
+            .spawn(move || {
+                let mut s = Supervise {
+                    exe,
+                    meta,
+                    restart,
+                    procs: procs2,
+                    slots: osds
+                        .into_iter()
+                        .map(|opts| Slot {
+                            opts,
+                            child: None,
+                            started: Instant::now(),
+                            restart_at: Some(Instant::now()),
+                            delay: RESTART_DELAY,
+                        })
+                        .collect(),
+                };
+                s.tick();
+                let _ = ready_tx.send(());
+                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(POLL) {
+                    s.tick();
+                }
+                s.stop_all();
+            })?;
+        ready_rx
+            .recv()
+            .context("the OSD supervisor died while starting")?;
+        Ok(Supervisor {
+            stop: tx,
+            thread: Some(thread),
+            procs,
+        })
+    }
+
+    /// SIGTERM to every OSD, and waits for them to close their stores.
+    pub fn stop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the OSD supervisor panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Supervise {
+    exe: PathBuf,
+    meta: Arc<dyn MetaStore>,
+    restart: bool,
+    procs: Arc<Mutex<HashMap<u32, OsdProc>>>,
+    slots: Vec<Slot>,
+}
+
+fn describe(st: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!("killed by {}", signal_name(s)),
+        _ => st.to_string(),
+    }
+}
+
+impl Supervise {
+    fn tick(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.slots.len() {
+            self.reap(i, now);
+        }
+        self.take_requests();
+        for i in 0..self.slots.len() {
+            let s = &self.slots[i];
+            if s.child.is_none() && s.restart_at.is_some_and(|t| t <= now) {
+                self.spawn(i);
+            }
+        }
+    }
+
+    /// Notices an OSD that exited: shows it down at once and schedules its
+    /// restart.
+    fn reap(&mut self, i: usize, now: Instant) {
+        let s = &mut self.slots[i];
+        let Some(child) = s.child.as_mut() else {
+            return;
+        };
+        let st = match child.try_wait() {
+            Ok(Some(st)) => st,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!("osd.{}: wait: {e}", s.opts.id);
+                return;
+            }
+        };
+        let id = s.opts.id;
+        let pid = child.id();
+        s.child = None;
+        let _ = std::fs::remove_file(pid_file(&s.opts.dir, id));
+        // Down now, not when its lease runs out; only its own key (a
+        // process started since would have put its own pid there).
+        if let Ok(Some(kv)) = self.meta.get(&map::up_key(id)) {
+            if kv.value == pid.to_string().as_bytes() {
+                let _ = self.meta.delete(&Range::key(&map::up_key(id)));
+            }
+        }
+        let why = describe(st);
+        // This restart waits `delay`; the next one twice as long if this
+        // run was short.
+        if s.started.elapsed() >= RESTART_STABLE {
+            s.delay = RESTART_DELAY;
+        }
+        let delay = s.delay;
+        s.delay = (delay * 2).min(RESTART_DELAY_MAX);
+        if st.success() {
+            // Stopped by SIGTERM or SIGINT: the operator's choice.
+            s.restart_at = None;
+            tracing::warn!(
+                "osd.{id} (pid {pid}) stopped; nacre osd start {id} --dir {} starts it again",
+                s.opts.dir.display()
+            );
+            let mut p = self.procs.lock().unwrap();
+            let e = p.entry(id).or_default();
+            e.pid = None;
+            e.last_exit = Some(why);
+            return;
+        }
+        if self.restart {
+            s.restart_at = Some(now + delay);
+            tracing::warn!(
+                "osd.{id} (pid {pid}) {why}; restarting it in {} s",
+                delay.as_secs()
+            );
+        } else {
+            s.restart_at = None;
+            tracing::warn!(
+                "osd.{id} (pid {pid}) {why}; not restarted (--no-restart): nacre osd start {id} --dir {} starts it",
+                s.opts.dir.display()
+            );
+        }
+        let mut p = self.procs.lock().unwrap();
+        let e = p.entry(id).or_default();
+        e.pid = None;
+        e.last_exit = Some(why);
+    }
+
+    /// Acts on `nacre osd start` requests.
+    fn take_requests(&mut self) {
+        let Ok((kvs, _)) = self.meta.range(&Range::prefix(START_PREFIX)) else {
+            return;
+        };
+        for kv in kvs {
+            let id = kv.key[START_PREFIX.len()..].parse::<u32>().ok();
+            if let Some(s) = self.slots.iter_mut().find(|s| Some(s.opts.id) == id) {
+                if s.child.is_none() {
+                    s.restart_at = Some(Instant::now());
+                    s.delay = RESTART_DELAY;
+                }
+            }
+            let _ = self.meta.delete(&Range::key(&kv.key));
+        }
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let s = &mut self.slots[i];
+        let id = s.opts.id;
+        let parent = std::process::id();
+        let mut cmd = Command::new(&self.exe);
+        cmd.args(s.opts.args()).process_group(0);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the line above.
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        s.started = Instant::now();
+        s.restart_at = None;
+        match cmd.spawn() {
+            Ok(c) => {
+                let pid = c.id();
+                if let Err(e) = std::fs::write(pid_file(&s.opts.dir, id), pid.to_string()) {
+                    tracing::error!("osd.{id}: pid file: {e}");
+                }
+                tracing::info!("osd.{id}: started, pid {pid}");
+                s.child = Some(c);
+                self.procs.lock().unwrap().entry(id).or_default().pid = Some(pid);
+            }
+            Err(e) => {
+                tracing::error!("osd.{id}: cannot start {}: {e}", self.exe.display());
+                s.restart_at = Some(Instant::now() + s.delay);
+            }
+        }
+    }
+
+    /// SIGTERM to every OSD, then waits for each (killing one that takes
+    /// longer than [`STOP_TIMEOUT`]).
+    fn stop_all(&mut self) {
+        for s in &self.slots {
+            if let Some(c) = &s.child {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            }
+        }
+        let t0 = Instant::now();
+        for s in &mut self.slots {
+            let Some(mut c) = s.child.take() else {
+                continue;
+            };
+            loop {
+                match c.try_wait() {
+                    Ok(Some(st)) if !st.success() => {
+                        tracing::error!("osd.{} stopped with {}", s.opts.id, describe(st));
+                        break;
+                    }
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if t0.elapsed() > STOP_TIMEOUT => {
+                        tracing::error!(
+                            "osd.{} did not stop within {} s of SIGTERM; killed",
+                            s.opts.id,
+                            STOP_TIMEOUT.as_secs()
+                        );
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            let _ = std::fs::remove_file(pid_file(&s.opts.dir, s.opts.id));
+        }
+    }
+}
