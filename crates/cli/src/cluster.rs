@@ -373,7 +373,9 @@ fn wait_osds_up(meta: &dyn MetaStore, sup: &Supervisor, ids: &[u32]) -> anyhow::
             }
             let up = meta.get(&map::up_key(id))?;
             let is_up = match (p.pid, up) {
-                (Some(pid), Some(kv)) => kv.value == pid.to_string().as_bytes(),
+                (Some(pid), Some(kv)) => {
+                    crate::osds::parse_up(&kv.value).is_some_and(|(p, _)| p == pid)
+                }
                 _ => false,
             };
             if !is_up {

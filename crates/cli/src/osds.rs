@@ -13,9 +13,16 @@
 //! terminal reaches `nacre up` only, which stops them in order.
 //!
 //! An OSD holds its `up` key in the meta store under a lease it renews
-//! while it runs (its value is the pid); `nacre status` reports it up from
-//! that. The supervisor deletes the key as soon as it reaps the process,
-//! so a crashed OSD is shown down at once, not when the lease expires.
+//! while it runs (its value: the pid and the epoch the leader marked it up
+//! in, its incarnation); `nacre status` reports it up from that. When the
+//! supervisor reaps an OSD's process it deletes the key, so the OSD shows
+//! down at once, not when the lease expires, and tells the leader that
+//! this incarnation is dead (`Op::Dead`), which marks it down at once
+//! instead of after the heartbeat grace: the PGs re-peer without it in
+//! well under a second. (A process that is dead serves no read, so its
+//! read lease need not run out first. If the OSD booted again while
+//! running, the key names its first incarnation, the leader ignores the
+//! report, and the heartbeat grace applies.)
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
@@ -33,6 +40,8 @@ use nacre_meta::map;
 use nacre_meta::remote::Remote;
 use nacre_meta::{MetaStore, Range};
 use nacre_osd::{Osd, OsdConfig};
+use nacre_types::ObjectId;
+use nacre_wire::{Header, Op, Status};
 
 use crate::cluster;
 use crate::commands::{block_stop_signals, signal_name, wait_for_signal};
@@ -54,6 +63,20 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// die before a new start refuses to run beside it.
 const STRAGGLER_WAIT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(100);
+/// How long the supervisor waits for the leader to take a `Dead` report.
+const DEAD_REPORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The value of an OSD's `up` key: its pid and the epoch it was marked up
+/// in (its incarnation).
+fn up_value(pid: u32, up_from: u64) -> Vec<u8> {
+    format!("{pid} {up_from}").into_bytes()
+}
+
+/// The pid and incarnation in an `up` key's value.
+pub fn parse_up(v: &[u8]) -> Option<(u32, u64)> {
+    let (pid, up_from) = std::str::from_utf8(v).ok()?.split_once(' ')?;
+    Some((pid.parse().ok()?, up_from.parse().ok()?))
+}
 
 /// Where `nacre osd start` asks the supervisor of `nacre up` to start an
 /// OSD (the supervisor deletes the key when it has acted on it).
@@ -122,10 +145,10 @@ struct UpLease {
 }
 
 impl UpLease {
-    fn hold(meta: Arc<dyn MetaStore>, id: u32) -> anyhow::Result<UpLease> {
+    fn hold(meta: Arc<dyn MetaStore>, id: u32, up_from: u64) -> anyhow::Result<UpLease> {
         let lease = meta.lease_grant(LEASE_TTL_S)?;
-        let pid = std::process::id().to_string();
-        meta.put(&map::up_key(id), pid.into_bytes(), lease)?;
+        let value = up_value(std::process::id(), up_from);
+        meta.put(&map::up_key(id), value, lease)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -200,7 +223,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
         let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
         let serving = osd.serve(l);
         osd.boot().await.map_err(anyhow::Error::msg)?;
-        let lease = UpLease::hold(meta, cfg.id)?;
+        let lease = UpLease::hold(meta, cfg.id, osd.up_from())?;
         stop.wait().await?;
         drop(lease);
         drop(serving);
@@ -228,7 +251,7 @@ pub fn start(dir: &Path, id: u32, meta: &dyn MetaStore) -> anyhow::Result<()> {
         let up = meta.get(&map::up_key(id))?;
         if let (false, Some(kv)) = (asked, up) {
             if let Some(pid) = live_pid(&pid_file(dir, id)) {
-                if kv.value == pid.to_string().as_bytes() {
+                if parse_up(&kv.value).is_some_and(|(p, _)| p == pid) {
                     println!("osd.{id} started (pid {pid})");
                     return Ok(());
                 }
@@ -350,6 +373,26 @@ struct Supervise {
     slots: Vec<Slot>,
 }
 
+/// Tells the leader that incarnation `up_from` of OSD `id` is dead (its
+/// process was reaped), before anything can start it again.
+fn report_dead(dir: &Path, id: u32, up_from: u64) {
+    let leader = cluster::leader_addr(dir);
+    let r = rt::block_on(async {
+        let c = nacre_net::Conn::connect_with_timeout(&leader, DEAD_REPORT_TIMEOUT)?;
+        let mut h = Header::request(Op::Dead, 0, ObjectId::default());
+        h.sender = id;
+        h.obj_version = up_from;
+        c.call(h, None).await
+    });
+    match r {
+        Ok(f) if f.h.status == Status::Ok => {}
+        Ok(f) => tracing::warn!("osd.{id}: the leader refused its death report: {:?}", f.h.status),
+        Err(e) => tracing::warn!(
+            "osd.{id}: the leader did not take its death report ({e}); it marks it down after the heartbeat grace"
+        ),
+    }
+}
+
 fn describe(st: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (st.code(), st.signal()) {
@@ -393,11 +436,13 @@ impl Supervise {
         let pid = child.id();
         s.child = None;
         let _ = std::fs::remove_file(pid_file(&s.opts.dir, id));
-        // Down now, not when its lease runs out; only its own key (a
-        // process started since would have put its own pid there).
+        // Down now, not when its lease runs out or the leader's heartbeat
+        // grace ends; only its own key (a process started since would have
+        // put its own pid there).
         if let Ok(Some(kv)) = self.meta.get(&map::up_key(id)) {
-            if kv.value == pid.to_string().as_bytes() {
+            if let Some((_, up_from)) = parse_up(&kv.value).filter(|(p, _)| *p == pid) {
                 let _ = self.meta.delete(&Range::key(&map::up_key(id)));
+                report_dead(&s.opts.dir, id, up_from);
             }
         }
         let why = describe(st);

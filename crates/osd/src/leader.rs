@@ -8,6 +8,9 @@
 //! - Every up OSD heartbeats the leader (`Ping`, every
 //!   `HEARTBEAT_INTERVAL_MS`); one unheard of for `HEARTBEAT_GRACE_MS` is
 //!   marked down in a new epoch.
+//! - An OSD whose process is known to have exited (`Dead`, from the
+//!   supervisor that reaped it, naming the incarnation) is marked down at
+//!   once: a dead process serves no read, so its lease need not run out.
 //! - A primary whose write failed on some copy reports `PgEvent::Failed`:
 //!   a new epoch ends the interval and the PG peers again.
 //! - A primary that finished peering reports `PgEvent::Active`; the leader
@@ -162,16 +165,36 @@ impl<T: Transport> Leader<T> {
             if !silent.is_empty() {
                 let why =
                     format!("marked down (no heartbeat for {HEARTBEAT_GRACE_MS} ms): {silent:?}");
-                let _ = self.change(&why, |m| {
-                    for id in &silent {
-                        m.up_from.remove(id);
-                        if !m.pgmap.down.contains(id) {
-                            m.pgmap.down.push(*id);
-                        }
-                    }
-                    m.pgmap.down.sort_unstable();
-                });
+                let _ = self.mark_down(&why, &silent);
             }
+        }
+    }
+
+    fn mark_down(self: &Rc<Self>, why: &str, ids: &[u32]) -> Result<u64, Status> {
+        self.change(why, |m| {
+            for id in ids {
+                m.up_from.remove(id);
+                if !m.pgmap.down.contains(id) {
+                    m.pgmap.down.push(*id);
+                }
+            }
+            m.pgmap.down.sort_unstable();
+        })
+    }
+
+    /// The process of OSD `id`, incarnation `up_from`, has exited: down
+    /// now if that incarnation is up (a later one, or one already down,
+    /// is left alone).
+    fn dead(self: &Rc<Self>, id: u32, up_from: u64) -> Status {
+        if !self.map.borrow().addrs.contains_key(&id) {
+            return Status::Invalid;
+        }
+        if self.map.borrow().up_from.get(&id) != Some(&up_from) {
+            return Status::Ok;
+        }
+        match self.mark_down(&format!("osd.{id} marked down (its process exited)"), &[id]) {
+            Ok(_) => Status::Ok,
+            Err(s) => s,
         }
     }
 
@@ -271,6 +294,7 @@ impl<T: Transport> Handler for Leader<T> {
             },
             Op::GetMap => json_reply(&h, self.map.borrow().to_json()),
             Op::Ping => (self.heartbeat(&h), None),
+            Op::Dead => (h.reply(self.dead(h.sender, h.obj_version)), None),
             Op::PgEvent => {
                 let body = f.payload.as_deref().unwrap_or(&[]);
                 let s = self.pg_event(&h, body);

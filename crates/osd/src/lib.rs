@@ -400,6 +400,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         &self.store
     }
 
+    /// The epoch this incarnation was marked up in (0: not yet).
+    pub fn up_from(&self) -> u64 {
+        self.up_from.get()
+    }
+
     pub fn epoch(&self) -> u64 {
         self.map.borrow().epoch()
     }
@@ -1161,7 +1166,9 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 let s = self.answer_log_sync(&h, f.payload.as_deref()).await;
                 (h.reply(s), None)
             }
-            Op::Boot | Op::GetMap | Op::PgEvent | Op::Ping => (h.reply(Status::Invalid), None),
+            Op::Boot | Op::GetMap | Op::PgEvent | Op::Ping | Op::Dead => {
+                (h.reply(Status::Invalid), None)
+            }
         }
     }
 }

@@ -456,3 +456,52 @@ fn primaries_report_degraded_and_inactive_pgs() {
         );
     });
 }
+
+/// `Dead` (from the supervisor that reaped an OSD's process) marks that
+/// incarnation down at once, without waiting for the heartbeat grace, and
+/// leaves any other incarnation alone.
+#[test]
+fn a_dead_report_marks_that_incarnation_down_and_no_other() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
+        let mut osds = Vec::new();
+        for o in &st.osds {
+            osds.push(start_osd(d.path(), &st, o.id).await);
+        }
+        let c = Conn::connect(&leader_addr(d.path())).unwrap();
+        let dead = |id: u32, up_from: u64| {
+            let mut h = Header::request(Op::Dead, 0, ObjectId::default());
+            h.sender = id;
+            h.obj_version = up_from;
+            let c = c.clone();
+            async move { c.call(h, None).await.unwrap().h.status }
+        };
+        let up_from = osds[1].0.up_from();
+        assert!(up_from > 0);
+        // Another incarnation than the one up: nothing happens.
+        assert_eq!(dead(1, up_from - 1).await, Status::Ok);
+        assert_eq!(dead(1, up_from + 1).await, Status::Ok);
+        assert_eq!(leader.map().up_from.get(&1), Some(&up_from));
+        // No such OSD.
+        assert_eq!(dead(9, 1).await, Status::Invalid);
+        let epoch = leader.map().epoch();
+        // osd.1's process is gone: down as soon as the leader hears it.
+        let (b, sb) = osds.remove(1);
+        drop(sb);
+        b.halt();
+        assert_eq!(dead(1, up_from).await, Status::Ok);
+        let m = leader.map();
+        assert!(
+            !m.up_from.contains_key(&1),
+            "osd.1 still up: {:?}",
+            m.up_from
+        );
+        assert!(m.pgmap.down.contains(&1));
+        assert_eq!(m.epoch(), epoch + 1);
+        // Said twice: no second epoch.
+        assert_eq!(dead(1, up_from).await, Status::Ok);
+        assert_eq!(leader.map().epoch(), epoch + 1);
+    });
+}

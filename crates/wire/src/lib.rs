@@ -83,6 +83,10 @@ pub enum Op {
     /// history does not hold), then the entries to adopt (64 bytes each,
     /// ascending). Little-endian.
     LogSync = 16,
+    /// Supervisor → leader: the process of OSD `sender`, incarnation
+    /// `obj_version` (its `up_from`), has exited (its parent reaped it);
+    /// the leader marks that incarnation down at once, if it is still up.
+    Dead = 17,
 }
 
 impl Op {
@@ -104,6 +108,7 @@ impl Op {
             14 => Op::Pull,
             15 => Op::Push,
             16 => Op::LogSync,
+            17 => Op::Dead,
             _ => return None,
         })
     }
