@@ -45,14 +45,21 @@ pub(crate) fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 
 #[derive(Args)]
 pub struct UpArgs {
+    /// The cluster's directory: its meta store, OSD files (osd.N.img),
+    /// sockets and pid files. Created on the first start; give the same
+    /// one to restart the cluster with its data.
     #[arg(long)]
     dir: PathBuf,
+    /// Number of OSDs (one file and one process each), set when the
+    /// cluster is created; a restart must give the same number.
     #[arg(long, default_value_t = 3)]
     osds: u32,
     /// Size of each OSD's file when it is created: a number and a unit
     /// (B, K, M, G, T; binary), e.g. 4G or 1.5T.
     #[arg(long, value_parser = parse_size, default_value = "4G")]
     osd_size: u64,
+    /// Copies of every object, each on its own OSD, set when the cluster
+    /// is created. I/O goes on while at least replicas/2 + 1 are up.
     #[arg(long, default_value_t = 3)]
     replicas: u8,
     /// Where the NBD gateway listens (default unix:DIR/nbd.sock).
@@ -150,41 +157,53 @@ fn remote(dir: &Path) -> anyhow::Result<Arc<dyn MetaStore>> {
 pub enum VolumeCmd {
     /// Create a thin volume.
     Create {
+        /// Name of the new volume: 1 to 128 of A-Z a-z 0-9 . _ - (not
+        /// starting with '.'); NBD clients ask for it as the export name.
         name: String,
         /// Size: a number and a unit (B, K, M, G, T; binary), e.g. 20G or
         /// 1.5T. Thin: nothing is allocated until written.
         #[arg(long, value_parser = parse_size)]
         size: u64,
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
     },
     /// List volumes.
     Ls {
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
+        /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
     /// Show one volume.
     Info {
+        /// The volume.
         name: String,
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
+        /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
     /// Grow or shrink a volume (shrinking discards the data past the end).
     Resize {
+        /// The volume.
         name: String,
         /// New size: a number and a unit (B, K, M, G, T; binary).
         #[arg(long, value_parser = parse_size)]
         size: u64,
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
     },
     /// Delete a volume and its data.
     Rm {
+        /// The volume.
         name: String,
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
     },
@@ -509,11 +528,13 @@ pub struct BenchArgs {
     /// Measure any NBD export instead: nbd+unix:///NAME?socket=PATH or nbd://HOST[:PORT]/NAME.
     #[arg(long)]
     nbd: Option<String>,
+    /// Time per test (six tests): a number and ms, s or m.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     runtime: Duration,
     /// Bytes of the volume the tests use (and the temporary volume's size).
     #[arg(long, value_parser = parse_size, default_value = "1G")]
     size: u64,
+    /// Output: a table for people, or JSON for scripts.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
@@ -629,18 +650,22 @@ fn humantime(d: Duration) -> String {
 
 #[derive(Args)]
 pub struct DemoArgs {
+    /// Time per test (six tests): a number and ms, s or m.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     runtime: Duration,
     /// Volume size (and bytes used by the tests, on the volume and locally).
     #[arg(long, value_parser = parse_size, default_value = "1G")]
     size: u64,
+    /// OSDs of the temporary cluster.
     #[arg(long, default_value_t = 3)]
     osds: u32,
+    /// Copies of every object in the temporary cluster.
     #[arg(long, default_value_t = 3)]
     replicas: u8,
     /// Where to put the temporary cluster (default: ./nacre-demo-PID).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Output: a table for people, or JSON for scripts.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }

@@ -46,8 +46,10 @@ enum Cmd {
     },
     /// Health, OSDs, PG states, capacity and client I/O of the cluster in DIR.
     Status {
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
+        /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
@@ -70,15 +72,19 @@ enum OsdCmd {
     /// wait until it is up (stop one with SIGTERM to the pid in
     /// DIR/osd.N.pid).
     Start {
+        /// The OSD's number (osd.ID).
         id: u32,
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
     },
     /// Run one OSD of the cluster in DIR in the foreground: what `nacre up`
     /// starts for each OSD. Stops cleanly on SIGTERM/SIGINT.
     Run {
+        /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
+        /// The OSD's number (osd.ID).
         #[arg(long)]
         id: u32,
         /// Size of the OSD's file DIR/osd.ID.img if it does not exist yet.
@@ -101,6 +107,8 @@ enum StoreCmd {
     /// Benchmark a fresh store over FILE against the same I/O issued raw to
     /// FILE (destroys FILE's contents).
     Bench {
+        /// The file (or block device) to test on: its contents are
+        /// destroyed.
         #[arg(long)]
         path: PathBuf,
         /// Size of FILE (created or resized to this).
@@ -109,32 +117,42 @@ enum StoreCmd {
         /// Time per test (12 tests: 6 raw, 6 on the store).
         #[arg(long, value_parser = args::parse_duration, default_value = "10s")]
         runtime: Duration,
+        /// The store's block (object) size: writes of a whole block are
+        /// written in place, smaller ones go through the journal.
         #[arg(long, value_parser = args::parse_size, default_value = "128K")]
         block_size: u64,
+        /// Journal size (default 1/64 of the store, 64 MiB..1 GiB).
         #[arg(long, value_parser = args::parse_size)]
         journal_size: Option<u64>,
         /// Skip fsyncs: only for devices without a volatile write cache.
         #[arg(long)]
         immediate_commit: bool,
+        /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
     /// Format FILE (or a block device) as an empty store.
     Format {
+        /// The file (created if missing) or block device to format.
         #[arg(long)]
         path: PathBuf,
         /// Create or grow FILE to this size.
         #[arg(long, value_parser = args::parse_size)]
         size: Option<u64>,
+        /// The store's block (object) size: writes of a whole block are
+        /// written in place, smaller ones go through the journal.
         #[arg(long, value_parser = args::parse_size, default_value = "128K")]
         block_size: u64,
+        /// Journal size (default 1/64 of the store, 64 MiB..1 GiB).
         #[arg(long, value_parser = args::parse_size)]
         journal_size: Option<u64>,
     },
     /// Open a store (replaying its journal) and print what it holds.
     Info {
+        /// The store's file or block device.
         #[arg(long)]
         path: PathBuf,
+        /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
@@ -313,5 +331,37 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
             }
             Ok(())
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every option and argument of every command says what it is (and
+    /// clap adds its default): `nacre X --help` is the operator's manual.
+    #[test]
+    fn every_option_is_described() {
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", c.get_name());
+            if c.get_about().is_none() && !path.ends_with(" help") {
+                missing.push(format!("{path} (the command)"));
+            }
+            for a in c.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for s in c.get_subcommands() {
+                walk(s, &path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "undescribed:\n{}", missing.join("\n"));
     }
 }
