@@ -209,11 +209,18 @@ pub enum VolumeCmd {
     },
 }
 
-fn volume_json(v: &map::VolumeRecord) -> serde_json::Value {
+/// A volume in JSON; its pool by name (`pool`) and id (`pool_id`).
+fn volume_json(v: &map::VolumeRecord, m: &map::ClusterMap) -> serde_json::Value {
     serde_json::json!({
         "name": v.name, "id": v.id, "size_bytes": v.size_bytes,
-        "object_bytes": v.object_bytes, "pool": v.pool, "created_unix_s": v.created_unix_s,
+        "object_bytes": v.object_bytes, "pool": pool_name(m, v.pool), "pool_id": v.pool,
+        "created_unix_s": v.created_unix_s,
     })
+}
+
+fn pool_name(m: &map::ClusterMap, id: u32) -> String {
+    m.pool(id)
+        .map_or_else(|| format!("(pool {id}, gone)"), |p| p.name.clone())
 }
 
 fn human(bytes: u64) -> String {
@@ -252,31 +259,41 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             );
         }
         VolumeCmd::Ls { dir, format } => {
-            let vols = map::list_volumes(&*remote(&dir)?)?;
+            let meta = remote(&dir)?;
+            let vols = map::list_volumes(&*meta)?;
+            let m = map::load(&*meta)?;
             match format {
                 Format::Json => println!(
                     "{}",
-                    serde_json::Value::Array(vols.iter().map(volume_json).collect())
+                    serde_json::Value::Array(vols.iter().map(|v| volume_json(v, &m)).collect())
                 ),
                 Format::Table => {
-                    println!("{:<32} {:>12} {:>8}", "name", "size", "id");
+                    println!("{:<32} {:>12} {:>8}  pool", "name", "size", "id");
                     for v in vols {
-                        println!("{:<32} {:>12} {:>8}", v.name, human(v.size_bytes), v.id);
+                        println!(
+                            "{:<32} {:>12} {:>8}  {}",
+                            v.name,
+                            human(v.size_bytes),
+                            v.id,
+                            pool_name(&m, v.pool)
+                        );
                     }
                 }
             }
         }
         VolumeCmd::Info { name, dir, format } => {
-            let v = map::get_volume(&*remote(&dir)?, &name)?
+            let meta = remote(&dir)?;
+            let v = map::get_volume(&*meta, &name)?
                 .ok_or_else(|| nacre_client::ClientError::NoVolume(name.clone()))?;
+            let m = map::load(&*meta)?;
             match format {
-                Format::Json => println!("{}", volume_json(&v)),
+                Format::Json => println!("{}", volume_json(&v, &m)),
                 Format::Table => {
                     println!("name     {}", v.name);
                     println!("id       {}", v.id);
                     println!("size     {} ({} bytes)", human(v.size_bytes), v.size_bytes);
                     println!("objects  {} KiB each, thin", v.object_bytes >> 10);
-                    println!("pool     {}", v.pool);
+                    println!("pool     {}", pool_name(&m, v.pool));
                 }
             }
         }

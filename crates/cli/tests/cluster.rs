@@ -793,6 +793,15 @@ fn volumes_resize_delete_and_survive_restarts() {
         .collect();
     assert_eq!(names, ["keep"]);
     assert_eq!(ls[0]["size_bytes"], 32 << 20);
+    // The pool by its name, everywhere.
+    assert_eq!(ls[0]["pool"], "rbd");
+    let info = up.volume(&["info", "keep"]);
+    assert!(info.contains("pool     rbd"), "{info}");
+    assert!(up
+        .volume(&["ls"])
+        .lines()
+        .nth(1)
+        .is_some_and(|l| l.ends_with("  rbd")));
     // the first 16 MiB are the image, the grown part zeros
     let back = d.path().join("back.img");
     run_tool(tool("nbdcopy").arg(up.uri("keep")).arg(&back));
