@@ -20,15 +20,15 @@
 //! this incarnation is dead (`Op::Dead`), which marks it down at once
 //! instead of after the heartbeat grace: the PGs re-peer without it in
 //! well under a second. (A process that is dead serves no read, so its
-//! read lease need not run out first. If the OSD booted again while
-//! running, the key names its first incarnation, the leader ignores the
-//! report, and the heartbeat grace applies.)
+//! read lease need not run out first.) The key follows the incarnation
+//! when the OSD boots again while running, and is put again under a new
+//! lease if a stopped process let the old one run out.
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -38,7 +38,7 @@ use nacre_io::net::{Event, Listener};
 use nacre_io::rt;
 use nacre_meta::map;
 use nacre_meta::remote::Remote;
-use nacre_meta::{MetaStore, Range};
+use nacre_meta::{MetaError, MetaStore, Range};
 use nacre_osd::{Osd, OsdConfig};
 use nacre_types::ObjectId;
 use nacre_wire::{Header, Op, Status};
@@ -145,10 +145,19 @@ struct UpLease {
 }
 
 impl UpLease {
-    fn hold(meta: Arc<dyn MetaStore>, id: u32, up_from: u64) -> anyhow::Result<UpLease> {
-        let lease = meta.lease_grant(LEASE_TTL_S)?;
-        let value = up_value(std::process::id(), up_from);
-        meta.put(&map::up_key(id), value, lease)?;
+    /// Puts the key now, then renews it from a thread. The key follows the
+    /// OSD's incarnation (`up_from`, which changes when it boots again
+    /// after being marked down while running), and is put again under a
+    /// new lease if the old one ran out (a process stopped for longer than
+    /// the TTL).
+    fn hold(meta: Arc<dyn MetaStore>, id: u32, up_from: Arc<AtomicU64>) -> anyhow::Result<UpLease> {
+        let put = move |meta: &dyn MetaStore, lease: i64, inc: u64| -> anyhow::Result<()> {
+            meta.put(&map::up_key(id), up_value(std::process::id(), inc), lease)?;
+            Ok(())
+        };
+        let mut lease = meta.lease_grant(LEASE_TTL_S)?;
+        let mut published = up_from.load(Ordering::Acquire);
+        put(&*meta, lease, published)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
@@ -156,13 +165,30 @@ impl UpLease {
             .spawn(move || {
                 let mut last = Instant::now();
                 while !stop2.load(Ordering::Acquire) {
-                    if last.elapsed() >= KEEPALIVE_EVERY {
-                        if let Err(e) = meta.lease_keepalive(lease) {
-                            tracing::warn!("osd.{id}: up lease {lease}: {e}");
-                        }
-                        last = Instant::now();
-                    }
                     std::thread::sleep(POLL);
+                    let inc = up_from.load(Ordering::Acquire);
+                    if last.elapsed() < KEEPALIVE_EVERY && inc == published {
+                        continue;
+                    }
+                    last = Instant::now();
+                    let r = match meta.lease_keepalive(lease) {
+                        Err(MetaError::LeaseNotFound(_)) => {
+                            tracing::warn!("osd.{id}: up lease {lease} ran out; taking a new one");
+                            meta.lease_grant(LEASE_TTL_S)
+                                .map_err(anyhow::Error::from)
+                                .and_then(|l| {
+                                    lease = l;
+                                    put(&*meta, lease, inc)
+                                })
+                        }
+                        Err(e) => Err(e.into()),
+                        Ok(_) if inc != published => put(&*meta, lease, inc),
+                        Ok(_) => Ok(()),
+                    };
+                    match r {
+                        Ok(()) => published = inc,
+                        Err(e) => tracing::warn!("osd.{id}: up lease {lease}: {e}"),
+                    }
                 }
                 let _ = meta.lease_revoke(lease);
             })?;
@@ -223,8 +249,20 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
         let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
         let serving = osd.serve(l);
         osd.boot().await.map_err(anyhow::Error::msg)?;
-        let lease = UpLease::hold(meta, cfg.id, osd.up_from())?;
+        // The incarnation, for the lease thread to publish.
+        let up_from = Arc::new(AtomicU64::new(osd.up_from()));
+        let watch = {
+            let (osd, up_from) = (osd.clone(), up_from.clone());
+            rt::spawn(async move {
+                loop {
+                    rt::sleep(POLL).await;
+                    up_from.store(osd.up_from(), Ordering::Release);
+                }
+            })
+        };
+        let lease = UpLease::hold(meta, cfg.id, up_from)?;
         stop.wait().await?;
+        drop(watch);
         drop(lease);
         drop(serving);
         osd.close()

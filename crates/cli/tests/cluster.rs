@@ -634,6 +634,19 @@ fn an_osd_process_killed_leaves_the_cluster_serving() {
         st["health"] == "HEALTH_OK" && osd_pid(&up, 2).is_some_and(|p| p != before)
     });
     check(w, "osd.2 restarted");
+
+    // An OSD stopped (SIGSTOP) for longer than its up lease shows down,
+    // and up again once it runs (it takes a new lease and boots again).
+    let frozen = osd_pid(&up, 1).unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen, libc::SIGSTOP) };
+    status_until(&up, "a stopped OSD down", |st| st["osds"]["up"] == 2);
+    // SAFETY: as above.
+    unsafe { libc::kill(frozen, libc::SIGCONT) };
+    status_until(&up, "the resumed OSD up and the PGs clean", |st| {
+        st["osds"]["up"] == 3 && st["health"] == "HEALTH_OK"
+    });
+    assert_eq!(osd_pid(&up, 1), Some(frozen), "it was not restarted");
 }
 
 /// Issue 7's procedure: random 4 KiB FUA writes over 256 MiB (most objects
