@@ -567,6 +567,33 @@ fn proc_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
+/// CPU time of the processes of the cluster in `dir`, by the pid files
+/// there now: every OSD, and `nacre up` itself if `with_up`.
+fn cluster_cpu(dir: &Path, with_up: bool) -> Option<Rc<dyn Fn() -> Duration>> {
+    let pid_in = |f: &Path| -> Option<u32> { std::fs::read_to_string(f).ok()?.trim().parse().ok() };
+    let mut files: Vec<PathBuf> = (std::fs::read_dir(dir).ok()?.flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("osd.") && n.ends_with(".pid"))
+        })
+        .collect();
+    if with_up {
+        files.push(dir.join("nacre.pid"));
+    }
+    let pids: Vec<u32> = (files.iter())
+        .filter_map(|f| pid_in(f))
+        .filter(|&p| proc_cpu(p).is_some())
+        .collect();
+    if pids.is_empty() {
+        return None;
+    }
+    Some(Rc::new(move || {
+        pids.iter().filter_map(|&p| proc_cpu(p)).sum()
+    }))
+}
+
 fn print_results(
     format: Format,
     cols: &[(&str, &[SuiteResult])],
@@ -620,14 +647,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         bail!("give --dir DIR (a running nacre up) or --nbd URI")
     };
     let meta = remote(&dir)?;
-    if let Some(pid) = std::fs::read_to_string(dir.join("nacre.pid"))
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-    {
-        if proc_cpu(pid).is_some() {
-            opts.extra_cpu = Some(Rc::new(move || proc_cpu(pid).unwrap_or_default()));
-        }
-    }
+    opts.extra_cpu = cluster_cpu(&dir, true);
     let temp = a.volume.is_none();
     let name = a
         .volume
@@ -744,7 +764,9 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             runtime: a.runtime,
             area_bytes: a.size,
             progress,
-            extra_cpu: None,
+            // This process runs the gateway, the leader and the meta store;
+            // the OSDs are its children.
+            extra_cpu: cluster_cpu(&dir, false),
         };
         let uri = format!("nbd+unix:///demo?socket={}", dir.join("nbd.sock").display());
         let nacre = (|| {
