@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use nacre_bench::suite::{self, SuiteOpts, SuiteResult};
 use nacre_client::{Cluster, Volume};
 use nacre_io::net::Addr;
-use nacre_io::{rt, FileDev, OpenFlags};
+use nacre_io::{rt, AlignedBuf, FileDev, OpenFlags};
 use nacre_meta::map;
 use nacre_meta::remote::Remote;
 use nacre_meta::MetaStore;
@@ -539,12 +539,19 @@ pub struct BenchArgs {
     /// The cluster to measure through the client library.
     #[arg(long, conflicts_with = "nbd")]
     dir: Option<PathBuf>,
-    /// Volume to use (default: a temporary one, deleted afterwards).
+    /// Volume to use (default: a temporary one, deleted afterwards). The
+    /// tests OVERWRITE its first --size bytes: refused if they hold data,
+    /// unless --force.
     #[arg(long, requires = "dir")]
     volume: Option<String>,
-    /// Measure any NBD export instead: nbd+unix:///NAME?socket=PATH or nbd://HOST[:PORT]/NAME.
+    /// Measure any NBD export instead: nbd+unix:///NAME?socket=PATH or
+    /// nbd://HOST[:PORT]/NAME. The tests OVERWRITE its first --size bytes:
+    /// refused if they hold data, unless --force.
     #[arg(long)]
     nbd: Option<String>,
+    /// Run even if the --volume or --nbd target holds data (destroying it).
+    #[arg(long)]
+    force: bool,
     /// Time per test (six tests): a number and ms, s or m.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     runtime: Duration,
@@ -615,10 +622,77 @@ fn print_results(
     Ok(())
 }
 
-/// The suite against the NBD export at `uri`, over one connection.
-fn nbd_suite(uri: &str, opts: &SuiteOpts) -> anyhow::Result<Vec<SuiteResult>> {
+/// Bytes read at once, and reads in flight, when [`first_data`] looks for
+/// data.
+const SCAN_READ_BYTES: u64 = 4 << 20;
+const SCAN_LANES: u64 = 8;
+
+/// The offset of the first 4 MiB piece of `[0, size)` that holds a
+/// non-zero byte, if any (`read(offset, len)`), reading `SCAN_LANES`
+/// pieces at a time.
+async fn first_data<F, Fut>(read: F, size: u64) -> anyhow::Result<Option<u64>>
+where
+    F: Fn(u64, u64) -> Fut + Clone + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<AlignedBuf>> + 'static,
+{
+    let pieces = size.div_ceil(SCAN_READ_BYTES);
+    let lanes: Vec<_> = (0..SCAN_LANES.min(pieces))
+        .map(|lane| {
+            let read = read.clone();
+            rt::spawn(async move {
+                let mut p = lane;
+                while p < pieces {
+                    let off = p * SCAN_READ_BYTES;
+                    let b = read(off, SCAN_READ_BYTES.min(size - off)).await?;
+                    if b.iter().any(|&x| x != 0) {
+                        return anyhow::Ok(Some(off));
+                    }
+                    p += SCAN_LANES;
+                }
+                Ok(None)
+            })
+        })
+        .collect();
+    let mut first = None;
+    for l in lanes {
+        if let Some(off) = l.await? {
+            first = Some(first.map_or(off, |f: u64| f.min(off)));
+        }
+    }
+    Ok(first)
+}
+
+/// Refuses to benchmark on `what` if its first `size` bytes hold data.
+fn refuse_data(what: &str, found: Option<u64>, size: u64) -> anyhow::Result<()> {
+    if let Some(off) = found {
+        bail!(
+            "{what} holds data in the {} the benchmark would overwrite (the first at {}); \
+             use a scratch volume (the default with --dir), or --force to destroy it",
+            human(size),
+            human(off)
+        );
+    }
+    Ok(())
+}
+
+/// The suite against the NBD export at `uri`, over one connection; unless
+/// `force`, only if the bytes it writes hold no data.
+fn nbd_suite(uri: &str, opts: &SuiteOpts, force: bool) -> anyhow::Result<Vec<SuiteResult>> {
     rt::block_on(async {
         let c = NbdClient::connect(uri).await?;
+        if !force {
+            let size = opts.area_bytes.min(c.size_bytes);
+            let cc = c.clone();
+            let read = move |off: u64, len: u64| {
+                let c = cc.clone();
+                async move { Ok(c.read(off, len as u32).await?) }
+            };
+            refuse_data(
+                &format!("the export {uri}"),
+                first_data(read, size).await?,
+                size,
+            )?;
+        }
         let r = suite::run(Rc::new(NbdTarget(c.clone())), opts).await;
         c.disconnect().await;
         r
@@ -633,7 +707,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         extra_cpu: None,
     };
     if let Some(uri) = &a.nbd {
-        let r = nbd_suite(uri, &opts)?;
+        let r = nbd_suite(uri, &opts, a.force)?;
         return print_results(
             a.format,
             &[("nbd", &r)],
@@ -660,6 +734,19 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
         let r = async {
             let v = Rc::new(Volume::open(&c, &name)?);
+            if !temp && !a.force {
+                let size = opts.area_bytes.min(v.size_bytes());
+                let vv = v.clone();
+                let read = move |off: u64, len: u64| {
+                    let v = vv.clone();
+                    async move { Ok(v.read(off, len).await?) }
+                };
+                refuse_data(
+                    &format!("volume {name}"),
+                    first_data(read, size).await?,
+                    size,
+                )?;
+            }
             suite::run(Rc::new(VolumeTarget(v)), &opts).await
         }
         .await;
@@ -781,7 +868,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
                 c.name,
                 human(c.size_bytes)
             ));
-            nbd_suite(&uri, &opts)
+            nbd_suite(&uri, &opts, true)
         })();
         running.stop();
         let nacre = nacre?;

@@ -1034,6 +1034,29 @@ fn bench_and_demo_run_the_whole_suite() {
     a.extend_from_slice(&quick);
     let v: serde_json::Value = serde_json::from_str(&ok(nacre(&a))).unwrap();
     assert_eq!(suite_names(&v["nbd"]), want);
+    // Now it holds the suite's data: refused without --force, through NBD
+    // and through the client library alike.
+    for target in [
+        &["--nbd", uri.as_str()][..],
+        &["--dir", up.dir(), "--volume", "b"],
+    ] {
+        let mut a = vec!["bench"];
+        a.extend_from_slice(target);
+        a.extend_from_slice(&quick);
+        let out = nacre(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{target:?}: a volume with data was benchmarked"
+        );
+        assert!(
+            err.contains("holds data") && err.contains("--force"),
+            "{err}"
+        );
+        a.push("--force");
+        let v: serde_json::Value = serde_json::from_str(&ok(nacre(&a))).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 1);
+    }
     assert!(
         !nacre(&["bench", "--nbd", "nbd+unix:///nope?socket=/nonexistent"])
             .status
