@@ -47,6 +47,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// A rate in bytes per second: a size ([`parse_size`]) above zero, an
+/// optional "/s" after it ("50M", "50M/s").
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let n = parse_size(t.strip_suffix("/s").unwrap_or(t))?;
+    if n == 0 {
+        return Err(format!("rate {s:?}: must be above zero"));
+    }
+    Ok(n)
+}
+
 /// "10s", "500ms", "2m", "10" (seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -89,6 +100,14 @@ mod tests {
         assert!(parse_size("4X").is_err());
         assert!(parse_size("-1G").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("50M"), Ok(50 << 20));
+        assert_eq!(parse_rate("50M/s"), Ok(50 << 20));
+        assert!(parse_rate("0").unwrap_err().contains("above zero"));
+        assert!(parse_rate("fast").is_err());
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct UpOpts {
     pub nbd: Addr,
     /// Restart an OSD process that dies (after `osds::RESTART_DELAY`).
     pub restart: bool,
+    /// Each OSD's background recovery pace, in bytes per second.
+    pub recovery_bytes_per_s: u64,
 }
 
 struct Worker {
@@ -333,6 +335,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
                 id: r.id,
                 create_bytes: o.osd_size_bytes,
                 journal_bytes: o.journal_bytes,
+                recovery_bytes_per_s: o.recovery_bytes_per_s,
             })
             .collect();
         let sup = running

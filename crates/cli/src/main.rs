@@ -93,6 +93,10 @@ enum OsdCmd {
         /// Journal size of the OSD's store if it does not exist yet.
         #[arg(long, value_parser = args::parse_size)]
         journal_size: Option<u64>,
+        /// Bytes per second this OSD pushes to the copies of its PGs that
+        /// lack objects (background recovery), e.g. 50M.
+        #[arg(long, value_parser = args::parse_rate, default_value = "100M")]
+        recovery_rate: u64,
     },
 }
 
@@ -204,11 +208,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 id,
                 create_size,
                 journal_size,
+                recovery_rate,
             } => osds::run(&osds::RunOpts {
                 dir,
                 id,
                 create_bytes: create_size,
                 journal_bytes: journal_size,
+                recovery_bytes_per_s: recovery_rate,
             }),
             OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
         },

@@ -116,6 +116,8 @@ pub struct RunOpts {
     /// Size of the store file if it does not exist yet.
     pub create_bytes: u64,
     pub journal_bytes: Option<u64>,
+    /// Background recovery's pace, in bytes per second.
+    pub recovery_bytes_per_s: u64,
 }
 
 impl RunOpts {
@@ -129,6 +131,8 @@ impl RunOpts {
             self.id.to_string(),
             "--create-size".into(),
             self.create_bytes.to_string(),
+            "--recovery-rate".into(),
+            self.recovery_bytes_per_s.to_string(),
         ];
         if let Some(j) = self.journal_bytes {
             a.extend(["--journal-size".into(), j.to_string()]);
@@ -234,7 +238,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
     };
     let stop = Arc::new(Event::new()?);
     let stop2 = stop.clone();
-    let id = o.id;
+    let (id, recovery_rate) = (o.id, o.recovery_bytes_per_s);
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -246,6 +250,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
         let osd = Osd::open(&cfg)
             .await
             .map_err(|e| anyhow::anyhow!("osd.{}: {e}", cfg.id))?;
+        osd.set_recovery_rate(recovery_rate);
         let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
         let serving = osd.serve(l);
         osd.boot().await.map_err(anyhow::Error::msg)?;

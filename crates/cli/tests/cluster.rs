@@ -546,7 +546,11 @@ fn alive(pid: i32) -> bool {
 #[test]
 fn an_osd_process_killed_leaves_the_cluster_serving() {
     let d = tempfile::tempdir().unwrap();
-    let mut up = Up::start(&d.path().join("c"), &["--osd-size", "1G", "--no-restart"]);
+    // Recovery slow enough (32 objects a second) to be seen.
+    let mut up = Up::start(
+        &d.path().join("c"),
+        &["--osd-size", "1G", "--no-restart", "--recovery-rate", "4M"],
+    );
     up.volume(&["create", "vol1", "--size", "1G"]);
     let log = Arc::new(Mutex::new(AckLog::default()));
     let stop = Arc::new(Mutex::new(false));
@@ -589,6 +593,17 @@ fn an_osd_process_killed_leaves_the_cluster_serving() {
     );
     let out = ok(nacre(&["osd", "start", "1", "--dir", up.dir()]));
     assert!(out.contains("osd.1 started"), "{out}");
+    // Its PGs serve while it is recovered in the background.
+    let st = status_until(&up, "PGs recovering", |st| {
+        st["pgs"]["recovering"].as_u64() > Some(0)
+    });
+    assert!(
+        st["pgs"]["recovery_objects_left"].as_u64() > Some(0),
+        "{st}"
+    );
+    assert_eq!(st["health"], "HEALTH_WARN", "{st}");
+    let at_back = log.lock().unwrap().acks;
+    acks_after(at_back + 500);
     status_until(&up, "HEALTH_OK", |st| st["health"] == "HEALTH_OK");
     let check = |w: std::thread::JoinHandle<()>, what: &str| {
         *stop.lock().unwrap() = true;

@@ -95,7 +95,10 @@ impl PgMap {
 /// store each member had then. The leader records, per PG, the last
 /// interval that went active (docs/internals/replication.md §5): a member
 /// that comes back with another store (a replaced or reformatted disk)
-/// holds none of that interval's writes.
+/// holds none of that interval's writes. A member the primary was still
+/// recovering in the background is *incomplete*: it took every write of
+/// the interval but may lack older ones, so it cannot vouch for the PG's
+/// history until the primary reports it recovered.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Interval {
     pub epoch: u64,
@@ -104,13 +107,20 @@ pub struct Interval {
     /// in an interval recorded before stores were (any store counts).
     #[serde(default)]
     pub stores: std::collections::BTreeMap<u32, String>,
+    /// Members still being recovered when last reported (empty in an
+    /// interval recorded before background recovery: every member was
+    /// complete).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incomplete: Vec<u32>,
 }
 
 impl Interval {
-    /// Whether OSD `osd`, now running store `store`, is a member with the
-    /// store it had in this interval.
+    /// Whether OSD `osd`, now running store `store`, is a complete member
+    /// with the store it had in this interval: one that holds every write
+    /// acknowledged up to the interval's end.
     pub fn holds(&self, osd: u32, store: Option<&String>) -> bool {
         self.acting.contains(&osd)
+            && !self.incomplete.contains(&osd)
             && store.is_some()
             && (self.stores.is_empty() || self.stores.get(&osd) == store)
     }

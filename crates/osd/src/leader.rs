@@ -14,9 +14,11 @@
 //! - A primary whose write failed on some copy reports `PgEvent::Failed`:
 //!   a new epoch ends the interval and the PG peers again.
 //! - A primary that finished peering reports `PgEvent::Active`; the leader
-//!   records the interval (epoch, acting set) as the PG's last active one,
-//!   durably, before the primary takes a write. The next peering needs an
-//!   answer from one of its members.
+//!   records the interval (epoch, acting set, stores, and the members still
+//!   being recovered in the background) as the PG's last active one,
+//!   durably, before the primary takes a write; the primary reports again
+//!   as members finish. The next peering needs an answer from one of its
+//!   complete members.
 //!
 //! Every change is persisted (`persist`, the meta store in `nacre up`)
 //! before anyone hears of it, then pushed to every up OSD; an OSD that
@@ -247,7 +249,12 @@ impl<T: Transport> Leader<T> {
             return Status::NotPrimary;
         }
         match ev {
-            PgEvent::Active { clean } => {
+            PgEvent::Active { clean, incomplete } => {
+                if incomplete.iter().any(|o| !acting.contains(o))
+                    || (clean && !incomplete.is_empty())
+                {
+                    return Status::Invalid;
+                }
                 let mut m = self.map.borrow().clone();
                 let stores = (acting.iter())
                     .filter_map(|o| Some((*o, m.stores.get(o)?.clone())))
@@ -258,6 +265,7 @@ impl<T: Transport> Leader<T> {
                         epoch,
                         acting,
                         stores,
+                        incomplete,
                     },
                 );
                 if let Err(e) = (self.persist)(&m) {

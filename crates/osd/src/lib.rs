@@ -37,6 +37,7 @@
 pub mod leader;
 pub mod map;
 mod peering;
+mod recovery;
 mod stats;
 
 use std::cell::{Cell, RefCell};
@@ -58,6 +59,7 @@ use nacre_types::{pg_of, ObjectId, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use map::{OsdMap, PgEvent};
+pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
 pub use stats::{OsdReport, OsdStats, PgReport, PG_REPORT_MAX};
 
 /// Completed writes remembered for retries, per PG (twice what a PG log
@@ -152,6 +154,12 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// from the authoritative log at every peering, then by acknowledged
     /// writes, so a retry is answered and not applied again.
     done: RefCell<HashMap<u32, ReqCache>>,
+    /// Per PG this OSD is primary of, the copies it still recovers in the
+    /// background (`recovery.rs`); and the pace: bytes per second, and when
+    /// the budget next allows a push.
+    recovery: RefCell<HashMap<u32, recovery::Recovery>>,
+    recovery_rate: Cell<u64>,
+    recovery_next: Cell<Duration>,
     pub stats: OsdStats,
 }
 
@@ -378,6 +386,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             seqs: RefCell::new(HashMap::new()),
             epoch_floor,
             done: RefCell::new(HashMap::new()),
+            recovery: RefCell::new(HashMap::new()),
+            recovery_rate: Cell::new(RECOVERY_BYTES_PER_S_DEFAULT),
+            recovery_next: Cell::new(Duration::ZERO),
             stats,
         })
     }
@@ -429,10 +440,24 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .collect();
         pgs.sort_unstable_by_key(|(pg, _)| *pg);
         for (pg, s) in pgs {
+            let whole = m.acting(pg).len() == m.pgmap.size as usize;
             let (state, detail) = match s {
-                PgState::Active if m.acting(pg).len() == m.pgmap.size as usize => {
-                    ("active+clean", None)
+                PgState::Active if self.recovery_progress(pg).is_some() => {
+                    let (left, total) = self.recovery_progress(pg).expect("checked");
+                    r.recovery_objects_left += left as u64;
+                    (
+                        "active+recovering",
+                        Some(format!(
+                            "{left} of {total} object copies left to recover{}",
+                            if whole {
+                                String::new()
+                            } else {
+                                format!("; {} of {} copies up", m.acting(pg).len(), m.pgmap.size)
+                            }
+                        )),
+                    )
                 }
+                PgState::Active if whole => ("active+clean", None),
                 PgState::Active => (
                     "active+degraded",
                     Some(format!(
@@ -606,6 +631,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .filter(|&pg| me && m.primary(pg) == Some(self.id))
             .collect();
         *self.map.borrow_mut() = m;
+        self.recovery.borrow_mut().clear();
         {
             let mut pgs = self.pgs.borrow_mut();
             pgs.clear();
@@ -968,6 +994,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if self.pg_state(h.pg) != Some(PgState::Active) {
             return (Status::Unavailable, 0);
         }
+        // A copy that lacks the object must have it whole before a write
+        // changes part of it (or a delete, before its recovery could
+        // bring it back).
+        if self.must_recover(h.pg, epoch, oid, false) {
+            if let Err(s) = self.recover_for_op(h.pg, epoch, oid).await {
+                return (s, 0);
+            }
+        }
         let _inflight = self.track(h.pg, epoch);
         let Some(version) = self.next_version(h.pg, epoch) else {
             tracing::warn!(
@@ -1096,6 +1130,15 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 if self.pg_state(h.pg) != Some(PgState::Active) {
                     // It failed: this copy may hold what others lack.
                     return (h.reply(Status::Unavailable), None);
+                }
+                // This copy still lacks the object: recover it first.
+                if self.must_recover(h.pg, h.epoch, h.oid, true) {
+                    self.lock(h.oid).await;
+                    let r = self.recover_for_op(h.pg, h.epoch, h.oid).await;
+                    self.unlock(h.oid);
+                    if let Err(s) = r {
+                        return (h.reply(s), None);
+                    }
                 }
                 match self.store.read(h.oid, h.offset, h.length).await {
                     Ok(buf) => {

@@ -90,9 +90,16 @@ impl OsdMap {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PgEvent {
     /// Peering finished: every member of the acting set holds the
-    /// authoritative history; `clean` if the set is whole (`size` OSDs).
-    /// The leader records the interval before the primary takes writes.
-    Active { clean: bool },
+    /// authoritative history, except those in `incomplete`, which the
+    /// primary recovers in the background (it reports again, with fewer,
+    /// as they finish); `clean` if the set is whole (`size` OSDs) and
+    /// complete. The leader records the interval before the primary takes
+    /// writes.
+    Active {
+        clean: bool,
+        #[serde(default)]
+        incomplete: Vec<u32>,
+    },
     /// A write failed on some copy: the copies may differ, so the interval
     /// must end (a new epoch) and the PG peer again.
     Failed { why: String },

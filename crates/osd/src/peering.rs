@@ -7,31 +7,38 @@
 //!    older epoch is in flight there, so the answer holds every write that
 //!    copy will ever acknowledge for older epochs, nor one of an earlier
 //!    peering attempt of this epoch, so no recovery step lands after it).
-//! 2. The authoritative copy is an answering member of the last active
-//!    interval, the one with the newest log head. Every member of that
-//!    interval was complete when it went active and took every write
-//!    acknowledged in it (an acknowledgement needs every member), so any
-//!    member holds every acknowledged write. Without an answering member
-//!    the PG stays inactive.
-//! 3. Recover every member of the acting set to the authoritative copy,
-//!    object by object, comparing versions (one version names one
-//!    content, invariant 1): an older or missing object gets the
-//!    authoritative one
-//!    pushed at its version, with its log entry; an object a copy holds at
-//!    a version the authoritative copy does not know (divergent: a write
-//!    that was never acknowledged) is rewritten on every member at a new
-//!    version of this epoch, since the store never goes back to an older
-//!    version.
-//!    Then its log (`LogSync`): entries the authoritative log does not
-//!    hold above its tail are ops that never completed and are forgotten,
-//!    so that no copy answers a retry of an undone request as applied; the
-//!    authoritative entries it lacks are adopted, so that every member's
-//!    log holds the whole authoritative history whichever becomes the
-//!    authority next.
-//! 4. Have the leader record the interval as active, refill the PG's
-//!    request cache from the authoritative log, then serve.
+//! 2. The authoritative copy is an answering *complete* member of the last
+//!    active interval, the one with the newest log head. A complete member
+//!    held every acknowledged write when the interval went active (or when
+//!    its background recovery ended, as the primary reported) and took
+//!    every write acknowledged in it (an acknowledgement needs every
+//!    member), so it holds every acknowledged write. Without an answering
+//!    complete member the PG stays inactive.
+//! 3. Plan the recovery of every member of the acting set to the
+//!    authoritative copy, object by object, comparing versions (one
+//!    version names one content, invariant 1): an older or missing object
+//!    needs the authoritative one at its version, with its log entry; an
+//!    object a copy holds at a version the authoritative copy does not
+//!    know (divergent: a write that was never acknowledged) is rewritten
+//!    on every member now, at a new version of this epoch, since the store
+//!    never goes back to an older version.
+//! 4. A copy that lacks nothing gets the authoritative log now
+//!    (`LogSync`): entries the authoritative log does not hold above its
+//!    tail are ops that never completed and are forgotten, so that no copy
+//!    answers a retry of an undone request as applied; the authoritative
+//!    entries it lacks are adopted, so that every member's log holds the
+//!    whole authoritative history whichever becomes the authority next.
+//!    The others get it once recovered.
+//! 5. Recover now what the PG needs to go active with `min_size` complete
+//!    copies, one of them a source for the rest that takes every write of
+//!    the interval (the authority, or this OSD if the authority is not in
+//!    the acting set); the rest is recovered in the background
+//!    (`recovery.rs`).
+//! 6. Have the leader record the interval as active, naming the members
+//!    still incomplete, refill the PG's request cache from the
+//!    authoritative log, then serve.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -41,6 +48,7 @@ use nacre_net::Transport;
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status, PAYLOAD_MAX_BYTES};
 
+use crate::recovery::{self, Recovery};
 use crate::{pg_key, status_of, Osd, PgEvent, PgState, ReqCache};
 
 /// Pause between two peering attempts of one PG in one epoch.
@@ -76,7 +84,7 @@ impl LogSync {
         }
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.forget.is_empty() && self.adopt.is_empty()
     }
 
@@ -195,20 +203,31 @@ impl PgInfo {
     }
 
     /// The newest entry of `oid` in the log.
-    fn last_entry(&self, oid: ObjectId) -> Option<&LogEntry> {
+    pub(crate) fn last_entry(&self, oid: ObjectId) -> Option<&LogEntry> {
         self.log.entries.values().rev().find(|e| e.oid == oid)
     }
 }
 
 /// Why peering did not finish in this attempt.
-enum PeerError {
+pub(crate) enum PeerError {
     /// Cannot finish in this epoch: wait for a new map.
     Inactive(String),
     /// May finish if tried again (a message lost, a peer slow).
     Retry(String),
+    /// A copy's store has no room for what it must hold: may finish once
+    /// space is freed.
+    Full(String),
 }
 
-use PeerError::{Inactive, Retry};
+use PeerError::{Full, Inactive, Retry};
+
+impl std::fmt::Display for PeerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Inactive(why) | Retry(why) | Full(why) => f.write_str(why),
+        }
+    }
+}
 
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// This copy's info of PG `pg`, once no op of `epoch` or an earlier
@@ -369,7 +388,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Makes OSD `to`'s log of PG `pg` the authoritative one (`sync`).
-    async fn log_sync(
+    pub(crate) async fn log_sync(
         self: &Rc<Self>,
         to: u32,
         pg: u32,
@@ -435,13 +454,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             match self.try_peer(pg, epoch).await {
                 Ok(()) => {
                     tracing::debug!("osd.{}: PG {pg} active in epoch {epoch}", self.id);
-                    return self.set_pg_state(pg, epoch, PgState::Active);
+                    self.set_pg_state(pg, epoch, PgState::Active);
+                    if self.pg_recovering(pg) {
+                        rt::spawn(self.clone().recover_pg(pg, epoch));
+                    }
+                    return;
                 }
                 Err(Inactive(why)) => {
                     tracing::info!("osd.{}: PG {pg} inactive in epoch {epoch}: {why}", self.id);
                     return self.set_pg_state(pg, epoch, PgState::Inactive(why));
                 }
-                Err(Retry(why)) => {
+                Err(Retry(why) | Full(why)) => {
                     tracing::debug!("osd.{}: PG {pg} peering again: {why}", self.id);
                     rt::sleep(PEER_RETRY).await;
                 }
@@ -498,13 +521,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 let replaced: Vec<String> = {
                     let m = self.map.borrow();
                     (p.acting.iter())
-                        .filter(|&&o| m.is_up(o))
+                        .filter(|&&o| m.is_up(o) && !p.incomplete.contains(&o))
                         .map(|o| format!("osd.{o}"))
                         .collect()
                 };
                 return Err(Inactive(format!(
                     "waiting for one of {} with the store it had when the PG was last active (epoch {}){}",
-                    (p.acting.iter().map(|o| format!("osd.{o}")))
+                    (p.acting.iter())
+                        .filter(|o| !p.incomplete.contains(o))
+                        .map(|o| format!("osd.{o}"))
                         .collect::<Vec<_>>()
                         .join(", "),
                     p.epoch,
@@ -544,27 +569,117 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .max_by_key(|(&id, i)| (i.log.head(), id == self.id, std::cmp::Reverse(id)))
             .map(|(&id, _)| id)
             .ok_or_else(|| Retry("no member of the last active interval answered".into()))?;
-        self.recover(pg, epoch, auth, &infos, &acting).await?;
+        let (mut wants, rewrite) = recovery::plan(auth, &infos, &acting);
+        let a = &infos[&auth];
+        for oid in rewrite {
+            let data = match a.objects.get(&oid) {
+                Some(&va) => Some(self.fetch(auth, pg, epoch, oid, va).await?),
+                None => None,
+            };
+            self.rewrite(pg, epoch, &acting, oid, data).await?;
+        }
+        // A copy that lacks no object takes the authoritative log now; the
+        // others once recovery brought them every object.
+        let mut left: BTreeMap<u32, (usize, LogSync)> = BTreeMap::new();
+        for w in wants.values() {
+            for &c in &w.to {
+                left.entry(c).or_default().0 += 1;
+            }
+        }
+        for &c in acting.iter().filter(|&&c| c != auth) {
+            let sync = LogSync::between(&infos[&c].log, &a.log);
+            match left.get_mut(&c) {
+                Some((_, s)) => *s = sync,
+                None if !sync.is_empty() => self.log_sync(c, pg, epoch, &sync).await?,
+                None => {}
+            }
+        }
+        // The PG goes active with at least `min_size` complete copies (so
+        // one more lost disk never takes the only copy of an object), one
+        // of them the source of background recovery, a member that takes
+        // every write of the interval: the authority if it is in the acting
+        // set, else this OSD. Copies short of that are recovered now, this
+        // OSD first, then those that lack least.
+        let complete = |left: &BTreeMap<u32, (usize, LogSync)>| {
+            acting.iter().filter(|c| !left.contains_key(c)).count()
+        };
+        let source = if acting.contains(&auth) {
+            auth
+        } else {
+            self.id
+        };
+        let mut now: Vec<u32> = Vec::new();
+        if left.contains_key(&source) {
+            now.push(source);
+        }
+        let mut rest: Vec<(usize, u32)> = (left.iter())
+            .filter(|(&c, _)| c != source)
+            .map(|(&c, (n, _))| (*n, c))
+            .collect();
+        rest.sort_unstable();
+        let short = min_size.saturating_sub(complete(&left) + now.len());
+        now.extend(rest.iter().take(short).map(|&(_, c)| c));
+        for c in now {
+            for (&oid, w) in wants.iter_mut().filter(|(_, w)| w.to.contains(&c)) {
+                let data = match w.delete {
+                    true => None,
+                    false => Some(self.fetch(auth, pg, epoch, oid, w.version).await?),
+                };
+                (self.push(c, pg, epoch, oid, w.version, w.entry, data.as_ref())).await?;
+                w.to.retain(|&t| t != c);
+            }
+            let (_, sync) = left.remove(&c).expect("an incomplete copy");
+            if !sync.is_empty() {
+                self.log_sync(c, pg, epoch, &sync).await?;
+            }
+        }
+        wants.retain(|_, w| !w.to.is_empty());
+        assert!(
+            !nacre_blockstore::strict() || (complete(&left) >= min_size && !left.contains_key(&source)),
+            "PG {pg} goes active with {} complete copies (min_size {min_size}), source osd.{source}",
+            complete(&left)
+        );
         if self.epoch() != epoch {
             return Err(Retry("the epoch moved".into()));
         }
-        let clean = acting.len() == size;
-        self.report(pg, epoch, &PgEvent::Active { clean })
+        let incomplete: Vec<u32> = left.keys().copied().collect();
+        let clean = acting.len() == size && incomplete.is_empty();
+        self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
             .await
             .map_err(Retry)?;
         // Retries of requests the authoritative history holds are
         // answered from it, whichever primary took them; no other request
         // is (a request of a divergent op must be applied again).
         let mut done = ReqCache::default();
-        for e in infos[&auth].log.entries.values().filter(|e| e.client != 0) {
+        for e in a.log.entries.values().filter(|e| e.client != 0) {
             done.insert((e.client, e.request), e.version);
         }
         self.done.borrow_mut().insert(pg, done);
+        if !wants.is_empty() {
+            let total = left.values().map(|(n, _)| n).sum();
+            tracing::info!(
+                "osd.{}: PG {pg} active in epoch {epoch}, recovering {total} object copies on {} from osd.{source}",
+                self.id,
+                (left.keys().map(|o| format!("osd.{o}")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            self.recovery.borrow_mut().insert(
+                pg,
+                Recovery {
+                    epoch,
+                    source,
+                    wants,
+                    left,
+                    total,
+                },
+            );
+        }
         Ok(())
     }
 
     /// The whole of `oid` at `version` from OSD `from`.
-    async fn fetch(
+    pub(crate) async fn fetch(
         self: &Rc<Self>,
         from: u32,
         pg: u32,
@@ -595,7 +710,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Pushes `oid` at `version` (the whole object, or absent) to OSD `to`.
     #[allow(clippy::too_many_arguments)]
-    async fn push(
+    pub(crate) async fn push(
         self: &Rc<Self>,
         to: u32,
         pg: u32,
@@ -628,79 +743,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 Err(why) => return Err(Retry(why)),
             }
         };
-        if s != Status::Ok {
-            return Err(Retry(format!(
+        match s {
+            Status::Ok => Ok(()),
+            Status::NoSpace => Err(Full(format!(
                 "pushing {oid} v{version:#x} to osd.{to}: {s:?}"
-            )));
+            ))),
+            s => Err(Retry(format!(
+                "pushing {oid} v{version:#x} to osd.{to}: {s:?}"
+            ))),
         }
-        Ok(())
-    }
-
-    /// Brings every member of `acting` to `auth`'s copy of PG `pg`.
-    async fn recover(
-        self: &Rc<Self>,
-        pg: u32,
-        epoch: u64,
-        auth: u32,
-        infos: &HashMap<u32, PgInfo>,
-        acting: &[u32],
-    ) -> Result<(), PeerError> {
-        let a = &infos[&auth];
-        let mut rewrite: BTreeSet<ObjectId> = BTreeSet::new();
-        let mut cache: HashMap<ObjectId, AlignedBuf> = HashMap::new();
-        for &c in acting.iter().filter(|&&c| c != auth) {
-            let ci = &infos[&c];
-            let oids: BTreeSet<ObjectId> = (a.objects.keys().chain(ci.objects.keys()))
-                .copied()
-                .collect();
-            for oid in oids {
-                let (va, vc) = (a.objects.get(&oid).copied(), ci.objects.get(&oid).copied());
-                match (va, vc) {
-                    (Some(va), vc) if vc == Some(va) => {}
-                    (Some(va), vc) if vc.is_none_or(|vc| vc < va) => {
-                        if let std::collections::hash_map::Entry::Vacant(v) = cache.entry(oid) {
-                            v.insert(self.fetch(auth, pg, epoch, oid, va).await?);
-                        }
-                        let entry = (a.log.entries.get(&va).copied())
-                            .filter(|e| e.oid == oid && e.op == LogOp::Write);
-                        self.push(c, pg, epoch, oid, va, entry, cache.get(&oid))
-                            .await?;
-                    }
-                    (None, Some(vc)) => match a.last_entry(oid) {
-                        // Deleted on the authoritative copy after the
-                        // version this copy holds: a tombstone.
-                        Some(e) if e.op == LogOp::Delete && e.version > vc => {
-                            self.push(c, pg, epoch, oid, e.version, Some(*e), None)
-                                .await?;
-                        }
-                        _ => {
-                            rewrite.insert(oid);
-                        }
-                    },
-                    _ => {
-                        rewrite.insert(oid);
-                    }
-                }
-            }
-        }
-        for oid in rewrite {
-            let data = match a.objects.get(&oid) {
-                Some(&va) => match cache.remove(&oid) {
-                    Some(d) => Some(d),
-                    None => Some(self.fetch(auth, pg, epoch, oid, va).await?),
-                },
-                None => None,
-            };
-            self.rewrite(pg, epoch, acting, oid, data).await?;
-        }
-        // Every copy's objects are the authoritative ones: now its log.
-        for &c in acting.iter().filter(|&&c| c != auth) {
-            let sync = LogSync::between(&infos[&c].log, &a.log);
-            if !sync.is_empty() {
-                self.log_sync(c, pg, epoch, &sync).await?;
-            }
-        }
-        Ok(())
     }
 
     /// Writes `oid` as `data` (or deletes it) on every member of `acting`

@@ -27,6 +27,9 @@ pub struct OsdStats {
     last_damage: RefCell<Option<String>>,
     /// Why the store's journal replay stopped before its end at open.
     replay_stopped: RefCell<Option<String>>,
+    /// Object copies this OSD recovered as primary, and their bytes.
+    recovered_objects: Cell<u64>,
+    recovered_bytes: Cell<u64>,
 }
 
 /// What `Op::Stat` answers (JSON).
@@ -68,6 +71,14 @@ pub struct OsdReport {
     /// Those not `active+clean`, with why (at most [`PG_REPORT_MAX`]).
     #[serde(default)]
     pub pgs_not_clean: Vec<PgReport>,
+    /// Object copies this OSD, as primary, has recovered since it
+    /// started, their bytes, and how many its PGs still lack.
+    #[serde(default)]
+    pub recovered_objects: u64,
+    #[serde(default)]
+    pub recovered_bytes: u64,
+    #[serde(default)]
+    pub recovery_objects_left: u64,
 }
 
 /// PGs not `active+clean` an OSD names in its report (the counts cover
@@ -79,6 +90,7 @@ pub const PG_REPORT_MAX: usize = 32;
 pub struct PgReport {
     pub pg: u32,
     /// `active+clean`, `active+degraded` (fewer than `size` copies up),
+    /// `active+recovering` (some copies lack objects; served meanwhile),
     /// `peering` (gathering and recovering the copies, or waiting for the
     /// next epoch after a failed write), or `inactive` (cannot peer).
     pub state: String,
@@ -117,6 +129,12 @@ impl OsdStats {
 
     pub fn set_replay_stopped(&self, why: Option<String>) {
         *self.replay_stopped.borrow_mut() = why;
+    }
+
+    /// Recovery pushed `objects` object copies, `bytes` in all.
+    pub fn recovered(&self, bytes: u64, objects: u64) {
+        add(&self.recovered_bytes, bytes);
+        add(&self.recovered_objects, objects);
     }
 
     pub fn replica_done(&self) {
@@ -184,6 +202,8 @@ impl OsdStats {
             damaged_reads: self.damaged_reads.get(),
             last_damage: self.last_damage.borrow().clone(),
             replay_stopped: self.replay_stopped.borrow().clone(),
+            recovered_objects: self.recovered_objects.get(),
+            recovered_bytes: self.recovered_bytes.get(),
             ..OsdReport::default()
         }
     }

@@ -70,6 +70,10 @@ struct NetState {
     deadline: Duration,
     /// Print every message (`NACRE_SIM_TRACE`).
     trace: bool,
+    /// The OSDs' recovery rate in this run: slow in half the seeds, so
+    /// that client ops meet objects still being recovered (drawn apart
+    /// from the fault generator, whose sequence replays older seeds).
+    recovery_rate: u64,
 }
 
 /// The in-process network: a [`Transport`] whose links are function calls
@@ -93,6 +97,11 @@ impl Net {
                 isolated: RefCell::new(Default::default()),
                 deadline,
                 trace: std::env::var_os("NACRE_SIM_TRACE").is_some(),
+                recovery_rate: match SplitMix(seed ^ 0x7265_636f_7665_7279).below(4) {
+                    0 => u64::from(OBJECT_BYTES) * 8,
+                    1 => u64::from(OBJECT_BYTES) * 32,
+                    _ => nacre_osd::RECOVERY_BYTES_PER_S_DEFAULT,
+                },
             }),
             None,
         )
@@ -416,6 +425,7 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("osd.{id} does not reopen: {e}"));
         let net = self.net.for_node(&addr);
         let osd = Osd::with_store(id, store, &report, leader_addr(), net.clone());
+        osd.set_recovery_rate(self.net.0.recovery_rate);
         net.attach_node(osd.clone());
         self.nodes.borrow_mut()[id as usize].osd = Some(osd.clone());
         if let Err(e) = osd.boot().await {
@@ -429,7 +439,8 @@ impl Cluster {
     }
 
     /// Waits until every running OSD is up in the leader's map and every
-    /// PG is active on its primary, within `limit`; what is not,
+    /// PG is active on its primary with no copy left to recover, within
+    /// `limit`; what is not,
     /// otherwise.
     pub async fn settle(&self, limit: Duration) -> Result<(), String> {
         let until = rt::monotonic() + limit;
@@ -445,6 +456,10 @@ impl Cluster {
                     .and_then(|o| o.pg_state(pg));
                 if state != Some(PgState::Active) {
                     waiting.push(format!("PG {pg}: {state:?}"));
+                } else if (m.primary(pg).and_then(|p| self.osd(p)))
+                    .is_some_and(|o| o.pg_recovering(pg))
+                {
+                    waiting.push(format!("PG {pg}: recovering"));
                 }
             }
             if waiting.is_empty() {

@@ -286,3 +286,92 @@ fn a_partitioned_primary_serves_no_stale_read() {
         c.stop();
     });
 }
+
+/// A copy that comes back after missing writes is recovered in the
+/// background: its PGs serve at once (reads and writes of objects it
+/// lacks, which are recovered first), the leader records it as an
+/// incomplete member until it holds everything, and recovery, paced, ends
+/// with every copy of every object the same.
+#[test]
+fn a_returning_copy_is_recovered_while_its_pgs_serve() {
+    rt::block_on_virtual(async {
+        let c = cluster(6).await;
+        let slow = u64::from(OBJECT_BYTES); // one object a second
+        let back = 2;
+        c.crash(back, 1);
+        c.settle(SETTLE).await.unwrap();
+        let oids: Vec<ObjectId> = (0..24).map(|b| ObjectId::new(1, b)).collect();
+        for (k, &oid) in oids.iter().enumerate() {
+            put(&c, oid, k as u64 + 1, k as u8 + 1).await;
+        }
+        for id in 0..3 {
+            if let Some(o) = c.osd(id) {
+                o.set_recovery_rate(slow);
+            }
+        }
+        c.start(back).await;
+        c.osd(back).unwrap().set_recovery_rate(slow);
+        // Every PG active, some still recovering.
+        let m = loop {
+            let m = c.leader.map();
+            let active = (0..m.pgmap.pg_count()).all(|pg| {
+                (m.primary(pg).and_then(|p| c.osd(p))).is_some_and(|o| {
+                    o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active)
+                })
+            });
+            if active && m.is_up(back) {
+                break m;
+            }
+            rt::sleep(Duration::from_millis(10)).await;
+        };
+        let recovering: Vec<u32> = (0..m.pgmap.pg_count())
+            .filter(|&pg| c.osd(m.primary(pg).unwrap()).unwrap().pg_recovering(pg))
+            .collect();
+        assert!(!recovering.is_empty(), "no PG recovers in the background");
+        for &pg in &recovering {
+            let i = &m.last_active[&pg];
+            assert_eq!(i.incomplete, vec![back], "PG {pg}'s interval: {i:?}");
+            let r = c.osd(m.primary(pg).unwrap()).unwrap().stat_report();
+            assert!(r.pg_states.contains_key("active+recovering"), "{r:?}");
+            assert!(r.recovery_objects_left > 0);
+        }
+        // Reads and writes meanwhile, on every object: a write of the
+        // second 4 KiB of each keeps the first.
+        for (k, &oid) in oids.iter().enumerate() {
+            let got = read(&c, oid).await.expect("an acknowledged write");
+            assert_eq!(got[0], k as u8 + 1, "{oid}");
+            let data = [0xee; 4096];
+            let mut h = Header::request(Op::Write, 100 + k as u64, oid).with_payload(&data);
+            h.offset = 4096;
+            h.length = 4096;
+            h.client = CLIENT;
+            let f = c
+                .call(h, Some(AlignedBuf::from_slice(&data)))
+                .await
+                .unwrap();
+            assert_eq!(f.h.status, Status::Ok, "{oid}");
+        }
+        c.settle(SETTLE).await.unwrap();
+        let m = c.leader.map();
+        assert!(
+            (m.last_active.values()).all(|i| i.incomplete.is_empty()),
+            "{m:?}"
+        );
+        for (k, &oid) in oids.iter().enumerate() {
+            let copies: Vec<_> = (0..3).map(|id| c.osd(id).unwrap()).collect();
+            let v = copies[0].store().version(oid);
+            assert!(v.is_some(), "{oid}");
+            for o in &copies {
+                assert_eq!(o.store().version(oid), v, "osd.{} {oid}", o.id);
+                let got = o.store().read(oid, 0, 8192).await.unwrap();
+                assert_eq!(
+                    (got[0], got[4096]),
+                    (k as u8 + 1, 0xee),
+                    "osd.{} {oid}",
+                    o.id
+                );
+            }
+        }
+        c.stop();
+    });
+}

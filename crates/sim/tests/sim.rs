@@ -361,3 +361,19 @@ fn regression_seed_78_a_failed_write_ends_the_interval() {
 fn regression_seed_86_a_peering_of_an_ended_epoch_took_the_next_epochs_version() {
     run(86);
 }
+
+/// Background recovery, broken on purpose: with a write let onto a copy
+/// that still lacked the object (no recovery first), the copy kept the new
+/// bytes over a hole and lost an acknowledged write once it served.
+#[test]
+fn regression_seed_14_a_write_recovers_its_object_first() {
+    run(14);
+}
+
+/// Background recovery, broken on purpose: with a member that was still
+/// being recovered taken as the authority at the next peering, an
+/// acknowledged write it had not yet received was lost.
+#[test]
+fn regression_seed_82_an_incomplete_member_is_no_authority() {
+    run(82);
+}

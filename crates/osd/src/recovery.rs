@@ -1,0 +1,440 @@
+//! Background recovery (docs/internals/replication.md §8): a PG goes
+//! active as soon as one member of its acting set is complete, and its
+//! primary brings the others up to date object by object while clients
+//! read and write.
+//!
+//! - Peering plans the recovery ([`plan`]): per object the authoritative
+//!   state (a version with its bytes, or a tombstone) and the copies that
+//!   lack it. It is taken from the *source*, a complete member of the
+//!   acting set, which every write of the interval reaches, so its copy of
+//!   an object still in the plan is the planned one.
+//! - The leader records the others as *incomplete* members of the
+//!   interval: they take every write but cannot vouch for the history
+//!   until they hold every object, so the next peering takes its
+//!   authority only from a complete member.
+//! - A task per PG walks the plan at the OSD's recovery rate
+//!   (`recovery_bytes_per_s`), one object at a time under the object's
+//!   lock. A client op on an object still in the plan recovers that
+//!   object first, unpaced: a write must not land on a copy that lacks the
+//!   bytes around it, and a read of the primary's own copy needs them.
+//! - A copy that holds every object gets the authoritative log (the log
+//!   sync peering computed), and the primary reports the interval again
+//!   with it complete; when none is left the PG is clean.
+//! - A failed step is tried again later (a full store may get room, a
+//!   slow peer answer; a dead one is marked down, and the next epoch plans
+//!   again); the client op that needed it fails (`NoSpace` when a store is
+//!   full, else `Unavailable`, which the client retries). Every push is a
+//!   whole object at its authoritative version and leaves the plan once
+//!   applied, so none lands twice and the copies never hold a mix.
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::time::Duration;
+
+use nacre_blockstore::{LogEntry, LogOp};
+use nacre_io::{rt, BlockDev};
+use nacre_net::Transport;
+use nacre_types::ObjectId;
+
+use crate::peering::{LogSync, PeerError, PgInfo};
+use crate::{Osd, PgEvent, PgState};
+
+/// The recovery rate of a new OSD, in bytes per second (pushes of whole
+/// objects, counted once per copy that receives one).
+pub const RECOVERY_BYTES_PER_S_DEFAULT: u64 = 100 << 20;
+/// Wait before background recovery tries a failed step again, doubled at
+/// each failure in a row up to the max.
+const RECOVERY_RETRY: Duration = Duration::from_secs(1);
+const RECOVERY_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// What one object of a PG needs on the copies that lack it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Want {
+    /// The authoritative version (the tombstone's, for a delete).
+    pub version: u64,
+    /// Its entry in the authoritative log, if the log still holds it.
+    pub entry: Option<LogEntry>,
+    pub delete: bool,
+    /// The copies that lack it.
+    pub to: Vec<u32>,
+}
+
+/// The recovery of one PG this OSD is primary of, in one epoch.
+pub(crate) struct Recovery {
+    pub epoch: u64,
+    /// The complete member objects are read from.
+    pub source: u32,
+    pub wants: BTreeMap<ObjectId, Want>,
+    /// Per incomplete copy: the objects it still lacks, and the log sync
+    /// it gets once it lacks none.
+    pub left: BTreeMap<u32, (usize, LogSync)>,
+    /// Object copies to recover when the plan was made.
+    pub total: usize,
+}
+
+impl Recovery {
+    /// Object copies still to recover.
+    pub fn remaining(&self) -> usize {
+        self.left.values().map(|(n, _)| n).sum()
+    }
+}
+
+/// What peering found: per object, what the copies of `acting` other than
+/// `auth` lack of `auth`'s copy; and the objects a copy holds at a version
+/// the authoritative history does not know (divergent: never
+/// acknowledged), which must be rewritten on every member at a new version
+/// since a store never goes back to an older one.
+pub(crate) fn plan(
+    auth: u32,
+    infos: &HashMap<u32, PgInfo>,
+    acting: &[u32],
+) -> (BTreeMap<ObjectId, Want>, Vec<ObjectId>) {
+    let a = &infos[&auth];
+    let mut wants: BTreeMap<ObjectId, Want> = BTreeMap::new();
+    let mut rewrite: Vec<ObjectId> = Vec::new();
+    let mut want = |oid: ObjectId, w: Want, c: u32| {
+        wants.entry(oid).or_insert(w).to.push(c);
+    };
+    for &c in acting.iter().filter(|&&c| c != auth) {
+        let ci = &infos[&c];
+        let (mut x, mut y) = (a.objects.iter().peekable(), ci.objects.iter().peekable());
+        // Both lists are sorted: walk them together.
+        loop {
+            let (oid, va, vc) = match (x.peek(), y.peek()) {
+                (None, None) => break,
+                (Some(&(&o, &v)), None) => {
+                    x.next();
+                    (o, Some(v), None)
+                }
+                (None, Some(&(&o, &v))) => {
+                    y.next();
+                    (o, None, Some(v))
+                }
+                (Some(&(&oa, &va)), Some(&(&oc, &vc))) => {
+                    if oa < oc {
+                        x.next();
+                        (oa, Some(va), None)
+                    } else if oc < oa {
+                        y.next();
+                        (oc, None, Some(vc))
+                    } else {
+                        x.next();
+                        y.next();
+                        (oa, Some(va), Some(vc))
+                    }
+                }
+            };
+            match (va, vc) {
+                (Some(va), Some(vc)) if vc == va => {}
+                (Some(va), vc) if vc.is_none_or(|vc| vc < va) => {
+                    let entry = (a.log.entries.get(&va).copied())
+                        .filter(|e| e.oid == oid && e.op == LogOp::Write);
+                    let w = Want {
+                        version: va,
+                        entry,
+                        delete: false,
+                        to: Vec::new(),
+                    };
+                    want(oid, w, c);
+                }
+                (None, Some(vc)) => match a.last_entry(oid) {
+                    // Deleted on the authoritative copy after the version
+                    // this copy holds: a tombstone.
+                    Some(e) if e.op == LogOp::Delete && e.version > vc => {
+                        let w = Want {
+                            version: e.version,
+                            entry: Some(*e),
+                            delete: true,
+                            to: Vec::new(),
+                        };
+                        want(oid, w, c);
+                    }
+                    _ => rewrite.push(oid),
+                },
+                _ => rewrite.push(oid),
+            }
+        }
+    }
+    rewrite.sort_unstable();
+    rewrite.dedup();
+    for oid in &rewrite {
+        wants.remove(oid);
+    }
+    (wants, rewrite)
+}
+
+impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
+    /// Whether PG `pg` has copies left to recover in the current epoch.
+    pub fn pg_recovering(&self, pg: u32) -> bool {
+        let e = self.epoch();
+        (self.recovery.borrow().get(&pg)).is_some_and(|r| r.epoch == e && !r.left.is_empty())
+    }
+
+    /// Object copies left to recover in PG `pg`, and at the start.
+    pub(crate) fn recovery_progress(&self, pg: u32) -> Option<(usize, usize)> {
+        let e = self.epoch();
+        (self.recovery.borrow().get(&pg))
+            .filter(|r| r.epoch == e && !r.left.is_empty())
+            .map(|r| (r.remaining(), r.total))
+    }
+
+    /// Sets how fast this OSD recovers its PGs' copies, in bytes per
+    /// second (at least 1).
+    pub fn set_recovery_rate(&self, bytes_per_s: u64) {
+        self.recovery_rate.set(bytes_per_s.max(1));
+    }
+
+    /// Whether a client op on `oid` must wait for its recovery: it is in
+    /// PG `pg`'s plan, for this copy (`mine`: a read needs only the
+    /// primary's own copy) or for any.
+    pub(crate) fn must_recover(&self, pg: u32, epoch: u64, oid: ObjectId, mine: bool) -> bool {
+        (self.recovery.borrow().get(&pg))
+            .filter(|r| r.epoch == epoch)
+            .and_then(|r| r.wants.get(&oid))
+            .is_some_and(|w| !mine || w.to.contains(&self.id))
+    }
+
+    /// Recovers `oid` of PG `pg` now, for a client op (which holds the
+    /// object's lock); what the op answers if it cannot.
+    pub(crate) async fn recover_for_op(
+        self: &Rc<Self>,
+        pg: u32,
+        epoch: u64,
+        oid: ObjectId,
+    ) -> Result<(), nacre_wire::Status> {
+        match self.recover_one(pg, epoch, oid).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::warn!(
+                    "osd.{}: PG {pg}: recovering {oid} for a client op: {e}",
+                    self.id
+                );
+                Err(match e {
+                    PeerError::Full(_) => nacre_wire::Status::NoSpace,
+                    _ => nacre_wire::Status::Unavailable,
+                })
+            }
+        }
+    }
+
+    /// Brings every copy that lacks `oid` in PG `pg`'s plan to the
+    /// planned state, taking each from the plan once it holds it; a copy
+    /// that lacks nothing more gets the authoritative log. The caller
+    /// holds `oid`'s lock.
+    async fn recover_one(
+        self: &Rc<Self>,
+        pg: u32,
+        epoch: u64,
+        oid: ObjectId,
+    ) -> Result<(), PeerError> {
+        let (want, source) = {
+            let r = self.recovery.borrow();
+            let Some(r) = r.get(&pg).filter(|r| r.epoch == epoch) else {
+                return Ok(());
+            };
+            match r.wants.get(&oid) {
+                Some(w) => (w.clone(), r.source),
+                None => return Ok(()),
+            }
+        };
+        let data = match want.delete {
+            true => None,
+            false => Some(self.fetch(source, pg, epoch, oid, want.version).await?),
+        };
+        for &to in &want.to {
+            (self.push(to, pg, epoch, oid, want.version, want.entry, data.as_ref())).await?;
+            (self.stats).recovered(data.as_ref().map_or(0, |d| d.len() as u64), 1);
+            let mut r = self.recovery.borrow_mut();
+            let Some(r) = r.get_mut(&pg).filter(|r| r.epoch == epoch) else {
+                return Ok(());
+            };
+            if let Some(w) = r.wants.get_mut(&oid) {
+                w.to.retain(|&c| c != to);
+                if w.to.is_empty() {
+                    r.wants.remove(&oid);
+                }
+            }
+            if let Some((n, _)) = r.left.get_mut(&to) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        self.sync_recovered(pg, epoch).await
+    }
+
+    /// Gives every copy of PG `pg` that lacks no object any more the
+    /// authoritative log, and tells the leader it is complete.
+    async fn sync_recovered(self: &Rc<Self>, pg: u32, epoch: u64) -> Result<(), PeerError> {
+        loop {
+            let next = {
+                let r = self.recovery.borrow();
+                (r.get(&pg).filter(|r| r.epoch == epoch))
+                    .and_then(|r| r.left.iter().find(|(_, (n, _))| *n == 0))
+                    .map(|(&to, (_, sync))| (to, sync.clone()))
+            };
+            let Some((to, sync)) = next else {
+                return Ok(());
+            };
+            if !sync.is_empty() {
+                self.log_sync(to, pg, epoch, &sync).await?;
+            }
+            let removed = (self.recovery.borrow_mut().get_mut(&pg))
+                .filter(|r| r.epoch == epoch)
+                .and_then(|r| r.left.remove(&to));
+            if removed.is_some() {
+                tracing::info!("osd.{}: PG {pg}: osd.{to} recovered", self.id);
+                self.report_recovered(pg, epoch).await;
+            }
+        }
+    }
+
+    /// Tells the leader which members of PG `pg`'s interval are still
+    /// incomplete (fewer than before). Unheard, they stay incomplete in
+    /// its record: that only narrows the next peering's choice.
+    async fn report_recovered(&self, pg: u32, epoch: u64) {
+        let incomplete: Vec<u32> = {
+            let r = self.recovery.borrow();
+            match r.get(&pg).filter(|r| r.epoch == epoch) {
+                Some(r) => r.left.keys().copied().collect(),
+                None => return,
+            }
+        };
+        let clean = incomplete.is_empty()
+            && self.map.borrow().acting(pg).len() == self.map.borrow().pgmap.size as usize;
+        if let Err(why) = self
+            .report(pg, epoch, &PgEvent::Active { clean, incomplete })
+            .await
+        {
+            tracing::warn!("osd.{}: PG {pg}: reporting recovery: {why}", self.id);
+        }
+    }
+
+    /// Waits for this OSD's recovery budget to cover `bytes`.
+    async fn pace(&self, bytes: u64) {
+        let rate = self.recovery_rate.get().max(1);
+        let cost = Duration::from_nanos(
+            u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(rate)).unwrap_or(u64::MAX),
+        );
+        let now = rt::monotonic();
+        let start = self.recovery_next.get().max(now);
+        self.recovery_next.set(start + cost);
+        if start > now {
+            rt::sleep(start - now).await;
+        }
+    }
+
+    /// Recovers PG `pg`'s plan of `epoch` in the background, paced, until
+    /// it is done, the epoch ends or the PG stops.
+    pub(crate) async fn recover_pg(self: Rc<Self>, pg: u32, epoch: u64) {
+        let bb = u64::from(self.store.block_bytes());
+        let mut backoff = RECOVERY_RETRY;
+        loop {
+            if self.epoch() != epoch
+                || self.halted.get()
+                || self.pg_state(pg) != Some(PgState::Active)
+            {
+                return;
+            }
+            let next = {
+                let r = self.recovery.borrow();
+                (r.get(&pg).filter(|r| r.epoch == epoch))
+                    .and_then(|r| r.wants.iter().next().map(|(o, w)| (*o, w.to.len())))
+            };
+            let r = match next {
+                // Every object is there: the logs of copies whose sync
+                // failed, if any.
+                None if self.pg_recovering(pg) => self.sync_recovered(pg, epoch).await,
+                None => return,
+                Some((oid, copies)) => {
+                    self.pace(bb * copies as u64).await;
+                    if self.epoch() != epoch || self.pg_state(pg) != Some(PgState::Active) {
+                        return;
+                    }
+                    self.lock(oid).await;
+                    let r = self.recover_one(pg, epoch, oid).await;
+                    self.unlock(oid);
+                    r
+                }
+            };
+            match r {
+                Ok(()) => backoff = RECOVERY_RETRY,
+                Err(e) => {
+                    tracing::warn!(
+                        "osd.{}: PG {pg}: recovery: {e}; trying again in {backoff:?}",
+                        self.id
+                    );
+                    rt::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RECOVERY_RETRY_MAX);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nacre_blockstore::PgLog;
+
+    fn entry(version: u64, oid: ObjectId, op: LogOp) -> LogEntry {
+        LogEntry {
+            pg: 1,
+            version,
+            oid,
+            op,
+            offset: 0,
+            len: 4096,
+            client: 7,
+            request: version,
+        }
+    }
+
+    /// The plan names, per object, what each other copy lacks of the
+    /// authority's: a newer version (with its entry while the log holds
+    /// it), a tombstone, nothing when they agree; and the divergent ones.
+    #[test]
+    fn the_plan_names_what_each_copy_lacks_and_what_diverged() {
+        let o = |b: u64| ObjectId::new(1, b);
+        let info = |objects: &[(u64, u64)], entries: &[LogEntry]| PgInfo {
+            log: PgLog {
+                entries: entries.iter().map(|e| (e.version, *e)).collect(),
+                tail: 0,
+            },
+            objects: objects.iter().map(|&(b, v)| (o(b), v)).collect(),
+        };
+        let infos: HashMap<u32, PgInfo> = [
+            (
+                0,
+                info(
+                    &[(1, 5), (2, 3), (3, 9), (5, 4)],
+                    &[entry(5, o(1), LogOp::Write), entry(8, o(4), LogOp::Delete)],
+                ),
+            ),
+            // Lacks 1 at v5, has 2, lacks 3, has 4 (deleted later), has 5
+            // at a version the authority does not know (diverged).
+            (1, info(&[(1, 2), (2, 3), (4, 6), (5, 7)], &[])),
+            // Lacks everything; holds 6, which the authority never had.
+            (2, info(&[(6, 1)], &[])),
+        ]
+        .into();
+        let (wants, rewrite) = plan(0, &infos, &[0, 1, 2]);
+        assert_eq!(rewrite, vec![o(5), o(6)]);
+        assert_eq!(
+            wants[&o(1)],
+            Want {
+                version: 5,
+                entry: Some(entry(5, o(1), LogOp::Write)),
+                delete: false,
+                to: vec![1, 2]
+            }
+        );
+        assert_eq!(wants[&o(2)].to, vec![2]);
+        assert_eq!((wants[&o(3)].version, wants[&o(3)].entry), (9, None));
+        assert_eq!(wants[&o(3)].to, vec![1, 2]);
+        let tomb = &wants[&o(4)];
+        assert_eq!(
+            (tomb.version, tomb.delete, tomb.to.clone()),
+            (8, true, vec![1])
+        );
+        assert_eq!(wants.len(), 4);
+    }
+}
