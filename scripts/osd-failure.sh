@@ -7,8 +7,11 @@
 # with no fault; one in which `kill -9` hits osd.0 a third of the way in (the
 # cluster runs with --no-restart, so it stays down); one in which
 # `nacre osd start 0` brings it back a third of the way in (it must catch
-# up with the writes it missed). fio's largest completion latency in a run is
-# the longest pause a client saw.
+# up with the writes it missed: its PGs serve at once while it is recovered in
+# the background, and the script says when every copy was complete again and
+# how much it moved). fio's largest completion latency in a run is the longest
+# pause a client saw; the last run's p50 and p99 are write latency while
+# recovery runs.
 #
 #   NACRE=target/release/nacre scripts/osd-failure.sh [RUNTIME]   # default 30 s
 #
@@ -51,7 +54,22 @@ run() { # label, then what to do a third of the way in: none, kill, start
     start)
         sleep $((RUNTIME / 3))
         log "nacre osd start 0"
-        "$NACRE" osd start 0 --dir "$D/c" >&2 ;;
+        local t0
+        t0=$(date +%s.%N)
+        "$NACRE" osd start 0 --dir "$D/c" >&2
+        # How long until every copy is complete again, and what moved.
+        (wait_healthy
+         "$NACRE" status --dir "$D/c" --format json | python3 -c '
+import json, sys, time
+t0 = float(sys.argv[1]); took = time.time() - t0
+st = json.load(sys.stdin)
+osds = [o["stats"] or {} for o in st["osd"]]
+n = sum(o.get("recovered_objects", 0) for o in osds)
+b = sum(o.get("recovered_bytes", 0) for o in osds)
+print(f"osd.0 back: clean {took:.1f} s after nacre osd start; {n} object copies "
+      f"({b / 2**20:.0f} MiB) recovered, {b / 2**20 / took:.0f} MiB/s", file=sys.stderr)
+' "$t0") &
+        ;;
     esac
     wait $fio
     python3 - "$1" "$out" <<'EOF'
