@@ -402,6 +402,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         releasing: 0,
         overlay_cache_max: opts.overlay_cache_bytes,
         big_inflight: 0,
+        reserve_blocks: 0,
         failed: None,
         closing: false,
         folds: Default::default(),
@@ -415,7 +416,11 @@ pub(crate) async fn open<D: BlockDev + 'static>(
     for p in &parsed {
         if p.pos >= synced {
             if let Some(why) = verify_big_blocks(&dev, &g, &p.records).await? {
-                report.replay_stopped = Some(format!("batch at {}: {why}", p.pos));
+                tracing::info!(
+                    "journal ends at batch {}: {why} (a write in flight at a crash)",
+                    p.pos
+                );
+                report.torn_tail = Some(format!("batch at {}: {why}", p.pos));
                 st.head = p.pos;
                 break;
             }

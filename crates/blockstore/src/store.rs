@@ -148,6 +148,11 @@ pub struct OpenReport {
     /// Why replay stopped before the end of what was written, if it did
     /// (torn or damaged batch); `None` for a clean end of the journal.
     pub replay_stopped: Option<String>,
+    /// The journal ended at a whole-block write whose data block was not
+    /// completely written: a write in flight at a crash, never
+    /// acknowledged (its fsync waits for the block, and every later batch
+    /// waits for that fsync), so the normal end of the journal, not damage.
+    pub torn_tail: Option<String>,
 }
 
 pub(crate) struct Queued {
@@ -224,6 +229,8 @@ pub(crate) struct State {
     pub overlay_cache_max: u64,
     /// Whole-block writes holding a new block, not yet applied.
     pub big_inflight: usize,
+    /// Free blocks only recovery may take ([`Store::set_full_ratio`]).
+    pub reserve_blocks: u32,
     pub failed: Option<String>,
     pub closing: bool,
     /// Blocks claimed by a fold plan in flight, one plan per block (see
@@ -348,8 +355,36 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, true, None)
+            .write_inner(oid, version, offset, data, true, None, false)
             .await
+    }
+
+    /// Recovery: `oid` becomes the whole object `data` at `version` (no
+    /// log entry: the log no longer holds the write that made it). Like
+    /// [`Store::recover_logged`], it may take the blocks kept back from
+    /// client writes.
+    pub async fn recover(&self, oid: ObjectId, version: u64, data: AlignedBuf) -> Result<()> {
+        if data.len() != self.block_bytes() as usize {
+            return Err(Error::Invalid(format!(
+                "recovery of {oid} with {} bytes, not a whole object",
+                data.len()
+            )));
+        }
+        (self.0)
+            .write_inner(oid, version, 0, data, true, None, true)
+            .await
+    }
+
+    /// Keeps `1 - ratio` of the data blocks (at least none, at most all)
+    /// back from writes: once no more are free, a write that needs a new
+    /// block fails `NoSpace`, while recovery ([`Store::recover`],
+    /// [`Store::recover_logged`]) may still take them, and overwrites of
+    /// allocated blocks and deletes go on, so a full store can always be
+    /// brought up to date and emptied.
+    pub fn set_full_ratio(&self, ratio: f64) {
+        let n = f64::from(self.0.g.nblocks);
+        let keep = (n * (1.0 - ratio.clamp(0.0, 1.0))).floor();
+        self.0.st.borrow_mut().reserve_blocks = keep as u32;
     }
 
     /// Like [`Store::write`], but returns once the write is in the journal,
@@ -362,7 +397,7 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, false, None)
+            .write_inner(oid, version, offset, data, false, None, false)
             .await
     }
 
@@ -386,7 +421,15 @@ impl<D: BlockDev + 'static> Store<D> {
             )));
         }
         (self.0)
-            .write_inner(entry.oid, entry.version, offset, data, true, Some(entry))
+            .write_inner(
+                entry.oid,
+                entry.version,
+                offset,
+                data,
+                true,
+                Some(entry),
+                false,
+            )
             .await
     }
 
@@ -403,7 +446,7 @@ impl<D: BlockDev + 'static> Store<D> {
             )));
         }
         (self.0)
-            .write_inner(entry.oid, entry.version, 0, data, true, Some(entry))
+            .write_inner(entry.oid, entry.version, 0, data, true, Some(entry), true)
             .await
     }
 
@@ -822,6 +865,8 @@ impl<D: BlockDev + 'static> Inner<D> {
             .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
     }
 
+    /// `recovery`: the write may take the blocks kept back from others.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn write_inner(
         self: &Rc<Self>,
         oid: ObjectId,
@@ -830,6 +875,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         data: AlignedBuf,
         durable: bool,
         entry: Option<LogEntry>,
+        recovery: bool,
     ) -> Result<()> {
         self.check_range(offset, data.len().min(u32::MAX as usize) as u32)?;
         let len = data.len() as u32;
@@ -861,7 +907,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                 b
             };
             let csums = chunk_csums(&block_buf);
-            let block = match self.alloc_block().await {
+            let block = match self.alloc_block(recovery).await {
                 Ok(b) => {
                     self.st.borrow_mut().big_inflight += 1;
                     b
@@ -966,15 +1012,19 @@ impl<D: BlockDev + 'static> Inner<D> {
             .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
     }
 
-    /// A free block; when none is free but some wait for a checkpoint (or
-    /// are being returned by the running one), waits for it and tries
-    /// again. `NoSpace` only when no block can come back.
-    async fn alloc_block(&self) -> Result<u32> {
+    /// A free block (for a write other than `recovery`, one beyond the
+    /// reserve); when none is free but some wait for a checkpoint (or are
+    /// being returned by the running one), waits for it and tries again.
+    /// `NoSpace` only when no block can come back.
+    async fn alloc_block(&self, recovery: bool) -> Result<u32> {
         loop {
             let wait_for_applied = {
                 let mut st = self.st.borrow_mut();
-                if let Some(b) = st.alloc.alloc() {
-                    return Ok(b);
+                let keep = if recovery { 0 } else { st.reserve_blocks };
+                if st.alloc.free_count() > keep {
+                    if let Some(b) = st.alloc.alloc() {
+                        return Ok(b);
+                    }
                 }
                 if st.alloc.deferred_count() == 0 && st.releasing == 0 && st.big_inflight == 0 {
                     return Err(Error::NoSpace);

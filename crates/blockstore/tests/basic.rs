@@ -229,6 +229,73 @@ fn full_store_reports_no_space_and_recovers_after_deletes() {
     });
 }
 
+/// With a full ratio, the last blocks are kept back from writes: a write
+/// that needs a new block fails NoSpace once only they are free, while
+/// recovery (logged or not) takes them, overwrites of allocated blocks go
+/// on, and deleting makes room for writes again.
+#[test]
+fn a_full_ratio_keeps_blocks_for_recovery() {
+    block_on(async {
+        let dev = MemDev::new(16 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let blocks = s.space().total_bytes / (64 << 10);
+        s.set_full_ratio(0.75);
+        let mut n = 0u64;
+        let err = loop {
+            match s
+                .write(ObjectId::new(3, n), 1, 0, pattern(n as u8, 64 << 10))
+                .await
+            {
+                Ok(()) => n += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, Error::NoSpace), "{err}");
+        let kept = s.space().free_bytes / (64 << 10);
+        assert_eq!(kept, (blocks as f64 * 0.25).floor() as u64, "{n} written");
+        // Overwriting an object's allocated block in place still works.
+        s.write(ObjectId::new(3, 0), 2, 4096, pattern(7, 4096))
+            .await
+            .unwrap();
+        // Recovery takes the kept blocks, with and without a log entry.
+        s.recover(ObjectId::new(5, 0), 9, pattern(5, 64 << 10))
+            .await
+            .unwrap();
+        let e = LogEntry {
+            pg: 1,
+            version: 10,
+            oid: ObjectId::new(5, 1),
+            op: LogOp::Write,
+            offset: 0,
+            len: 4096,
+            client: 0,
+            request: 0,
+        };
+        s.recover_logged(e, pattern(6, 64 << 10)).await.unwrap();
+        assert_eq!(s.space().free_bytes / (64 << 10), kept - 2);
+        assert_eq!(
+            &s.read(ObjectId::new(5, 1), 0, 4096).await.unwrap()[..],
+            &pattern(6, 4096)[..]
+        );
+        assert!(matches!(
+            s.write(ObjectId::new(4, 0), 1, 0, pattern(1, 4096)).await,
+            Err(Error::NoSpace)
+        ));
+        // A whole-object recovery write of the size of a block only.
+        assert!(matches!(
+            s.recover(ObjectId::new(5, 2), 9, pattern(5, 4096)).await,
+            Err(Error::Invalid(_))
+        ));
+        // Deleting makes room for writes again.
+        for i in 0..4 {
+            s.delete(ObjectId::new(3, i), 5).await.unwrap();
+        }
+        s.write(ObjectId::new(4, 0), 1, 0, pattern(1, 64 << 10))
+            .await
+            .unwrap();
+    });
+}
+
 /// A write refused with NoSpace leaves nothing behind: the same version
 /// tried again (the client's retry) is a new attempt, never taken as a
 /// repeat of a write that happened — also while another write of the

@@ -471,3 +471,46 @@ fn store_on_files_with_io_uring_and_pread() {
         });
     }
 }
+
+/// A whole-block write in flight at a crash can leave its journal record
+/// written and its data block not (the block is written beside the
+/// record, and the fsync that acknowledges it waits for both): replay ends
+/// the journal there as the normal torn tail — the write never happened,
+/// what came before is all there, and it is no damage (`replay_stopped`
+/// stays empty; an OSD would otherwise report its journal damaged after an
+/// ordinary kill -9).
+#[test]
+fn a_whole_block_write_cut_by_a_crash_ends_the_journal_without_damage() {
+    block_on(async {
+        let dev = FaultDev::new(64 * MIB, 512);
+        Store::format(&dev, &fmt()).await.unwrap();
+        let (s, _) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        s.write(oid(0), 1, 0, fill(1, BLOCK as usize))
+            .await
+            .unwrap();
+        s.write(oid(0), 2, 4096, fill(2, 4096)).await.unwrap();
+        s.write(oid(1), 1, 0, fill(3, BLOCK as usize))
+            .await
+            .unwrap();
+        let g = s.geometry().clone();
+        let block = s.block_of(oid(1)).unwrap();
+        drop(s);
+        // The last batch's data block never reached the disk.
+        dev.write_at(AlignedBuf::zeroed(BLOCK as usize), g.block_offset(block))
+            .await
+            .unwrap();
+        let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(rep.replay_stopped, None);
+        let why = rep.torn_tail.expect("the torn tail is reported");
+        assert!(why.contains("not completely written"), "{why}");
+        assert_eq!(s.version(oid(1)), None);
+        assert_eq!(s.version(oid(0)), Some(2));
+        let got = s.read(oid(0), 0, 8192).await.unwrap();
+        assert_eq!(&got[..4096], &fill(1, BLOCK as usize)[..4096]);
+        assert_eq!(&got[4096..], &fill(2, 4096)[..]);
+    });
+}

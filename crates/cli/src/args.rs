@@ -58,6 +58,32 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// A fraction above 0 and at most 1 ("0.95"), or a percentage ("95%").
+pub fn parse_ratio(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, scale) = match t.strip_suffix('%') {
+        Some(p) => (p, 100.0),
+        None => (t, 1.0),
+    };
+    let r = num.trim().parse::<f64>().map(|x| x / scale).map_err(|_| {
+        format!("ratio {s:?}: expected a fraction like 0.95 or a percentage like 95%")
+    })?;
+    if !(r > 0.0 && r <= 1.0) {
+        return Err(format!("ratio {s:?}: must be above 0 and at most 1 (100%)"));
+    }
+    Ok(r)
+}
+
+/// `--nearfull-ratio` and `--full-ratio` together: near full comes first.
+pub fn check_ratios(nearfull: f64, full: f64) -> anyhow::Result<(f64, f64)> {
+    if nearfull > full {
+        anyhow::bail!(
+            "--nearfull-ratio {nearfull} is above --full-ratio {full}: an OSD must be near full before it is full"
+        );
+    }
+    Ok((nearfull, full))
+}
+
 /// "10s", "500ms", "2m", "10" (seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -108,6 +134,17 @@ mod tests {
         assert_eq!(parse_rate("50M/s"), Ok(50 << 20));
         assert!(parse_rate("0").unwrap_err().contains("above zero"));
         assert!(parse_rate("fast").is_err());
+    }
+
+    #[test]
+    fn ratios() {
+        assert_eq!(parse_ratio("0.95"), Ok(0.95));
+        assert_eq!(parse_ratio("85%"), Ok(0.85));
+        assert_eq!(parse_ratio("1"), Ok(1.0));
+        assert!(parse_ratio("0").unwrap_err().contains("above 0"));
+        assert!(parse_ratio("120%").is_err());
+        assert!(parse_ratio("NaN").is_err());
+        assert!(parse_ratio("most").unwrap_err().contains("fraction"));
     }
 
     #[test]

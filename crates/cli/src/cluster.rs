@@ -38,6 +38,8 @@ pub struct UpOpts {
     pub restart: bool,
     /// Each OSD's background recovery pace, in bytes per second.
     pub recovery_bytes_per_s: u64,
+    /// The used fractions at which an OSD is near full and full.
+    pub ratios: (f64, f64),
 }
 
 struct Worker {
@@ -336,6 +338,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
                 create_bytes: o.osd_size_bytes,
                 journal_bytes: o.journal_bytes,
                 recovery_bytes_per_s: o.recovery_bytes_per_s,
+                ratios: o.ratios,
             })
             .collect();
         let sup = running

@@ -17,7 +17,7 @@ use nacre_meta::remote::Remote;
 use nacre_meta::MetaStore;
 use nacre_nbd::client::NbdClient;
 
-use crate::args::{parse_duration, parse_rate, parse_size};
+use crate::args::{parse_duration, parse_rate, parse_ratio, parse_size};
 use crate::cluster::{self, UpOpts};
 use crate::targets::{FileTarget, NbdTarget, VolumeTarget};
 use crate::Format;
@@ -81,6 +81,16 @@ pub struct UpArgs {
     /// client I/O more.
     #[arg(long, value_parser = parse_rate, default_value = "100M")]
     recovery_rate: u64,
+    /// Used fraction of an OSD at which `nacre status` warns (OSD_NEARFULL,
+    /// HEALTH_WARN), e.g. 0.85 or 85%.
+    #[arg(long, value_parser = parse_ratio, default_value = "0.85")]
+    nearfull_ratio: f64,
+    /// Used fraction of an OSD beyond which writes that need new space are
+    /// refused with ENOSPC (OSD_FULL, HEALTH_ERR) while reads, overwrites,
+    /// deletes, trims and recovery go on: the rest is kept so that a full
+    /// cluster can still recover and be emptied.
+    #[arg(long, value_parser = parse_ratio, default_value = "0.95")]
+    full_ratio: f64,
 }
 
 pub fn up(a: UpArgs) -> anyhow::Result<()> {
@@ -102,6 +112,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         nbd: nbd.clone(),
         restart: !a.no_restart,
         recovery_bytes_per_s: a.recovery_rate,
+        ratios: crate::args::check_ratios(a.nearfull_ratio, a.full_ratio)?,
     };
     let mut running = cluster::start(&o)?;
     let vols = map::list_volumes(&*running.meta)?;
@@ -322,6 +333,49 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Health checks for OSDs that are near full (a warning) or full (writes
+/// that need new space are refused with ENOSPC), at the ratios each OSD
+/// reports.
+fn space_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::Value> {
+    let (mut full, mut near) = (Vec::new(), Vec::new());
+    for (id, v) in stats {
+        let Some(r) = (v.as_ref())
+            .and_then(|v| serde_json::from_value::<nacre_osd::OsdReport>(v.clone()).ok())
+        else {
+            continue;
+        };
+        if r.capacity_bytes == 0 {
+            continue;
+        }
+        let used = r.used_bytes as f64 / r.capacity_bytes as f64;
+        let what = format!("osd.{id} {:.1}% used", used * 100.0);
+        if r.full_ratio > 0.0 && used >= r.full_ratio {
+            full.push(format!("{what} (full at {:.0}%)", r.full_ratio * 100.0));
+        } else if r.nearfull_ratio > 0.0 && used >= r.nearfull_ratio {
+            near.push(format!(
+                "{what} (near full at {:.0}%)",
+                r.nearfull_ratio * 100.0
+            ));
+        }
+    }
+    let mut out = Vec::new();
+    if !full.is_empty() {
+        out.push(serde_json::json!({
+            "code": "OSD_FULL",
+            "severity": "HEALTH_ERR",
+            "message": format!("{} full: writes that need new space are refused (ENOSPC); delete or trim data, or add space ({})", full.len(), full.join(", ")),
+        }));
+    }
+    if !near.is_empty() {
+        out.push(serde_json::json!({
+            "code": "OSD_NEARFULL",
+            "severity": "HEALTH_WARN",
+            "message": format!("{} near full ({})", near.len(), near.join(", ")),
+        }));
+    }
+    out
+}
+
 /// Health checks for OSDs that hold damaged data: reads that failed their
 /// checksum, or a journal whose replay stopped before its end. Until
 /// replicas repair each other, the operator must be told which OSD it is.
@@ -467,6 +521,7 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     let (pgs, pg_checks) = pg_summary(pg.pg_count(), pg.epoch, &stats);
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
     let mut checks = damage_checks(&stats);
+    checks.extend(space_checks(&stats));
     checks.extend(pg_checks);
     let severity = |s: &str| checks.iter().any(|c| c["severity"] == s);
     let health = if severity("HEALTH_ERR") {
@@ -875,6 +930,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             nbd: Addr::Unix(dir.join("nbd.sock")),
             restart: true,
             recovery_bytes_per_s: nacre_osd::RECOVERY_BYTES_PER_S_DEFAULT,
+            ratios: (0.85, 0.95),
         };
         say(&format!(
             "starting {} OSDs ({} each, {} replicas) in {}",

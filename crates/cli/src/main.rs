@@ -97,6 +97,14 @@ enum OsdCmd {
         /// lack objects (background recovery), e.g. 50M.
         #[arg(long, value_parser = args::parse_rate, default_value = "100M")]
         recovery_rate: u64,
+        /// Used fraction of the store at which `nacre status` warns
+        /// (OSD_NEARFULL).
+        #[arg(long, value_parser = args::parse_ratio, default_value = "0.85")]
+        nearfull_ratio: f64,
+        /// Used fraction of the store beyond which writes that need new
+        /// space are refused (ENOSPC), keeping the rest for recovery.
+        #[arg(long, value_parser = args::parse_ratio, default_value = "0.95")]
+        full_ratio: f64,
     },
 }
 
@@ -209,12 +217,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 create_size,
                 journal_size,
                 recovery_rate,
+                nearfull_ratio,
+                full_ratio,
             } => osds::run(&osds::RunOpts {
                 dir,
                 id,
                 create_bytes: create_size,
                 journal_bytes: journal_size,
                 recovery_bytes_per_s: recovery_rate,
+                ratios: args::check_ratios(nearfull_ratio, full_ratio)?,
             }),
             OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
         },
@@ -303,6 +314,7 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
                     "records_replayed": report.records_replayed,
                     "journal_bytes_replayed": report.journal_bytes_replayed,
                     "replay_stopped": report.replay_stopped,
+                    "torn_tail": report.torn_tail,
                 },
                 "memory": {
                     "index_bytes": mem.index_bytes,
@@ -330,6 +342,9 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
                         report.batches_replayed,
                         report.journal_bytes_replayed >> 10
                     );
+                    if let Some(why) = &report.torn_tail {
+                        println!("torn tail    {why} (a write cut by a crash, never acknowledged)");
+                    }
                     if let Some(why) = &report.replay_stopped {
                         println!("WARNING      journal replay stopped early: {why}");
                     }

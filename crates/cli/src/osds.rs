@@ -118,6 +118,8 @@ pub struct RunOpts {
     pub journal_bytes: Option<u64>,
     /// Background recovery's pace, in bytes per second.
     pub recovery_bytes_per_s: u64,
+    /// The used fractions at which the store is near full and full.
+    pub ratios: (f64, f64),
 }
 
 impl RunOpts {
@@ -133,6 +135,10 @@ impl RunOpts {
             self.create_bytes.to_string(),
             "--recovery-rate".into(),
             self.recovery_bytes_per_s.to_string(),
+            "--nearfull-ratio".into(),
+            self.ratios.0.to_string(),
+            "--full-ratio".into(),
+            self.ratios.1.to_string(),
         ];
         if let Some(j) = self.journal_bytes {
             a.extend(["--journal-size".into(), j.to_string()]);
@@ -238,7 +244,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
     };
     let stop = Arc::new(Event::new()?);
     let stop2 = stop.clone();
-    let (id, recovery_rate) = (o.id, o.recovery_bytes_per_s);
+    let (id, recovery_rate, ratios) = (o.id, o.recovery_bytes_per_s, o.ratios);
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -251,6 +257,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("osd.{}: {e}", cfg.id))?;
         osd.set_recovery_rate(recovery_rate);
+        osd.set_full_ratios(ratios.0, ratios.1);
         let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
         let serving = osd.serve(l);
         osd.boot().await.map_err(anyhow::Error::msg)?;

@@ -964,6 +964,7 @@ fn a_full_cluster_says_enospc_and_recovers() {
     // thin: far larger than the cluster
     up.volume(&["create", "big", "--size", "10G"]);
     let uri = up.uri("big");
+    let upr = &up;
     rt::block_on(async move {
         let c = NbdClient::connect(&uri).await.unwrap();
         let mut written = 0u64;
@@ -978,6 +979,17 @@ fn a_full_cluster_says_enospc_and_recovers() {
         };
         assert_eq!(err.raw_os_error(), Some(28), "{err}");
         assert!(written >= 32 << 20, "only {written} bytes fit");
+        // The OSD that refused is full (95% used by default): an error,
+        // named; the space kept back lets the copies recover.
+        let st = upr.status();
+        assert_eq!(st["health"], "HEALTH_ERR", "{st}");
+        let full = (st["checks"].as_array().unwrap().iter())
+            .find(|c| c["code"] == "OSD_FULL")
+            .unwrap_or_else(|| panic!("no OSD_FULL: {st}"));
+        assert!(
+            full["message"].as_str().unwrap().contains("full at 95%"),
+            "{full}"
+        );
         // what was acknowledged reads back
         let b = c.read(0, 1 << 20).await.unwrap();
         assert!(b.iter().all(|&x| x == 0));

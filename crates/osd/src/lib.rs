@@ -160,6 +160,9 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     recovery: RefCell<HashMap<u32, recovery::Recovery>>,
     recovery_rate: Cell<u64>,
     recovery_next: Cell<Duration>,
+    /// Used fractions of the store at which it is near full (a warning)
+    /// and full (writes that need new space refused, recovery goes on).
+    ratios: Cell<(f64, f64)>,
     pub stats: OsdStats,
 }
 
@@ -389,6 +392,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             recovery: RefCell::new(HashMap::new()),
             recovery_rate: Cell::new(RECOVERY_BYTES_PER_S_DEFAULT),
             recovery_next: Cell::new(Duration::ZERO),
+            ratios: Cell::new((1.0, 1.0)),
             stats,
         })
     }
@@ -405,6 +409,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub fn halt(&self) {
         self.halted.set(true);
         self.pg_changed.notify();
+    }
+
+    /// Sets the used fractions of the store at which it is near full and
+    /// full (`0 < nearfull <= full <= 1`): beyond `full` a write that needs
+    /// new space is refused (`NoSpace`, ENOSPC at the client), while
+    /// recovery, overwrites in place, deletes and trims go on; both show in
+    /// `nacre status`. A new OSD keeps no space back (1, 1).
+    pub fn set_full_ratios(&self, nearfull: f64, full: f64) {
+        self.ratios.set((nearfull, full));
+        self.store.set_full_ratio(full);
     }
 
     pub fn store(&self) -> &Store<D> {
@@ -433,6 +447,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// primary of in its epoch.
     pub fn stat_report(&self) -> OsdReport {
         let mut r = self.stats.report(self.id, &self.store);
+        (r.nearfull_ratio, r.full_ratio) = self.ratios.get();
         let m = self.map.borrow();
         r.epoch = m.epoch();
         let mut pgs: Vec<(u32, PgState)> = (self.pgs.borrow().iter())

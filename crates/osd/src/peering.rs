@@ -431,7 +431,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     ) -> Status {
         let r = match (entry, data) {
             (Some(e), Some(d)) => self.store.recover_logged(e, d).await,
-            (None, Some(d)) => self.store.write(oid, version, 0, d).await,
+            (None, Some(d)) => self.store.recover(oid, version, d).await,
             (Some(e), None) => self.store.delete_logged(e).await,
             (None, None) => return Status::Invalid,
         };

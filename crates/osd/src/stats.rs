@@ -79,6 +79,15 @@ pub struct OsdReport {
     pub recovered_bytes: u64,
     #[serde(default)]
     pub recovery_objects_left: u64,
+    /// The used fractions at which this OSD is near full and full.
+    #[serde(default = "one")]
+    pub nearfull_ratio: f64,
+    #[serde(default = "one")]
+    pub full_ratio: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// PGs not `active+clean` an OSD names in its report (the counts cover
