@@ -133,11 +133,13 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The leader's thread: it serves on `addr` and persists every map to
-/// `meta` before anyone hears of it.
+/// The leader's thread: it serves on `addr`, persists every map to `meta`
+/// before anyone hears of it, and places the pool's PGs on `osds` when one
+/// is marked out or in.
 fn spawn_leader(
     meta: Arc<Embedded>,
     map: OsdMap,
+    (osds, pool): (Vec<map::OsdRecord>, map::PoolRecord),
     addr: Addr,
     ready: mpsc::Sender<anyhow::Result<()>>,
 ) -> anyhow::Result<Worker> {
@@ -165,6 +167,9 @@ fn spawn_leader(
                         return;
                     }
                 };
+                leader.set_placer(Box::new(move |prev, out| {
+                    map::place(&osds, &pool, out, Some(prev)).map_err(|e| e.to_string())
+                }));
                 let serving = rt::spawn(nacre_net::serve(l, leader.clone()));
                 let beating = rt::spawn(leader.clone().run());
                 let _ = ready.send(Ok(()));
@@ -326,6 +331,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         running.workers.push(spawn_leader(
             meta.clone(),
             osd_map,
+            (m.osds.clone(), pool.clone()),
             leader_addr,
             tx.clone(),
         )?);

@@ -262,6 +262,43 @@ pub fn osd_start(dir: &Path, id: u32) -> anyhow::Result<()> {
     crate::osds::start(&dir, id, &*remote(&dir)?)
 }
 
+/// `nacre osd out|in ID`: asks the leader of the cluster in `dir` to move
+/// OSD `id`'s PGs to the others (`out`) or to place PGs on it again.
+pub fn osd_mark(dir: &Path, id: u32, out: bool) -> anyhow::Result<()> {
+    let dir = std::path::absolute(dir)?;
+    // The map names the OSDs; this also says when no cluster runs there.
+    let m = map::load(&*remote(&dir)?)?;
+    let was_out = (m.pgmaps.first()).is_some_and(|p| p.out.contains(&id));
+    let r = rt::block_on(async {
+        let c = nacre_net::Conn::connect_with_timeout(
+            &cluster::leader_addr(&dir),
+            Duration::from_secs(10),
+        )?;
+        let mut h = nacre_wire::Header::request(
+            nacre_wire::Op::MarkOut,
+            0,
+            nacre_types::ObjectId::default(),
+        );
+        h.sender = id;
+        h.obj_version = u64::from(out);
+        anyhow::Ok(c.call(h, None).await?)
+    })
+    .with_context(|| format!("the cluster leader in {}", dir.display()))?;
+    if r.h.status != nacre_wire::Status::Ok {
+        let why = r.payload.as_deref().map(String::from_utf8_lossy);
+        bail!("{}", why.as_deref().unwrap_or("refused by the leader"));
+    }
+    let what = if out { "out" } else { "in" };
+    if was_out == out {
+        println!("osd.{id} is already {what}");
+    } else if out {
+        println!("osd.{id} marked out: its PGs move to the other OSDs while they serve (nacre status shows the recovery)");
+    } else {
+        println!("osd.{id} marked in: PGs move back to it while they serve (nacre status shows the recovery)");
+    }
+    Ok(())
+}
+
 pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
     match cmd {
         VolumeCmd::Create { name, size, dir } => {
@@ -539,7 +576,7 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     let json = serde_json::json!({
         "health": health,
         "checks": checks,
-        "osds": {"total": m.osds.len(), "up": up_count},
+        "osds": {"total": m.osds.len(), "up": up_count, "in": m.osds.len() - pg.out.len(), "out": pg.out},
         "pgs": pgs,
         "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
         "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
@@ -559,7 +596,17 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
                     ch["message"].as_str().unwrap_or("")
                 );
             }
-            println!("osds      {} total, {up_count} up", m.osds.len());
+            println!(
+                "osds      {} total, {up_count} up, {} in{}",
+                m.osds.len(),
+                m.osds.len() - pg.out.len(),
+                if pg.out.is_empty() {
+                    String::new()
+                } else {
+                    let out: Vec<String> = pg.out.iter().map(|o| format!("osd.{o}")).collect();
+                    format!(" ({} out)", out.join(", "))
+                }
+            );
             println!(
                 "pgs       {} total: {} active+clean, {} degraded, {} recovering, {} peering, {} inactive, {} unknown",
                 pgs["total"], pgs["active_clean"], pgs["degraded"], pgs["recovering"], pgs["peering"], pgs["inactive"], pgs["unknown"]

@@ -78,6 +78,25 @@ enum OsdCmd {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Mark an OSD out: the PGs it holds move to the other OSDs (the data
+    /// is copied in the background while the PGs serve). Refused if too
+    /// few OSDs would be left for the pool's replicas.
+    Out {
+        /// The OSD's number (osd.ID).
+        id: u32,
+        /// The directory of the running cluster (`nacre up --dir`).
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Mark an out OSD in again: placement gives it its share of the PGs
+    /// back (moving as little as it can).
+    In {
+        /// The OSD's number (osd.ID).
+        id: u32,
+        /// The directory of the running cluster (`nacre up --dir`).
+        #[arg(long)]
+        dir: PathBuf,
+    },
     /// Run one OSD of the cluster in DIR in the foreground: what `nacre up`
     /// starts for each OSD. Stops cleanly on SIGTERM/SIGINT.
     Run {
@@ -228,6 +247,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ratios: args::check_ratios(nearfull_ratio, full_ratio)?,
             }),
             OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
+            OsdCmd::Out { id, dir } => commands::osd_mark(&dir, id, true),
+            OsdCmd::In { id, dir } => commands::osd_mark(&dir, id, false),
         },
         Cmd::Volume { cmd } => commands::volume(cmd),
         Cmd::Status { dir, format } => commands::status(&dir, format),

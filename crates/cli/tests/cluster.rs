@@ -525,6 +525,45 @@ fn status_until(up: &Up, what: &str, ok: impl Fn(&serde_json::Value) -> bool) ->
     }
 }
 
+/// Waits until `log` holds `n` acknowledgements (a minute at most).
+fn wait_acks(log: &Mutex<AckLog>, n: usize) {
+    let t0 = Instant::now();
+    while log.lock().unwrap().acks < n {
+        let l = log.lock().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "writes stopped at {} acknowledgements ({} errors)",
+            l.acks,
+            l.errors
+        );
+        drop(l);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Stops writer `w`; no write failed, and every acknowledged piece reads
+/// back through `uri`.
+fn stop_and_verify(
+    w: std::thread::JoinHandle<()>,
+    stop: &Mutex<bool>,
+    log: &Mutex<AckLog>,
+    uri: &str,
+    what: &str,
+) {
+    *stop.lock().unwrap() = true;
+    w.join().unwrap();
+    *stop.lock().unwrap() = false;
+    let mut l = log.lock().unwrap();
+    assert_eq!(l.errors, 0, "writes failed while {what}");
+    let bad = verify_acked(uri, &mut l);
+    assert!(
+        bad.is_empty(),
+        "{what}: {} acknowledged pieces are wrong: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+}
+
 fn osd_pid(up: &Up, id: u32) -> Option<i32> {
     let p = std::fs::read_to_string(up.dir.join(format!("osd.{id}.pid"))).ok()?;
     p.trim().parse().ok()
@@ -559,18 +598,7 @@ fn an_osd_process_killed_leaves_the_cluster_serving() {
         let (u, s, l) = (uri.clone(), stop.clone(), log.clone());
         std::thread::spawn(move || fua_writer(u, 64 << 20, seed, s, l))
     };
-    let acks_after = |n: usize| {
-        let t0 = Instant::now();
-        while log.lock().unwrap().acks < n {
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "writes stopped at {} acknowledgements ({} errors)",
-                log.lock().unwrap().acks,
-                log.lock().unwrap().errors
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    let acks_after = |n: usize| wait_acks(&log, n);
     let w = writer(11);
     acks_after(500);
     let victim = osd_pid(&up, 1).expect("osd.1.pid");
@@ -605,20 +633,8 @@ fn an_osd_process_killed_leaves_the_cluster_serving() {
     let at_back = log.lock().unwrap().acks;
     acks_after(at_back + 500);
     status_until(&up, "HEALTH_OK", |st| st["health"] == "HEALTH_OK");
-    let check = |w: std::thread::JoinHandle<()>, what: &str| {
-        *stop.lock().unwrap() = true;
-        w.join().unwrap();
-        *stop.lock().unwrap() = false;
-        let mut l = log.lock().unwrap();
-        assert_eq!(l.errors, 0, "writes failed while {what}");
-        let bad = verify_acked(&uri, &mut l);
-        assert!(
-            bad.is_empty(),
-            "{what}: {} acknowledged pieces are wrong: {:?}",
-            bad.len(),
-            &bad[..bad.len().min(5)]
-        );
-    };
+    let check =
+        |w: std::thread::JoinHandle<()>, what: &str| stop_and_verify(w, &stop, &log, &uri, what);
     check(w, "one OSD of three was down");
     let out = nacre(&["osd", "start", "7", "--dir", up.dir()]);
     assert!(!out.status.success());
@@ -662,6 +678,79 @@ fn an_osd_process_killed_leaves_the_cluster_serving() {
         st["osds"]["up"] == 3 && st["health"] == "HEALTH_OK"
     });
     assert_eq!(osd_pid(&up, 1), Some(frozen), "it was not restarted");
+}
+
+/// `nacre osd out` moves an OSD's PGs to the others while FUA writers run
+/// (no write fails, every acknowledged one reads back); the OSD ends up
+/// primary of nothing and the PGs clean without it; marking out one more
+/// is refused when too few OSDs would be left for the replicas; `nacre osd
+/// in` gives it PGs back, and the cluster is clean again.
+#[test]
+fn an_osd_marked_out_hands_its_pgs_over_and_takes_them_back_in() {
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        &d.path().join("c"),
+        &["--osds", "4", "--osd-size", "1G", "--recovery-rate", "16M"],
+    );
+    up.volume(&["create", "vol1", "--size", "1G"]);
+    let uri = up.uri("vol1");
+    let log = Arc::new(Mutex::new(AckLog::default()));
+    let stop = Arc::new(Mutex::new(false));
+    let acks_after = |n: usize| wait_acks(&log, n);
+    let run = |what: &str, seed: u64, change: &dyn Fn()| {
+        let w = {
+            let (u, s, l) = (uri.clone(), stop.clone(), log.clone());
+            std::thread::spawn(move || fua_writer(u, 64 << 20, seed, s, l))
+        };
+        let n = log.lock().unwrap().acks;
+        acks_after(n + 500);
+        change();
+        let n = log.lock().unwrap().acks;
+        acks_after(n + 1000);
+        status_until(&up, "the PGs clean", |st| st["health"] == "HEALTH_OK");
+        stop_and_verify(w, &stop, &log, &uri, what);
+    };
+    run("osd.3 was marked out", 21, &|| {
+        let out = ok(nacre(&["osd", "out", "3", "--dir", up.dir()]));
+        assert!(out.contains("osd.3 marked out"), "{out}");
+    });
+    let st = up.status();
+    assert_eq!(
+        (st["osds"]["in"].as_u64(), st["osds"]["up"].as_u64()),
+        (Some(3), Some(4)),
+        "{st}"
+    );
+    let recovered: u64 = (st["osd"].as_array().unwrap().iter())
+        .map(|o| o["stats"]["recovered_objects"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        recovered > 0,
+        "no object was copied to osd.3's successors: {st}"
+    );
+    let osd3 = &st["osd"].as_array().unwrap()[3]["stats"]["pg_states"];
+    assert!(
+        osd3.as_object().is_none_or(|m| m.is_empty()),
+        "osd.3 is still primary: {osd3}"
+    );
+    // Two out of four would leave two OSDs for three replicas.
+    let out = nacre(&["osd", "out", "2", "--dir", up.dir()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("osd.2 cannot be marked out"), "{err}");
+    assert_eq!(up.status()["osds"]["in"], 3);
+    let out = nacre(&["osd", "out", "9", "--dir", up.dir()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no osd.9"));
+    run("osd.3 was marked in", 22, &|| {
+        let out = ok(nacre(&["osd", "in", "3", "--dir", up.dir()]));
+        assert!(out.contains("osd.3 marked in"), "{out}");
+    });
+    let st = up.status();
+    assert_eq!(st["osds"]["in"], 4, "{st}");
+    let osd3 = &st["osd"].as_array().unwrap()[3]["stats"]["pg_states"];
+    assert!(
+        osd3.as_object().is_some_and(|m| !m.is_empty()),
+        "osd.3 is primary of nothing: {st}"
+    );
 }
 
 /// Issue 7's procedure: random 4 KiB FUA writes over 256 MiB (most objects

@@ -57,6 +57,9 @@ pub struct PgMap {
     /// OSDs marked down (by the leader) in this epoch.
     #[serde(default)]
     pub down: Vec<u32>,
+    /// OSDs marked out (`nacre osd out`): the table holds no PG on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub out: Vec<u32>,
 }
 
 impl PgMap {
@@ -217,9 +220,14 @@ pub fn initialised(store: &dyn MetaStore) -> Result<bool> {
     Ok(store.get(CLUSTER_KEY)?.is_some())
 }
 
-/// Writes a new cluster's map: its OSDs, one pool and that pool's PG table
-/// (computed by `nacre-placement`). Fails if a map exists.
-pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgMap> {
+/// The pool's PG table on `osds` except those `out`, keeping what it can
+/// of `prev` (placement's fewest moves).
+pub fn place(
+    osds: &[OsdRecord],
+    pool: &PoolRecord,
+    out: &[u32],
+    prev: Option<&PgMap>,
+) -> Result<Vec<u32>> {
     let domain = match pool.failure_domain.as_str() {
         "osd" => nacre_placement::FailureDomain::Osd,
         "host" => nacre_placement::FailureDomain::Host,
@@ -243,7 +251,7 @@ pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Res
             host: index(&hosts, &o.host),
             rack: index(&racks, &o.rack),
             weight: o.weight.max(1),
-            up: true,
+            up: !out.contains(&o.id),
         })
         .collect();
     let p = nacre_placement::Pool {
@@ -251,14 +259,25 @@ pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Res
         size: pool.size,
         domain,
     };
-    let table = nacre_placement::place(&pos, &p, None)
+    let prev = prev.map(|m| nacre_placement::Table {
+        size: m.size,
+        osds: m.osds.clone(),
+    });
+    let table = nacre_placement::place(&pos, &p, prev.as_ref())
         .map_err(|e| MetaError::Invalid(format!("placement: {e}")))?;
+    Ok(table.osds)
+}
+
+/// Writes a new cluster's map: its OSDs, one pool and that pool's PG table
+/// (computed by `nacre-placement`). Fails if a map exists.
+pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgMap> {
     let pgmap = PgMap {
         pool: pool.id,
         epoch: 1,
-        size: table.size,
-        osds: table.osds,
+        size: pool.size,
+        osds: place(osds, pool, &[], None)?,
         down: Vec::new(),
+        out: Vec::new(),
     };
     let mut ops = vec![
         put(

@@ -39,6 +39,10 @@ use crate::map::{OsdMap, PgEvent};
 
 /// Stores a map durably; an error refuses the change.
 pub type Persist = Box<dyn Fn(&OsdMap) -> Result<(), String>>;
+/// Computes the PG table (OSD ids, `size` per PG) for the OSDs that are not
+/// in the given out list, keeping what it can of the current table; or why
+/// it cannot.
+pub type Placer = Box<dyn Fn(&nacre_meta::map::PgMap, &[u32]) -> Result<Vec<u32>, String>>;
 
 pub struct Leader<T: Transport> {
     transport: T,
@@ -48,6 +52,9 @@ pub struct Leader<T: Transport> {
     heard: RefCell<HashMap<u32, Duration>>,
     conns: RefCell<HashMap<u32, Rc<T::Conn>>>,
     stopped: Cell<bool>,
+    /// How PG tables are recomputed when an OSD is marked out or in (none:
+    /// the table never changes).
+    placer: RefCell<Option<Placer>>,
 }
 
 fn json_reply(h: &Header, body: Vec<u8>) -> (Header, Option<AlignedBuf>) {
@@ -62,6 +69,7 @@ impl<T: Transport> Leader<T> {
     /// boots), starting in a new epoch.
     pub fn new(mut map: OsdMap, transport: T, persist: Persist) -> Result<Rc<Self>, String> {
         let mut all: Vec<u32> = map.pgmap.osds.clone();
+        all.extend(map.addrs.keys().copied());
         all.sort_unstable();
         all.dedup();
         map.pgmap.down = all;
@@ -76,7 +84,70 @@ impl<T: Transport> Leader<T> {
             heard: RefCell::new(HashMap::new()),
             conns: RefCell::new(HashMap::new()),
             stopped: Cell::new(false),
+            placer: RefCell::new(None),
         }))
+    }
+
+    /// Lets OSDs be marked out and in, with `placer` computing the tables.
+    pub fn set_placer(&self, placer: Placer) {
+        *self.placer.borrow_mut() = Some(placer);
+    }
+
+    /// Marks OSD `id` out (`out`: its PGs move to the other OSDs) or in
+    /// again, with a new table in a new epoch; every PG whose acting set
+    /// changes peers, and recovery fills the new members while the PGs
+    /// serve. Why not, if it cannot be.
+    pub fn mark_out(self: &Rc<Self>, id: u32, out: bool) -> Result<(), String> {
+        let (pgmap, mut outs) = {
+            let m = self.map.borrow();
+            if !m.addrs.contains_key(&id) {
+                let mut ids: Vec<u32> = m.addrs.keys().copied().collect();
+                ids.sort_unstable();
+                let ids: Vec<String> = ids.iter().map(|o| format!("osd.{o}")).collect();
+                return Err(format!("no osd.{id}; the OSDs are {}", ids.join(", ")));
+            }
+            (m.pgmap.clone(), m.pgmap.out.clone())
+        };
+        if outs.contains(&id) == out {
+            return Ok(());
+        }
+        if out {
+            outs.push(id);
+        } else {
+            outs.retain(|&o| o != id);
+        }
+        outs.sort_unstable();
+        let table = {
+            let p = self.placer.borrow();
+            let p = p.as_ref().ok_or("this cluster's PG tables cannot change")?;
+            p(&pgmap, &outs).map_err(|e| {
+                format!(
+                    "osd.{id} cannot be marked {}: {e}",
+                    if out { "out" } else { "in" }
+                )
+            })?
+        };
+        if table.len() != pgmap.osds.len() {
+            return Err(format!(
+                "the new table has {} slots, not {}",
+                table.len(),
+                pgmap.osds.len()
+            ));
+        }
+        let moved = (table.iter().zip(&pgmap.osds))
+            .filter(|(a, b)| a != b)
+            .count();
+        let why = format!(
+            "osd.{id} marked {}; {moved} of {} PG copies move",
+            if out { "out" } else { "in" },
+            table.len()
+        );
+        self.change(&why, |m| {
+            m.pgmap.out = outs;
+            m.pgmap.osds = table;
+        })
+        .map(drop)
+        .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
     pub fn map(&self) -> OsdMap {
@@ -303,6 +374,16 @@ impl<T: Transport> Handler for Leader<T> {
             Op::GetMap => json_reply(&h, self.map.borrow().to_json()),
             Op::Ping => (self.heartbeat(&h), None),
             Op::Dead => (h.reply(self.dead(h.sender, h.obj_version)), None),
+            Op::MarkOut => match self.mark_out(h.sender, h.obj_version != 0) {
+                Ok(()) => (h.reply(Status::Ok), None),
+                Err(why) => {
+                    let body = why.into_bytes();
+                    (
+                        h.reply(Status::Invalid).with_payload(&body),
+                        Some(AlignedBuf::from_slice(&body)),
+                    )
+                }
+            },
             Op::PgEvent => {
                 let body = f.payload.as_deref().unwrap_or(&[]);
                 let s = self.pg_event(&h, body);

@@ -337,6 +337,7 @@ fn no_map() -> OsdMap {
             size: 1,
             osds: Vec::new(),
             down: Vec::new(),
+            out: Vec::new(),
         },
         min_size: 1,
         addrs: Default::default(),
@@ -1224,7 +1225,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 let s = self.answer_log_sync(&h, f.payload.as_deref()).await;
                 (h.reply(s), None)
             }
-            Op::Boot | Op::GetMap | Op::PgEvent | Op::Ping | Op::Dead => {
+            Op::Boot | Op::GetMap | Op::PgEvent | Op::Ping | Op::Dead | Op::MarkOut => {
                 (h.reply(Status::Invalid), None)
             }
         }

@@ -117,6 +117,7 @@ mod tests {
                 size: 2,
                 osds: vec![0, 1, 1, 0],
                 down: vec![],
+                out: vec![],
             },
             min_size: 1,
             addrs: [(0, "unix:/tmp/a".into()), (1, "unix:/tmp/b".into())].into(),

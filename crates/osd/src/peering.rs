@@ -566,7 +566,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let auth = (infos.iter())
             .filter(|(id, _)| prior.is_none() || members.contains(id))
-            .max_by_key(|(&id, i)| (i.log.head(), id == self.id, std::cmp::Reverse(id)))
+            // Any complete member holds every acknowledged write; one in
+            // the acting set takes the interval's writes and can be the
+            // source of background recovery (one moved away would make
+            // this OSD recover itself first), then the newest history.
+            .max_by_key(|(&id, i)| {
+                (
+                    acting.contains(&id),
+                    i.log.head(),
+                    id == self.id,
+                    std::cmp::Reverse(id),
+                )
+            })
             .map(|(&id, _)| id)
             .ok_or_else(|| Retry("no member of the last active interval answered".into()))?;
         let (mut wants, rewrite) = recovery::plan(auth, &infos, &acting);

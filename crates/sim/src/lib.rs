@@ -362,17 +362,29 @@ async fn blank_disk(net: &Net) -> FaultDev {
     dev
 }
 
+/// Every PG on `size` consecutive OSDs of `osds`, primaries rotating.
+fn consecutive(osds: &[u32], pgs: u32, size: u8) -> Vec<u32> {
+    let n = osds.len();
+    (0..pgs as usize)
+        .flat_map(|pg| (0..usize::from(size)).map(move |k| osds[(pg + k) % n]))
+        .collect()
+}
+
 impl Cluster {
+    /// Marks OSD `id` out (its PGs move to the others) or in again,
+    /// through the leader; why not, if it cannot.
+    pub fn mark_out(&self, id: u32, out: bool) -> Result<(), String> {
+        self.leader.mark_out(id, out)
+    }
+
     /// Formats every OSD's device and starts them with a leader. Inside
     /// `block_on_virtual`.
     pub async fn new(net: Net, osds: u32, size: u8, min_size: u8, pgs: u32) -> Rc<Cluster> {
         let addrs: HashMap<u32, Addr> = (0..osds)
             .map(|id| (id, Addr::Tcp(format!("osd{id}:6800"))))
             .collect();
-        // Every PG on `size` consecutive OSDs, primaries rotating.
-        let table: Vec<u32> = (0..pgs)
-            .flat_map(|pg| (0..u32::from(size)).map(move |k| (pg + k) % osds))
-            .collect();
+        let all: Vec<u32> = (0..osds).collect();
+        let table = consecutive(&all, pgs, size);
         let map = OsdMap {
             pgmap: PgMap {
                 pool: 1,
@@ -380,6 +392,7 @@ impl Cluster {
                 size,
                 osds: table,
                 down: Vec::new(),
+                out: Vec::new(),
             },
             min_size,
             addrs: (addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
@@ -390,6 +403,15 @@ impl Cluster {
         // The leader is a node too: a partition can cut it off.
         let lnet = net.for_node(&leader_addr());
         let leader = Leader::new(map, lnet.clone(), Box::new(|_| Ok(()))).expect("a leader");
+        // Marking an OSD out or in lays every PG out again over the OSDs
+        // that are in: most PGs move, which is what the simulator wants.
+        leader.set_placer(Box::new(move |prev, out| {
+            let inn: Vec<u32> = (0..osds).filter(|o| !out.contains(o)).collect();
+            if inn.len() < usize::from(prev.size) {
+                return Err(format!("{} OSDs in for {} copies", inn.len(), prev.size));
+            }
+            Ok(consecutive(&inn, prev.pg_count(), prev.size))
+        }));
         lnet.attach_node(leader.clone());
         rt::spawn(leader.clone().run());
         let mut nodes = Vec::new();

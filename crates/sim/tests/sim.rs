@@ -18,7 +18,9 @@ use nacre_sim::{Cluster, Faults, Net, OBJECT_BYTES};
 use nacre_types::ObjectId;
 use nacre_wire::{Header, Op, Status};
 
+/// OSDs of the cluster; of the one whose histories mark OSDs out and in.
 const OSDS: u32 = 3;
+const OSDS_OUT_IN: u32 = 4;
 const OBJECTS: u64 = 16;
 const CLIENTS: u64 = 4;
 const OPS_PER_CLIENT: u32 = 40;
@@ -143,12 +145,30 @@ async fn client(c: Rc<Cluster>, k: u64, model: Model, seed: u64) {
 /// later joins or restarts it. In some histories, once, the crashed OSD
 /// comes back on a blank disk (a disk replaced): one at a time, every PG
 /// keeps a member of its last active interval with its store, so nothing
-/// acknowledged may be lost.
-async fn chaos(c: Rc<Cluster>, until: Rc<std::cell::Cell<bool>>) {
+/// acknowledged may be lost. With `osds` above the copies, now and then
+/// one OSD is marked out (its PGs move to the others while they serve)
+/// and later in again.
+async fn chaos(c: Rc<Cluster>, until: Rc<std::cell::Cell<bool>>, osds: u32) {
     let mut replaced = false;
+    let mut out: Option<u32> = None;
     while !until.get() {
         rt::sleep(Duration::from_millis(200 + c.net.below(1800))).await;
-        let id = c.net.below(u64::from(OSDS)) as u32;
+        let id = c.net.below(u64::from(osds)) as u32;
+        if osds > OSDS && c.net.below(3) == 0 {
+            let (id, mark) = match out {
+                Some(o) => (o, false),
+                None => (id, true),
+            };
+            trace(&format!(
+                "mark osd.{id} {}",
+                if mark { "out" } else { "in" }
+            ));
+            match c.mark_out(id, mark) {
+                Ok(()) => out = mark.then_some(id),
+                Err(why) => trace(&format!("not marked: {why}")),
+            }
+            continue;
+        }
         if !c.is_up(id) {
             continue;
         }
@@ -206,10 +226,15 @@ async fn read(c: &Cluster, obj: u64) -> Option<Vec<u8>> {
 }
 
 fn run(seed: u64) {
+    run_on(seed, OSDS);
+}
+
+/// One history on `osds` OSDs (3 copies, `min_size` 2, 16 PGs).
+fn run_on(seed: u64, osds: u32) {
     init_log();
     rt::block_on_virtual(async move {
         let net = Net::new(seed, Duration::from_millis(500));
-        let c = Cluster::new(net.clone(), OSDS, 3, 2, 16).await;
+        let c = Cluster::new(net.clone(), osds, 3, 2, 16).await;
         net.set_faults(Faults {
             drop_per_mille: 20,
             reply_drop_per_mille: 20,
@@ -218,7 +243,7 @@ fn run(seed: u64) {
         });
         let model: Model = Rc::default();
         let done = Rc::new(std::cell::Cell::new(false));
-        let chaos = rt::spawn(chaos(c.clone(), done.clone()));
+        let chaos = rt::spawn(chaos(c.clone(), done.clone(), osds));
         let clients: Vec<_> = (0..CLIENTS)
             .map(|k| rt::spawn(client(c.clone(), k, model.clone(), seed)))
             .collect();
@@ -229,7 +254,7 @@ fn run(seed: u64) {
         chaos.await;
         // Heal: no more faults, every OSD up, every PG active again.
         net.set_faults(Faults::default());
-        for id in 0..OSDS {
+        for id in 0..osds {
             if !c.is_up(id) {
                 c.start(id).await;
             }
@@ -329,6 +354,20 @@ fn acknowledged_ops_survive_faults_crashes_and_peering() {
         let r = std::panic::catch_unwind(|| run(seed));
         if let Err(e) = r {
             eprintln!("failing seed: {seed} (replay: NACRE_SIM_SEED={seed})");
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+/// The same with four OSDs, one of which is marked out now and then and
+/// later in again: PGs move to new members, which recovery fills while
+/// they serve.
+#[test]
+fn acknowledged_ops_survive_osds_marked_out_and_in() {
+    for seed in seeds() {
+        let r = std::panic::catch_unwind(|| run_on(seed, OSDS_OUT_IN));
+        if let Err(e) = r {
+            eprintln!("failing seed: {seed} (replay: NACRE_SIM_SEED={seed}, the out-and-in test)");
             std::panic::resume_unwind(e);
         }
     }

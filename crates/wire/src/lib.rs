@@ -87,6 +87,10 @@ pub enum Op {
     /// `obj_version` (its `up_from`), has exited (its parent reaped it);
     /// the leader marks that incarnation down at once, if it is still up.
     Dead = 17,
+    /// Admin → leader: mark OSD `sender` out (`obj_version` 1: its PGs
+    /// move to the others) or in again (0). A refusal carries its reason
+    /// as UTF-8 text in the payload.
+    MarkOut = 18,
 }
 
 impl Op {
@@ -109,6 +113,7 @@ impl Op {
             15 => Op::Push,
             16 => Op::LogSync,
             17 => Op::Dead,
+            18 => Op::MarkOut,
             _ => return None,
         })
     }
@@ -378,7 +383,8 @@ impl Header {
         let carries_data = match (op, self.reply) {
             (Op::Write | Op::RepWrite, false) => true,
             (Op::Read, true) => self.status == Status::Ok,
-            (Op::Stat, true) => {
+            // A statistics report, or a leader's reason for a refusal.
+            (Op::Stat, true) | (Op::MarkOut, true) => {
                 if len > CONTROL_PAYLOAD_MAX_BYTES {
                     return bad("larger than a control payload");
                 }
