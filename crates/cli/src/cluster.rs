@@ -40,6 +40,8 @@ pub struct UpOpts {
     pub recovery_bytes_per_s: u64,
     /// The used fractions at which an OSD is near full and full.
     pub ratios: (f64, f64),
+    /// An OSD down this long is marked out (zero: never).
+    pub out_delay: Duration,
 }
 
 struct Worker {
@@ -140,6 +142,7 @@ fn spawn_leader(
     meta: Arc<Embedded>,
     map: OsdMap,
     (osds, pool): (Vec<map::OsdRecord>, map::PoolRecord),
+    out_delay: Duration,
     addr: Addr,
     ready: mpsc::Sender<anyhow::Result<()>>,
 ) -> anyhow::Result<Worker> {
@@ -170,6 +173,7 @@ fn spawn_leader(
                 leader.set_placer(Box::new(move |prev, out| {
                     map::place(&osds, &pool, out, Some(prev)).map_err(|e| e.to_string())
                 }));
+                leader.set_out_delay(out_delay);
                 let serving = rt::spawn(nacre_net::serve(l, leader.clone()));
                 let beating = rt::spawn(leader.clone().run());
                 let _ = ready.send(Ok(()));
@@ -332,6 +336,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             meta.clone(),
             osd_map,
             (m.osds.clone(), pool.clone()),
+            o.out_delay,
             leader_addr,
             tx.clone(),
         )?);

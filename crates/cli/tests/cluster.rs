@@ -753,6 +753,62 @@ fn an_osd_marked_out_hands_its_pgs_over_and_takes_them_back_in() {
     );
 }
 
+/// An OSD killed and left down is marked out after `--out-delay`: its PGs
+/// are recovered onto the others while FUA writers run, and the cluster is
+/// healthy with it down (it holds nothing the others lack). Started again,
+/// it is marked in and gets its share back. No write fails, every
+/// acknowledged one reads back.
+#[test]
+fn a_dead_osd_is_marked_out_and_in_again_when_it_returns() {
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        &d.path().join("c"),
+        &[
+            "--osds",
+            "4",
+            "--osd-size",
+            "1G",
+            "--no-restart",
+            "--out-delay",
+            "3s",
+            "--recovery-rate",
+            "16M",
+        ],
+    );
+    up.volume(&["create", "vol1", "--size", "1G"]);
+    let uri = up.uri("vol1");
+    let log = Arc::new(Mutex::new(AckLog::default()));
+    let stop = Arc::new(Mutex::new(false));
+    let writer = |seed| {
+        let (u, s, l) = (uri.clone(), stop.clone(), log.clone());
+        std::thread::spawn(move || fua_writer(u, 64 << 20, seed, s, l))
+    };
+    let w = writer(31);
+    wait_acks(&log, 500);
+    // SAFETY: killing a process this test's cluster started.
+    unsafe { libc::kill(osd_pid(&up, 2).unwrap(), libc::SIGKILL) };
+    let st = status_until(&up, "osd.2 down and in", |st| st["osds"]["up"] == 3);
+    assert!(st["checks"].to_string().contains("OSD_DOWN"), "{st}");
+    status_until(&up, "osd.2 marked out", |st| st["osds"]["in"] == 3);
+    let n = log.lock().unwrap().acks;
+    wait_acks(&log, n + 1000);
+    let st = status_until(&up, "healthy without osd.2", |st| {
+        st["health"] == "HEALTH_OK"
+    });
+    assert_eq!(st["osds"]["up"], 3, "{st}");
+    stop_and_verify(w, &stop, &log, &uri, "osd.2 was down and marked out");
+    let w = writer(32);
+    let n = log.lock().unwrap().acks;
+    wait_acks(&log, n + 300);
+    ok(nacre(&["osd", "start", "2", "--dir", up.dir()]));
+    status_until(&up, "osd.2 back in and the PGs clean", |st| {
+        st["osds"]["in"] == 4 && st["osds"]["up"] == 4 && st["health"] == "HEALTH_OK"
+    });
+    let n = log.lock().unwrap().acks;
+    wait_acks(&log, n + 500);
+    stop_and_verify(w, &stop, &log, &uri, "osd.2 came back in");
+}
+
 /// Issue 7's procedure: random 4 KiB FUA writes over 256 MiB (most objects
 /// get a first write, then a few overwrites), `kill -9`, restart, every
 /// acknowledged byte read back; several rounds on the same dir.

@@ -55,6 +55,12 @@ pub struct Leader<T: Transport> {
     /// How PG tables are recomputed when an OSD is marked out or in (none:
     /// the table never changes).
     placer: RefCell<Option<Placer>>,
+    /// After how long down an OSD is marked out (none: never); since when
+    /// each down OSD is down; and the OSDs this leader marked out for that,
+    /// which it marks in again when they boot.
+    out_delay: Cell<Option<Duration>>,
+    down_since: RefCell<HashMap<u32, Duration>>,
+    auto_out: RefCell<std::collections::HashSet<u32>>,
 }
 
 fn json_reply(h: &Header, body: Vec<u8>) -> (Header, Option<AlignedBuf>) {
@@ -85,7 +91,53 @@ impl<T: Transport> Leader<T> {
             conns: RefCell::new(HashMap::new()),
             stopped: Cell::new(false),
             placer: RefCell::new(None),
+            out_delay: Cell::new(None),
+            down_since: RefCell::new(HashMap::new()),
+            auto_out: RefCell::new(Default::default()),
         }))
+    }
+
+    /// Marks an OSD out once it has been down for `delay` (zero: never),
+    /// and in again when it boots. Needs a placer.
+    pub fn set_out_delay(&self, delay: Duration) {
+        self.out_delay.set((!delay.is_zero()).then_some(delay));
+        // Every OSD counts as down from now until it boots.
+        let now = rt::monotonic();
+        let m = self.map.borrow();
+        let mut since = self.down_since.borrow_mut();
+        for &id in m.addrs.keys().filter(|id| !m.is_up(**id)) {
+            since.entry(id).or_insert(now);
+        }
+    }
+
+    /// Marks out every OSD down for longer than the out delay; one whose
+    /// out is refused (too few OSDs left) is tried again a delay later.
+    fn out_the_long_down(self: &Rc<Self>) {
+        let Some(delay) = self.out_delay.get() else {
+            return;
+        };
+        let now = rt::monotonic();
+        let due: Vec<u32> = {
+            let m = self.map.borrow();
+            let since = self.down_since.borrow();
+            (since.iter())
+                .filter(|(id, t)| now.saturating_sub(**t) >= delay && !m.pgmap.out.contains(id))
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in due {
+            match self.mark_out(id, true) {
+                Ok(()) => {
+                    tracing::warn!("leader: osd.{id} down for {delay:?}: marked out");
+                    self.auto_out.borrow_mut().insert(id);
+                    self.down_since.borrow_mut().remove(&id);
+                }
+                Err(why) => {
+                    tracing::warn!("leader: osd.{id} down for {delay:?} but not marked out: {why}");
+                    self.down_since.borrow_mut().insert(id, now);
+                }
+            }
+        }
     }
 
     /// Lets OSDs be marked out and in, with `placer` computing the tables.
@@ -240,10 +292,15 @@ impl<T: Transport> Leader<T> {
                     format!("marked down (no heartbeat for {HEARTBEAT_GRACE_MS} ms): {silent:?}");
                 let _ = self.mark_down(&why, &silent);
             }
+            self.out_the_long_down();
         }
     }
 
     fn mark_down(self: &Rc<Self>, why: &str, ids: &[u32]) -> Result<u64, Status> {
+        let now = rt::monotonic();
+        for &id in ids {
+            self.down_since.borrow_mut().entry(id).or_insert(now);
+        }
         self.change(why, |m| {
             for id in ids {
                 m.up_from.remove(id);
@@ -299,6 +356,14 @@ impl<T: Transport> Leader<T> {
             m.stores.insert(id, store.to_string());
         })?;
         self.heard.borrow_mut().insert(id, rt::monotonic());
+        self.down_since.borrow_mut().remove(&id);
+        // Marked out only for being down: in again, now that it is back.
+        if self.auto_out.borrow_mut().remove(&id) {
+            match self.mark_out(id, false) {
+                Ok(()) => tracing::info!("leader: osd.{id} is back: marked in"),
+                Err(why) => tracing::warn!("leader: osd.{id} is back but not marked in: {why}"),
+            }
+        }
         Ok(())
     }
 

@@ -57,6 +57,10 @@ pub const HEARTBEAT_GRACE_MS: u64 = 3_000;
 /// it down and let another primary take writes.
 pub const READ_LEASE_MS: u64 = 2_000;
 const _: () = assert!(READ_LEASE_MS + 1_000 <= HEARTBEAT_GRACE_MS);
+/// An OSD down this long is marked out by the leader (its PGs move to the
+/// others), and in again when it comes back; 0 never (`nacre up
+/// --out-delay`).
+pub const OSD_OUT_DELAY_S: u64 = 600;
 /// How long a client op waits on an OSD for its PG to become active
 /// (peering) before it is answered `Unavailable` and retried.
 pub const PG_WAIT_MS: u64 = 2_000;
