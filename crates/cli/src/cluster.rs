@@ -30,6 +30,9 @@ pub struct UpOpts {
     pub dir: PathBuf,
     pub osds: u32,
     pub osd_size_bytes: u64,
+    /// `--osd-size` was given (not the default): on an existing cluster it
+    /// must match the stores' size.
+    pub osd_size_given: bool,
     /// Journal size of each new OSD store (`None`: the store's default).
     pub journal_bytes: Option<u64>,
     pub replicas: u8,
@@ -241,6 +244,23 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
             o.replicas,
             o.osds
         );
+    }
+    // A store's size is fixed when it is made: a different --osd-size on a
+    // cluster that exists would grow nothing.
+    if o.osd_size_given && o.dir.join("meta").exists() {
+        for id in 0..o.osds {
+            let img = o.dir.join(format!("osd.{id}.img"));
+            if let Ok(m) = std::fs::metadata(&img) {
+                if m.len() != o.osd_size_bytes {
+                    bail!(
+                        "--osd-size {}: osd.{id}'s store in {} was made with {} and cannot grow or shrink; leave --osd-size out (it applies to OSD files being created)",
+                        crate::commands::human(o.osd_size_bytes),
+                        o.dir.display(),
+                        crate::commands::human(m.len())
+                    );
+                }
+            }
+        }
     }
     if o.dir.exists() && !o.dir.is_dir() {
         bail!(

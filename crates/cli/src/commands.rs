@@ -55,9 +55,11 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 3)]
     osds: u32,
     /// Size of each OSD's file when it is created: a number and a unit
-    /// (B, K, M, G, T; binary), e.g. 4G or 1.5T.
-    #[arg(long, value_parser = parse_size, default_value = "4G")]
-    osd_size: u64,
+    /// (B, K, M, G, T; binary), e.g. 4G or 1.5T; default 4G. A store
+    /// cannot grow: on a cluster that exists it must match, or be left
+    /// out.
+    #[arg(long, value_parser = parse_size)]
+    osd_size: Option<u64>,
     /// Copies of every object, each on its own OSD, set when the cluster
     /// is created. I/O goes on while at least replicas/2 + 1 are up.
     #[arg(long, default_value_t = 3)]
@@ -98,6 +100,9 @@ pub struct UpArgs {
     out_delay: Duration,
 }
 
+/// `nacre up --osd-size` when it is not given.
+const OSD_SIZE_DEFAULT: u64 = 4 << 30;
+
 pub fn up(a: UpArgs) -> anyhow::Result<()> {
     // Absolute, so that what it prints (attach URIs, sockets) works from
     // anywhere.
@@ -111,7 +116,8 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     let o = UpOpts {
         dir: dir.clone(),
         osds,
-        osd_size_bytes: a.osd_size,
+        osd_size_bytes: a.osd_size.unwrap_or(OSD_SIZE_DEFAULT),
+        osd_size_given: a.osd_size.is_some(),
         journal_bytes: a.journal_size,
         replicas,
         nbd: nbd.clone(),
@@ -247,7 +253,7 @@ fn pool_name(m: &map::ClusterMap, id: u32) -> String {
         .map_or_else(|| format!("(pool {id}, gone)"), |p| p.name.clone())
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = bytes as f64;
     let mut u = 0;
@@ -991,6 +997,8 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             dir: dir.clone(),
             osds: a.osds,
             osd_size_bytes: osd_size,
+            // A demo dir used again keeps the stores it has.
+            osd_size_given: false,
             journal_bytes: None,
             replicas: a.replicas,
             nbd: Addr::Unix(dir.join("nbd.sock")),

@@ -1330,6 +1330,18 @@ fn up_refuses_what_cannot_work_and_says_why() {
             )),
         "{err}"
     );
+    // A store cannot grow: another --osd-size on it is refused, and the
+    // files stay as they are.
+    let mut up = up;
+    up.stop();
+    let out = nacre(&["up", "--dir", up.dir(), "--osd-size", "512M"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("was made with 256.0 MiB and cannot grow"),
+        "{err}"
+    );
+    let img = std::fs::metadata(d.path().join("c/osd.0.img")).unwrap();
+    assert_eq!(img.len(), 256 << 20);
 }
 
 /// Ctrl-C during `nacre demo` removes the demo's cluster files and says so.

@@ -210,7 +210,9 @@ impl Osd<FileDev, Sockets> {
     pub async fn open(cfg: &OsdConfig) -> Result<Rc<Osd>, StoreError> {
         let new = !cfg.path.exists();
         let flags = OpenFlags {
-            create_bytes: Some(cfg.size_bytes),
+            // A store's size is fixed when it is formatted: an existing
+            // file is never grown (that would add no capacity).
+            create_bytes: new.then_some(cfg.size_bytes),
             direct: cfg.direct,
             force_pread: false,
         };
@@ -1101,6 +1103,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 }
             }
         }
+        // Nothing of it is left to recover (else the PGs would wait for
+        // objects no copy holds any more).
+        self.forget_volume(volume).await;
         status
     }
 }

@@ -194,6 +194,39 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .is_some_and(|w| !mine || w.to.contains(&self.id))
     }
 
+    /// Takes every object of `volume` from the recovery plans (its objects
+    /// were purged everywhere: there is nothing left to bring over), then
+    /// gives the copies that now lack nothing the authoritative log.
+    pub(crate) async fn forget_volume(self: &Rc<Self>, volume: u64) {
+        let pgs: Vec<(u32, u64)> = {
+            let mut all = self.recovery.borrow_mut();
+            let mut touched = Vec::new();
+            for (&pg, r) in all.iter_mut() {
+                let gone: Vec<ObjectId> = (r.wants.keys())
+                    .filter(|o| o.volume.0 == volume)
+                    .copied()
+                    .collect();
+                for oid in &gone {
+                    let w = r.wants.remove(oid).expect("listed");
+                    for c in w.to {
+                        if let Some((n, _)) = r.left.get_mut(&c) {
+                            *n = n.saturating_sub(1);
+                        }
+                    }
+                }
+                if !gone.is_empty() {
+                    touched.push((pg, r.epoch));
+                }
+            }
+            touched
+        };
+        for (pg, epoch) in pgs {
+            if let Err(e) = self.sync_recovered(pg, epoch).await {
+                tracing::warn!("osd.{}: PG {pg}: after a purge: {e}", self.id);
+            }
+        }
+    }
+
     /// Recovers `oid` of PG `pg` now, for a client op (which holds the
     /// object's lock); what the op answers if it cannot.
     pub(crate) async fn recover_for_op(
@@ -248,13 +281,21 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let Some(r) = r.get_mut(&pg).filter(|r| r.epoch == epoch) else {
                 return Ok(());
             };
-            if let Some(w) = r.wants.get_mut(&oid) {
-                w.to.retain(|&c| c != to);
-                if w.to.is_empty() {
-                    r.wants.remove(&oid);
+            // Counted once per (object, copy), even if a purge took the
+            // object from the plan meanwhile.
+            let counted = match r.wants.get_mut(&oid) {
+                Some(w) => {
+                    let before = w.to.len();
+                    w.to.retain(|&c| c != to);
+                    let counted = w.to.len() < before;
+                    if w.to.is_empty() {
+                        r.wants.remove(&oid);
+                    }
+                    counted
                 }
-            }
-            if let Some((n, _)) = r.left.get_mut(&to) {
+                None => false,
+            };
+            if let Some((n, _)) = r.left.get_mut(&to).filter(|_| counted) {
                 *n = n.saturating_sub(1);
             }
         }

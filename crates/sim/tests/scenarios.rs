@@ -287,6 +287,42 @@ fn a_partitioned_primary_serves_no_stale_read() {
     });
 }
 
+/// osd.2 misses writes of 24 objects of volume 1 (one 4 KiB piece each,
+/// object k holding byte k + 1), then comes back with every OSD
+/// recovering one object a second; returns once every PG is active (some
+/// still recovering), with the map of then.
+async fn returning_copy(seed: u64) -> (Rc<Cluster>, Vec<ObjectId>, nacre_osd::OsdMap) {
+    let c = cluster(seed).await;
+    let slow = u64::from(OBJECT_BYTES); // one object a second
+    let back = 2;
+    c.crash(back, 1);
+    c.settle(SETTLE).await.unwrap();
+    let oids: Vec<ObjectId> = (0..24).map(|b| ObjectId::new(1, b)).collect();
+    for (k, &oid) in oids.iter().enumerate() {
+        put(&c, oid, k as u64 + 1, k as u8 + 1).await;
+    }
+    for id in 0..3 {
+        if let Some(o) = c.osd(id) {
+            o.set_recovery_rate(slow);
+        }
+    }
+    c.start(back).await;
+    c.osd(back).unwrap().set_recovery_rate(slow);
+    // Every PG active, some still recovering.
+    let m = loop {
+        let m = c.leader.map();
+        let active = (0..m.pgmap.pg_count()).all(|pg| {
+            (m.primary(pg).and_then(|p| c.osd(p)))
+                .is_some_and(|o| o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active))
+        });
+        if active && m.is_up(back) {
+            break m;
+        }
+        rt::sleep(Duration::from_millis(10)).await;
+    };
+    (c, oids, m)
+}
+
 /// A copy that comes back after missing writes is recovered in the
 /// background: its PGs serve at once (reads and writes of objects it
 /// lacks, which are recovered first), the leader records it as an
@@ -295,35 +331,8 @@ fn a_partitioned_primary_serves_no_stale_read() {
 #[test]
 fn a_returning_copy_is_recovered_while_its_pgs_serve() {
     rt::block_on_virtual(async {
-        let c = cluster(6).await;
-        let slow = u64::from(OBJECT_BYTES); // one object a second
+        let (c, oids, m) = returning_copy(6).await;
         let back = 2;
-        c.crash(back, 1);
-        c.settle(SETTLE).await.unwrap();
-        let oids: Vec<ObjectId> = (0..24).map(|b| ObjectId::new(1, b)).collect();
-        for (k, &oid) in oids.iter().enumerate() {
-            put(&c, oid, k as u64 + 1, k as u8 + 1).await;
-        }
-        for id in 0..3 {
-            if let Some(o) = c.osd(id) {
-                o.set_recovery_rate(slow);
-            }
-        }
-        c.start(back).await;
-        c.osd(back).unwrap().set_recovery_rate(slow);
-        // Every PG active, some still recovering.
-        let m = loop {
-            let m = c.leader.map();
-            let active = (0..m.pgmap.pg_count()).all(|pg| {
-                (m.primary(pg).and_then(|p| c.osd(p))).is_some_and(|o| {
-                    o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active)
-                })
-            });
-            if active && m.is_up(back) {
-                break m;
-            }
-            rt::sleep(Duration::from_millis(10)).await;
-        };
         let recovering: Vec<u32> = (0..m.pgmap.pg_count())
             .filter(|&pg| c.osd(m.primary(pg).unwrap()).unwrap().pg_recovering(pg))
             .collect();
@@ -371,6 +380,30 @@ fn a_returning_copy_is_recovered_while_its_pgs_serve() {
                     o.id
                 );
             }
+        }
+        c.stop();
+    });
+}
+
+/// A volume deleted (its objects purged on every OSD) while its objects are
+/// still being recovered leaves nothing for recovery to wait for: the PGs
+/// end clean instead of retrying pulls of purged objects for ever.
+#[test]
+fn a_volume_purged_while_its_objects_recover_leaves_the_pgs_clean() {
+    rt::block_on_virtual(async {
+        let (c, oids, m) = returning_copy(7).await;
+        assert!((0..m.pgmap.pg_count())
+            .any(|pg| c.osd(m.primary(pg).unwrap()).unwrap().pg_recovering(pg)));
+        for id in 0..3 {
+            let addr = c.nodes.borrow()[id as usize].addr.clone();
+            let conn = nacre_net::Transport::connect(&c.net, &addr).unwrap();
+            let h = Header::request(Op::PurgeVolume, 0, ObjectId::new(1, 0));
+            let f = nacre_net::Rpc::call(&*conn, h, None).await.unwrap();
+            assert_eq!(f.h.status, Status::Ok, "purge on osd.{id}");
+        }
+        c.settle(SETTLE).await.unwrap();
+        for &oid in &oids {
+            assert_eq!(read(&c, oid).await, None, "{oid} survived its volume");
         }
         c.stop();
     });
