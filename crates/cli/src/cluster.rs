@@ -245,6 +245,14 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
             o.osds
         );
     }
+    // The gateway listens last: a TCP address taken by another program
+    // must be refused before any file is made.
+    // (Unless it is this cluster's own gateway, running: said below.)
+    if let (Addr::Tcp(hp), None) = (&o.nbd, running_pid(&o.dir)) {
+        if let Err(e) = std::net::TcpListener::bind(hp.as_str()) {
+            bail!("--nbd {}: cannot listen there: {e}", o.nbd);
+        }
+    }
     // A store's size is fixed when it is made: a different --osd-size on a
     // cluster that exists would grow nothing.
     if o.osd_size_given && o.dir.join("meta").exists() {

@@ -1298,7 +1298,11 @@ fn up_refuses_what_cannot_work_and_says_why() {
             "an OSD store cannot be made: invalid request: journal size 1024",
         ),
     ];
-    for (extra, want) in cases {
+    // A TCP address another program listens on.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nbd = format!("tcp:{}", taken.local_addr().unwrap());
+    let port: [(&[&str], &str); 1] = [(&["--nbd", &nbd], "cannot listen there")];
+    for (extra, want) in cases.into_iter().chain(port) {
         let mut args = vec!["up", "--dir", xs];
         args.extend_from_slice(extra);
         let out = nacre(&args);
