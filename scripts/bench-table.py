@@ -12,14 +12,14 @@ def row(name, run, t):
     s, r = t["store"], t["raw"]
     ratio = s["iops"] / r["iops"] if r["iops"] else 0
     lat = lambda x: f'{x["lat_us"]["avg"]:.0f} / {x["lat_us"]["p50"]:.0f} / {x["lat_us"]["p99"]:.0f}'
-    mbs = lambda x: f'{x["mb_s"]:.0f}'
+    mbs = lambda x: f'{x["mib_s"]:.0f}'
     return (f'| {name} | {run} | {s["iops"]:.0f} | {r["iops"]:.0f} | **{ratio:.2f}** | {mbs(s)} / {mbs(r)} | '
             f'{lat(s)} | {lat(r)} | {s["cpu_us_per_op"]:.1f} / {r["cpu_us_per_op"]:.1f} |')
 
 
 def main(paths):
     runs = [json.load(open(p)) for p in paths]
-    print("| test | run | store IOPS | raw IOPS | store/raw | MB/s store / raw | store µs avg / p50 / p99 "
+    print("| test | run | store IOPS | raw IOPS | store/raw | MiB/s store / raw | store µs avg / p50 / p99 "
           "| raw µs avg / p50 / p99 | CPU µs/op store / raw |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for i, name in enumerate(t["name"] for t in runs[0]["tests"]):

@@ -21,7 +21,8 @@ pub struct LatencyUs {
 pub struct Summary {
     pub ops: u64,
     pub iops: f64,
-    pub mb_s: f64,
+    /// Throughput in MiB/s (2^20 bytes), the unit used across the CLI.
+    pub mib_s: f64,
     pub lat_us: LatencyUs,
     /// User + system CPU time of the whole process per operation.
     pub cpu_us_per_op: f64,
@@ -61,7 +62,7 @@ impl Recorder {
         Summary {
             ops,
             iops: ops as f64 / secs,
-            mb_s: self.bytes as f64 / secs / 1e6,
+            mib_s: self.bytes as f64 / secs / f64::from(1u32 << 20),
             lat_us: LatencyUs {
                 avg: self.hist.mean() / 1000.0,
                 p50: us(self.hist.value_at_quantile(0.5)),
@@ -104,7 +105,7 @@ mod tests {
         assert!((s.lat_us.p50 - 500.0).abs() < 1.0);
         assert!((s.lat_us.p99 - 990.0).abs() < 2.0);
         assert!((s.cpu_us_per_op - 10.0).abs() < 1e-6);
-        assert!((s.mb_s - 2.048).abs() < 1e-6);
+        assert!((s.mib_s - 1.953_125).abs() < 1e-9, "4 096 000 bytes in 2 s");
         assert!(process_cpu() > Duration::ZERO);
     }
 }

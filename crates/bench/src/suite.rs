@@ -73,7 +73,7 @@ fn progress_line(name: &str, step: usize, total: usize, t0: Instant, runtime: Du
     );
 }
 
-/// Runs the six tests; returns them in the order of `TEST_NAMES`.
+/// Runs the six tests; returns them in the order they ran.
 pub async fn run(t: Rc<dyn BlockTarget>, o: &SuiteOpts) -> anyhow::Result<Vec<SuiteResult>> {
     let area = o.area_bytes.min(t.size_bytes()) / LINEAR_BYTES * LINEAR_BYTES;
     anyhow::ensure!(
@@ -194,9 +194,6 @@ pub async fn run(t: Rc<dyn BlockTarget>, o: &SuiteOpts) -> anyhow::Result<Vec<Su
             }
         });
     }
-    // Same order as the blockstore bench's report.
-    let order = crate::store_bench::TEST_NAMES;
-    out.sort_by_key(|r| order.iter().position(|n| *n == r.name));
     Ok(out)
 }
 
@@ -240,14 +237,21 @@ async fn fill(
     Ok(())
 }
 
-/// Side-by-side table: one row per test and target.
+/// Side-by-side table: one row per test and target, in the order the
+/// tests ran. With two targets or more, the last is the baseline and every
+/// other row says how it compares in operations per second (`÷ local`: above
+/// 1 it did more than the baseline).
 pub fn table(columns: &[(&str, &[SuiteResult])]) -> String {
+    let base = match columns {
+        [_, .., last] => Some(*last),
+        _ => None,
+    };
     let mut out = format!(
-        "{:<20} {:<8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
+        "{:<20} {:<8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}",
         "test",
         "target",
         "IOPS",
-        "MB/s",
+        "MiB/s",
         "avg µs",
         "p50 µs",
         "p99 µs",
@@ -255,20 +259,25 @@ pub fn table(columns: &[(&str, &[SuiteResult])]) -> String {
         "max µs",
         "CPU µs/op"
     );
+    if let Some((b, _)) = base {
+        out.push_str(&format!(" {:>9}", format!("÷ {b}")));
+    }
+    out.push('\n');
     let Some((_, first)) = columns.first() else {
         return out;
     };
     for (i, r) in first.iter().enumerate() {
+        let base_iops = base.and_then(|(_, rs)| rs.get(i)).map(|x| x.summary.iops);
         for (k, (who, rs)) in columns.iter().enumerate() {
             let Some(s) = rs.get(i).map(|x| &x.summary) else {
                 continue;
             };
             out.push_str(&format!(
-                "{:<20} {:<8} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>9.1}\n",
+                "{:<20} {:<8} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>9.1}",
                 if k == 0 { r.name.as_str() } else { "" },
                 who,
                 s.iops,
-                s.mb_s,
+                s.mib_s,
                 s.lat_us.avg,
                 s.lat_us.p50,
                 s.lat_us.p99,
@@ -276,7 +285,63 @@ pub fn table(columns: &[(&str, &[SuiteResult])]) -> String {
                 s.lat_us.max,
                 s.cpu_us_per_op
             ));
+            match base_iops {
+                Some(b) if k + 1 < columns.len() && b > 0.0 => {
+                    out.push_str(&format!(" {:>8.2}×", s.iops / b));
+                }
+                _ => {}
+            }
+            out.push('\n');
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(name: &str, iops: f64) -> SuiteResult {
+        SuiteResult {
+            name: name.into(),
+            summary: crate::stats::Summary {
+                iops,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Rows keep the order the tests ran; the last target is the baseline
+    /// and the others carry their IOPS ratio to it.
+    #[test]
+    fn the_table_keeps_the_run_order_and_compares_with_the_last_target() {
+        let nacre = [
+            result("write-4m-qd16", 100.0),
+            result("randread-4k-qd1", 3000.0),
+        ];
+        let local = [
+            result("write-4m-qd16", 400.0),
+            result("randread-4k-qd1", 6000.0),
+        ];
+        let t = table(&[("nacre", &nacre), ("local", &local)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].ends_with("÷ local"), "{}", lines[0]);
+        assert!(
+            lines[1].starts_with("write-4m-qd16") && lines[1].ends_with("0.25×"),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[2].contains("local") && !lines[2].contains('×'),
+            "{}",
+            lines[2]
+        );
+        assert!(
+            lines[3].starts_with("randread-4k-qd1") && lines[3].ends_with("0.50×"),
+            "{}",
+            lines[3]
+        );
+        let alone = table(&[("nacre", &nacre)]);
+        assert!(!alone.contains('÷') && !alone.contains('×'), "{alone}");
+    }
 }

@@ -74,6 +74,16 @@ pub fn parse_ratio(s: &str) -> Result<f64, String> {
     Ok(r)
 }
 
+/// A factor of 0 or more ("1.5"; 0 turns the check off).
+pub fn parse_factor(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 => Ok(f),
+        _ => Err(format!(
+            "factor {s:?}: expected a number of 0 or more, like 1.5 (0: off)"
+        )),
+    }
+}
+
 /// `--nearfull-ratio` and `--full-ratio` together: near full comes first.
 pub fn check_ratios(nearfull: f64, full: f64) -> anyhow::Result<(f64, f64)> {
     if nearfull > full {

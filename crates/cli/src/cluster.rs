@@ -45,7 +45,14 @@ pub struct UpOpts {
     pub ratios: (f64, f64),
     /// An OSD down this long is marked out (zero: never).
     pub out_delay: Duration,
+    /// Written into the meta store at start, for `nacre status`.
+    pub config: map::ClusterConfig,
+    /// How often the objects of deleted volumes are looked for.
+    pub reclaim_interval: Duration,
 }
+
+/// `nacre up --reclaim-interval` when it is not given.
+pub const RECLAIM_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 
 struct Worker {
     name: String,
@@ -195,9 +202,13 @@ fn spawn_leader(
     })
 }
 
+/// The gateway's thread: the NBD server, and the sweep for objects of
+/// deleted volumes every `reclaim` (the control plane that will move to
+/// the monitors on a cluster of many hosts).
 fn spawn_gateway(
     meta: Arc<dyn MetaStore>,
     addr: Addr,
+    reclaim: Duration,
     ready: mpsc::Sender<anyhow::Result<()>>,
 ) -> anyhow::Result<Worker> {
     let stop = Arc::new(Event::new()?);
@@ -218,10 +229,12 @@ fn spawn_gateway(
                         return;
                     }
                 };
+                let sweeping = rt::spawn(reclaim_orphans(cluster.clone(), reclaim));
                 let serving = rt::spawn(nacre_nbd::server::serve(l, cluster));
                 let _ = ready.send(Ok(()));
                 let _ = stop2.wait().await;
                 drop(serving);
+                drop(sweeping);
             })
         })?;
     Ok(Worker {
@@ -229,6 +242,21 @@ fn spawn_gateway(
         stop,
         thread,
     })
+}
+
+/// Every `every`, deletes the objects of deleted volumes the OSDs that are
+/// up still hold ([`nacre_client::Cluster::reclaim_orphans`]).
+async fn reclaim_orphans(cluster: std::rc::Rc<nacre_client::Cluster>, every: Duration) {
+    loop {
+        rt::sleep(every).await;
+        match cluster.reclaim_orphans().await {
+            Ok(r) if !r.left.is_empty() => {
+                tracing::warn!("orphaned objects left: {}", r.left.join("; "))
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("looking for orphaned objects: {e}"),
+        }
+    }
 }
 
 /// Starts everything; returns once the OSDs and the gateway listen.
@@ -324,6 +352,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         }
     };
     init_or_check(&*meta, o)?;
+    map::put_config(&*meta, &o.config)?;
     nacre_meta::remote::serve(meta.clone(), &meta_socket(&o.dir)).context("meta socket")?;
     let m = map::load(&*meta)?;
     let pool = m.pools.first().context("no pool in the map")?.clone();
@@ -388,9 +417,12 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             sup,
             &m.osds.iter().map(|r| r.id).collect::<Vec<_>>(),
         )?;
-        running
-            .workers
-            .push(spawn_gateway(meta.clone(), o.nbd.clone(), tx.clone())?);
+        running.workers.push(spawn_gateway(
+            meta.clone(),
+            o.nbd.clone(),
+            o.reclaim_interval,
+            tx.clone(),
+        )?);
         rx.recv()
             .context("the gateway thread died while starting")??;
         Ok(())

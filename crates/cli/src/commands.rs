@@ -98,6 +98,16 @@ pub struct UpArgs {
     /// 10m or 30s; 0 never.
     #[arg(long, value_parser = parse_duration, default_value = "10m")]
     out_delay: Duration,
+    /// `nacre status` warns (VOLUMES_OVERCOMMITTED) when the volumes'
+    /// sizes add up to more than this many times what the cluster can
+    /// hold at its replicas and full ratio (volumes are thin: writes fail
+    /// with ENOSPC once the OSDs are full); 0 never.
+    #[arg(long, value_parser = crate::args::parse_factor, default_value = "1")]
+    overcommit_ratio: f64,
+    /// How often the cluster looks for objects of deleted volumes (left by
+    /// a purge that missed a down OSD) and deletes them, e.g. 60s.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    reclaim_interval: Duration,
 }
 
 /// `nacre up --osd-size` when it is not given.
@@ -125,6 +135,10 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         recovery_bytes_per_s: a.recovery_rate,
         ratios: crate::args::check_ratios(a.nearfull_ratio, a.full_ratio)?,
         out_delay: a.out_delay,
+        config: map::ClusterConfig {
+            overcommit_ratio: a.overcommit_ratio,
+        },
+        reclaim_interval: a.reclaim_interval,
     };
     let mut running = cluster::start(&o)?;
     let vols = map::list_volumes(&*running.meta)?;
@@ -218,34 +232,81 @@ pub enum VolumeCmd {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
-    /// Grow or shrink a volume (shrinking discards the data past the end).
+    /// Grow or shrink a volume. Shrinking deletes the data past the new
+    /// end (a later grow reads zeros there) and is refused while clients
+    /// have the volume open, unless --force. Open connections see a new
+    /// size at once, but NBD clients learn it only when they reconnect.
     Resize {
         /// The volume.
         name: String,
         /// New size: a number and a unit (B, K, M, G, T; binary).
         #[arg(long, value_parser = parse_size)]
         size: u64,
+        /// Shrink even while clients have the volume open: their writes
+        /// past the new end fail (ENOSPC) from then on.
+        #[arg(long)]
+        force: bool,
         /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Delete a volume and its data.
+    /// Delete a volume and its data. Refused while clients have it open,
+    /// unless --force.
     Rm {
         /// The volume.
         name: String,
+        /// Delete even while clients have the volume open: their
+        /// connections are cut first, and their later I/O fails.
+        #[arg(long)]
+        force: bool,
         /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
     },
 }
 
-/// A volume in JSON; its pool by name (`pool`) and id (`pool_id`).
-fn volume_json(v: &map::VolumeRecord, m: &map::ClusterMap) -> serde_json::Value {
+/// A volume in JSON; its pool by name (`pool`) and id (`pool_id`), what
+/// it holds (`used_bytes`, one copy; `raw_used_bytes`, every copy).
+fn volume_json(v: &map::VolumeRecord, m: &map::ClusterMap, u: &Usage) -> serde_json::Value {
+    let used = u.of(v.id);
     serde_json::json!({
         "name": v.name, "id": v.id, "size_bytes": v.size_bytes,
         "object_bytes": v.object_bytes, "pool": pool_name(m, v.pool), "pool_id": v.pool,
-        "created_unix_s": v.created_unix_s,
+        "created_unix_s": v.created_unix_s, "deleting": v.deleting,
+        "used_bytes": used.bytes, "raw_used_bytes": used.raw_bytes, "objects": used.objects,
+        "usage_missing_osds": u.missing,
     })
+}
+
+/// What the volumes hold, over the OSDs that answered.
+struct Usage {
+    per: std::collections::BTreeMap<u64, nacre_client::VolumeUse>,
+    /// OSDs down or silent: their copies are not counted.
+    missing: Vec<u32>,
+}
+
+impl Usage {
+    fn load(meta: Arc<dyn nacre_meta::MetaStore>) -> anyhow::Result<Usage> {
+        rt::block_on(async {
+            let (per, missing) = Cluster::connect(meta)?.volume_usage().await;
+            anyhow::Ok(Usage { per, missing })
+        })
+    }
+
+    fn of(&self, id: u64) -> nacre_client::VolumeUse {
+        self.per.get(&id).copied().unwrap_or_default()
+    }
+
+    /// A note under a table when some OSD was not counted.
+    fn note(&self) -> Option<String> {
+        (!self.missing.is_empty()).then(|| {
+            let m: Vec<String> = self.missing.iter().map(|o| format!("osd.{o}")).collect();
+            format!(
+                "(used: {} did not answer; their primaries' objects are not counted)",
+                m.join(", ")
+            )
+        })
+    }
 }
 
 fn pool_name(m: &map::ClusterMap, id: u32) -> String {
@@ -329,21 +390,30 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             let meta = remote(&dir)?;
             let vols = map::list_volumes(&*meta)?;
             let m = map::load(&*meta)?;
+            let u = Usage::load(meta)?;
             match format {
                 Format::Json => println!(
                     "{}",
-                    serde_json::Value::Array(vols.iter().map(|v| volume_json(v, &m)).collect())
+                    serde_json::Value::Array(vols.iter().map(|v| volume_json(v, &m, &u)).collect())
                 ),
                 Format::Table => {
-                    println!("{:<32} {:>12} {:>8}  pool", "name", "size", "id");
+                    println!(
+                        "{:<32} {:>12} {:>12} {:>8}  pool",
+                        "name", "size", "used", "id"
+                    );
                     for v in vols {
                         println!(
-                            "{:<32} {:>12} {:>8}  {}",
+                            "{:<32} {:>12} {:>12} {:>8}  {}{}",
                             v.name,
                             human(v.size_bytes),
+                            human(u.of(v.id).bytes),
                             v.id,
-                            pool_name(&m, v.pool)
+                            pool_name(&m, v.pool),
+                            if v.deleting { " (being deleted)" } else { "" }
                         );
+                    }
+                    if let Some(n) = u.note() {
+                        println!("{n}");
                     }
                 }
             }
@@ -353,33 +423,104 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             let v = map::get_volume(&*meta, &name)?
                 .ok_or_else(|| nacre_client::ClientError::NoVolume(name.clone()))?;
             let m = map::load(&*meta)?;
+            let open = map::list_sessions(&*meta, v.id)?;
+            let u = Usage::load(meta)?;
+            let used = u.of(v.id);
             match format {
-                Format::Json => println!("{}", volume_json(&v, &m)),
+                Format::Json => {
+                    let mut j = volume_json(&v, &m, &u);
+                    j["open_connections"] = serde_json::json!(open);
+                    println!("{j}");
+                }
                 Format::Table => {
                     println!("name     {}", v.name);
                     println!("id       {}", v.id);
                     println!("size     {} ({} bytes)", human(v.size_bytes), v.size_bytes);
+                    println!(
+                        "used     {} in {} objects ({} raw, every copy)",
+                        human(used.bytes),
+                        used.objects,
+                        human(used.raw_bytes)
+                    );
                     println!("objects  {} KiB each, thin", v.object_bytes >> 10);
                     println!("pool     {}", pool_name(&m, v.pool));
+                    println!("open     {} connection(s)", open.len());
+                    for s in &open {
+                        println!(
+                            "         {}, since {} s",
+                            s.client,
+                            map::now_s().saturating_sub(s.since_unix_s)
+                        );
+                    }
+                    if v.deleting {
+                        println!("state    being deleted");
+                    }
+                    if let Some(n) = u.note() {
+                        println!("{n}");
+                    }
                 }
             }
         }
-        VolumeCmd::Resize { name, size, dir } => {
+        VolumeCmd::Resize {
+            name,
+            size,
+            force,
+            dir,
+        } => {
             let meta = remote(&dir)?;
             let v = rt::block_on(async {
-                anyhow::Ok(Cluster::connect(meta)?.resize_volume(&name, size).await?)
+                anyhow::Ok(
+                    Cluster::connect(meta)?
+                        .resize_volume(&name, size, force)
+                        .await?,
+                )
             })?;
             println!("volume {} is now {}", v.name, human(v.size_bytes));
         }
-        VolumeCmd::Rm { name, dir } => {
+        VolumeCmd::Rm { name, force, dir } => {
             let meta = remote(&dir)?;
             rt::block_on(async {
-                anyhow::Ok(Cluster::connect(meta)?.delete_volume(&name).await?)
+                anyhow::Ok(Cluster::connect(meta)?.delete_volume(&name, force).await?)
             })?;
             println!("deleted volume {name}");
         }
     }
     Ok(())
+}
+
+/// What the cluster can hold at `size` copies: the OSDs that are in, up to
+/// their full ratio. `None` while an OSD that is in did not report.
+fn usable_bytes(stats: &[(u32, Option<serde_json::Value>)], out: &[u32], size: u8) -> Option<u64> {
+    let mut raw = 0f64;
+    for (_, v) in stats.iter().filter(|(id, _)| !out.contains(id)) {
+        let r: nacre_osd::OsdReport = serde_json::from_value(v.clone()?).ok()?;
+        raw += r.capacity_bytes as f64 * r.full_ratio;
+    }
+    Some((raw / f64::from(size.max(1))) as u64)
+}
+
+/// `VOLUMES_OVERCOMMITTED` when the volumes' sizes add up to more than
+/// `ratio` times what the cluster holds (`ratio` 0: never).
+fn overcommit_check(
+    provisioned: u64,
+    usable: Option<u64>,
+    size: u8,
+    ratio: f64,
+) -> Option<serde_json::Value> {
+    let usable = usable?;
+    if ratio <= 0.0 || usable == 0 || (provisioned as f64) <= ratio * usable as f64 {
+        return None;
+    }
+    Some(serde_json::json!({
+        "code": "VOLUMES_OVERCOMMITTED",
+        "severity": "HEALTH_WARN",
+        "message": format!(
+            "volumes provision {}, {:.2}× the {} the cluster holds at {size} replicas (warns above {ratio}×, nacre up --overcommit-ratio): they are thin, and writes fail with ENOSPC once the OSDs are full",
+            human(provisioned),
+            provisioned as f64 / usable as f64,
+            human(usable)
+        ),
+    }))
 }
 
 /// Health checks for OSDs that are near full (a warning) or full (writes
@@ -585,6 +726,21 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     }
     checks.extend(space_checks(&stats));
     checks.extend(pg_checks);
+    let vols = map::list_volumes(&*meta)?;
+    let provisioned: u64 = vols.iter().map(|v| v.size_bytes).sum();
+    let config = map::get_config(&*meta)?;
+    let usable = usable_bytes(&stats, &pg.out, pool.size);
+    if let Some(c) = overcommit_check(provisioned, usable, pool.size, config.overcommit_ratio) {
+        checks.push(c);
+    }
+    let orphans = map::get_orphans(&*meta)?;
+    if !orphans.left.is_empty() {
+        checks.push(serde_json::json!({
+            "code": "ORPHANED_OBJECTS",
+            "severity": "HEALTH_WARN",
+            "message": format!("objects of deleted volumes the last sweep could not delete (it tries again): {}", orphans.left.join("; ")),
+        }));
+    }
     let severity = |s: &str| checks.iter().any(|c| c["severity"] == s);
     let health = if severity("HEALTH_ERR") {
         "HEALTH_ERR"
@@ -597,7 +753,6 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
         v.as_ref().and_then(|v| v[k].as_f64()).unwrap_or(0.0)
     };
     let sum = |k: &str| stats.iter().map(|(_, v)| get(v, k)).sum::<f64>();
-    let vols = map::list_volumes(&*meta)?;
     let json = serde_json::json!({
         "health": health,
         "checks": checks,
@@ -608,6 +763,10 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
                       "read_bytes_per_s": sum("read_bytes_per_s") as u64, "write_bytes_per_s": sum("write_bytes_per_s") as u64},
         "pool": {"name": pool.name, "size": pool.size, "min_size": pool.min_size, "pg_count": pool.pg_count},
         "volumes": vols.len(),
+        "provisioned_bytes": provisioned,
+        "usable_bytes": usable,
+        "overcommit_ratio": config.overcommit_ratio,
+        "orphans": orphans,
         "osd": stats.iter().map(|(id, v)| serde_json::json!({"id": id, "up": m.is_up(*id), "stats": v})).collect::<Vec<_>>(),
     });
     match format {
@@ -654,6 +813,22 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
                 sum("objects") as u64,
                 vols.len()
             );
+            if let Some(u) = usable.filter(|&u| u > 0) {
+                println!(
+                    "volumes   {} provisioned, {:.2}× the {} the cluster holds at {} replicas (thin)",
+                    human(provisioned),
+                    provisioned as f64 / u as f64,
+                    human(u),
+                    pool.size
+                );
+            }
+            if orphans.reclaimed_objects > 0 || !orphans.left.is_empty() {
+                println!(
+                    "orphans   {} object copies of deleted volumes reclaimed; last sweep {} s ago",
+                    orphans.reclaimed_objects,
+                    map::now_s().saturating_sub(orphans.last_sweep_unix_s)
+                );
+            }
             println!(
                 "client io {:.0} reads/s ({}/s), {:.0} writes/s ({}/s)  (primary ops)",
                 sum("read_iops"),
@@ -914,7 +1089,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
         .await;
         if temp {
-            if let Err(e) = c.delete_volume(&name).await {
+            if let Err(e) = c.delete_volume(&name, false).await {
                 eprintln!("nacre bench: could not delete temporary volume {name}: {e}");
             }
         }
@@ -1006,6 +1181,8 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             recovery_bytes_per_s: nacre_osd::RECOVERY_BYTES_PER_S_DEFAULT,
             ratios: (0.85, 0.95),
             out_delay: Duration::from_secs(nacre_types::OSD_OUT_DELAY_S),
+            config: map::ClusterConfig::default(),
+            reclaim_interval: cluster::RECLAIM_INTERVAL_DEFAULT,
         };
         say(&format!(
             "starting {} OSDs ({} each, {} replicas) in {}",
@@ -1061,17 +1238,48 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         a.format,
         &[("nacre", &nacre), ("local", &local)],
         &format!(
-            "nacre demo: {} OSDs, {} replicas, NBD over a unix socket vs the local disk; {} per test; CPU = whole process (cluster + client)",
+            "nacre demo: {} OSDs, {} replicas, NBD over a unix socket vs the local disk; {} per test; CPU = whole process (cluster + client)\n\
+             What it means: every OSD here shares the one disk the local test uses, so Nacre writes each byte {} times \
+             where the local test writes it once; on one disk its writes can reach at most 1/{} of local. \
+             '÷ local' is Nacre's operations per second over the local disk's (above 1: faster).",
             a.osds,
             a.replicas,
-            humantime(a.runtime)
+            humantime(a.runtime),
+            a.replicas,
+            a.replicas
         ),
     )
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{pg_summary, signal_name};
+    use super::{overcommit_check, pg_summary, signal_name, usable_bytes};
+
+    /// What the cluster holds is the in OSDs' capacity up to the full
+    /// ratio over the replicas; provisioning more than the factor warns,
+    /// factor 0 never, and an OSD that did not report leaves it unknown.
+    #[test]
+    fn overcommit_warns_above_the_factor() {
+        let osd = |gib: u64| {
+            let r = nacre_osd::OsdReport {
+                capacity_bytes: gib << 30,
+                full_ratio: 0.9,
+                ..Default::default()
+            };
+            Some(serde_json::to_value(r).unwrap())
+        };
+        let stats = vec![(0, osd(10)), (1, osd(10)), (2, osd(10)), (3, osd(100))];
+        // osd.3 is out: 3 × 10 GiB × 0.9 / 3 replicas.
+        let usable = usable_bytes(&stats, &[3], 3).unwrap();
+        assert_eq!(usable, 9 << 30);
+        assert!(overcommit_check(9 << 30, Some(usable), 3, 1.0).is_none());
+        let c = overcommit_check(18 << 30, Some(usable), 3, 1.5).unwrap();
+        assert_eq!(c["code"], "VOLUMES_OVERCOMMITTED");
+        let msg = c["message"].as_str().unwrap();
+        assert!(msg.contains("18.0 GiB, 2.00× the 9.0 GiB"), "{msg}");
+        assert!(overcommit_check(18 << 30, Some(usable), 3, 0.0).is_none());
+        assert!(usable_bytes(&[(0, osd(10)), (1, None)], &[], 3).is_none());
+    }
 
     /// PG states add up over the primaries' reports; a PG none reports is
     /// unknown; inactive and unknown PGs are an error, peering and

@@ -460,7 +460,7 @@ fn kill9_rounds(extra: &[&str], rounds: u32, writes_per_round: usize) {
     let mut args = vec!["--osd-size", "1G"];
     args.extend_from_slice(extra);
     let mut up = Up::start(&d.path().join("c"), &args);
-    up.volume(&["create", "vol1", "--size", "2G"]);
+    up.volume(&["create", "vol1", "--size", "512M"]);
     let mut log = AckLog::default();
     let span = 256u64 << 20;
     for round in 0..rounds {
@@ -590,7 +590,7 @@ fn an_osd_process_killed_leaves_the_cluster_serving() {
         &d.path().join("c"),
         &["--osd-size", "1G", "--no-restart", "--recovery-rate", "4M"],
     );
-    up.volume(&["create", "vol1", "--size", "1G"]);
+    up.volume(&["create", "vol1", "--size", "512M"]);
     let log = Arc::new(Mutex::new(AckLog::default()));
     let stop = Arc::new(Mutex::new(false));
     let uri = up.uri("vol1");
@@ -692,7 +692,7 @@ fn an_osd_marked_out_hands_its_pgs_over_and_takes_them_back_in() {
         &d.path().join("c"),
         &["--osds", "4", "--osd-size", "1G", "--recovery-rate", "16M"],
     );
-    up.volume(&["create", "vol1", "--size", "1G"]);
+    up.volume(&["create", "vol1", "--size", "512M"]);
     let uri = up.uri("vol1");
     let log = Arc::new(Mutex::new(AckLog::default()));
     let stop = Arc::new(Mutex::new(false));
@@ -775,7 +775,7 @@ fn a_dead_osd_is_marked_out_and_in_again_when_it_returns() {
             "16M",
         ],
     );
-    up.volume(&["create", "vol1", "--size", "1G"]);
+    up.volume(&["create", "vol1", "--size", "512M"]);
     let uri = up.uri("vol1");
     let log = Arc::new(Mutex::new(AckLog::default()));
     let stop = Arc::new(Mutex::new(false));
@@ -1158,13 +1158,22 @@ fn a_full_cluster_says_enospc_and_recovers() {
         c.disconnect().await;
     });
     // Each refused write ended its PG's interval: wait for the peering.
+    // What is left is the warning that the volume is larger than the
+    // cluster can hold.
+    let only_overcommit = |s: &serde_json::Value| {
+        let codes: Vec<&str> = (s["checks"].as_array().unwrap().iter())
+            .map(|c| c["code"].as_str().unwrap())
+            .collect();
+        codes == ["VOLUMES_OVERCOMMITTED"]
+    };
     let t0 = Instant::now();
     let mut s = up.status();
-    while s["health"] != "HEALTH_OK" && t0.elapsed() < Duration::from_secs(60) {
+    while !only_overcommit(&s) && t0.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(200));
         s = up.status();
     }
-    assert_eq!(s["health"], "HEALTH_OK", "{s}");
+    assert!(only_overcommit(&s), "{s}");
+    assert_eq!(s["health"], "HEALTH_WARN", "{s}");
 }
 
 fn suite_names(v: &serde_json::Value) -> Vec<String> {
@@ -1180,12 +1189,13 @@ fn suite_names(v: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn bench_and_demo_run_the_whole_suite() {
+    // In the order they ran.
     let want = [
-        "randwrite-4k-qd1",
-        "randwrite-4k-qd128",
-        "randread-4k-qd1",
-        "randread-4k-qd128",
         "write-4m-qd16",
+        "randwrite-4k-qd128",
+        "randwrite-4k-qd1",
+        "randread-4k-qd128",
+        "randread-4k-qd1",
         "read-4m-qd16",
     ];
     let d = tempfile::tempdir().unwrap();
@@ -1375,4 +1385,185 @@ fn an_interrupted_demo_cleans_up() {
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("SIGINT (Ctrl-C); removed"), "{err}");
     assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+/// One request for a [`Held`] connection.
+enum HeldOp {
+    Write(u64, u32, u8),
+    Read(u64, u32),
+}
+
+/// A [`Held`] request's answer: the data read, or the errno.
+type HeldReply = std::sync::mpsc::Sender<Result<Vec<u8>, i32>>;
+
+/// An NBD connection held open on its own thread while the test runs
+/// commands, as a VM's would be.
+struct Held {
+    tx: std::sync::mpsc::Sender<(HeldOp, HeldReply)>,
+}
+
+impl Held {
+    fn open(uri: &str) -> Held {
+        let (tx, rx) = std::sync::mpsc::channel::<(HeldOp, HeldReply)>();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let uri = uri.to_string();
+        std::thread::spawn(move || {
+            rt::block_on(async move {
+                let c = NbdClient::connect(&uri).await.unwrap();
+                ready_tx.send(()).unwrap();
+                // Blocking here is fine: this thread serves nothing else.
+                while let Ok((op, reply)) = rx.recv() {
+                    let r = match op {
+                        HeldOp::Write(off, len, fill) => {
+                            let mut b = AlignedBuf::new(len as usize);
+                            b.fill(fill);
+                            c.write(off, b, true).await.map(|_| Vec::new())
+                        }
+                        HeldOp::Read(off, len) => c.read(off, len).await.map(|b| b.to_vec()),
+                    };
+                    let _ = reply.send(r.map_err(|e| e.raw_os_error().unwrap_or(-1)));
+                }
+            })
+        });
+        ready.recv().unwrap();
+        Held { tx }
+    }
+
+    fn op(&self, op: HeldOp) -> Result<Vec<u8>, i32> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.tx.send((op, tx)).unwrap();
+        rx.recv_timeout(Duration::from_secs(60)).unwrap()
+    }
+}
+
+/// Issue 9: a volume in use is not deleted or shrunk from under its
+/// clients (unless --force, and then they see it at once), a grow after a
+/// shrink reads zeros, nothing of a deleted volume survives on any OSD
+/// (copies on an OSD that was down are found and reclaimed), volumes show
+/// what they hold, and provisioning more than the cluster holds warns.
+#[test]
+fn volumes_in_use_are_not_pulled_from_under_their_clients() {
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        &d.path().join("c"),
+        &[
+            "--osd-size",
+            "512M",
+            "--reclaim-interval",
+            "1s",
+            "--no-restart",
+        ],
+    );
+    let fail = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend_from_slice(&["--dir", up.dir()]);
+        let out = nacre(&a);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let objects = |st: &serde_json::Value| st["capacity"]["objects"].as_u64().unwrap();
+    up.volume(&["create", "vm", "--size", "32M"]);
+    let vm = Held::open(&up.uri("vm"));
+    for i in 0..8u64 {
+        vm.op(HeldOp::Write(i << 22, 4 << 20, 0xcd)).unwrap();
+    }
+    // What it holds: 32 MiB, three copies.
+    let info: serde_json::Value =
+        serde_json::from_str(&up.volume(&["info", "vm", "--format", "json"])).unwrap();
+    assert_eq!(info["used_bytes"], 32 << 20, "{info}");
+    assert_eq!(info["raw_used_bytes"], 96 << 20, "{info}");
+    assert_eq!(
+        info["open_connections"].as_array().unwrap().len(),
+        1,
+        "{info}"
+    );
+    let ls = up.volume(&["ls"]);
+    assert!(ls.contains("32.0 MiB"), "{ls}");
+
+    // Refused while open, naming the connection and the way out.
+    for args in [
+        &["volume", "rm", "vm"][..],
+        &["volume", "resize", "vm", "--size", "8M"],
+    ] {
+        let err = fail(args);
+        assert!(
+            err.contains("has 1 open connection")
+                && err.contains("NBD client")
+                && err.contains("--force"),
+            "{args:?}: {err}"
+        );
+    }
+    vm.op(HeldOp::Write(20 << 20, 4096, 0xab)).unwrap();
+
+    // Forced shrink: the open connection sees the new end at once.
+    up.volume(&["resize", "vm", "--size", "8M", "--force"]);
+    assert_eq!(
+        vm.op(HeldOp::Write(20 << 20, 4096, 0xee)),
+        Err(libc::ENOSPC)
+    );
+    vm.op(HeldOp::Write(4 << 20, 4096, 0x11)).unwrap();
+    // A grow reads zeros past the old end, on the open connection too.
+    up.volume(&["resize", "vm", "--size", "32M"]);
+    assert!(vm
+        .op(HeldOp::Read(20 << 20, 4096))
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    let back = d.path().join("back.img");
+    run_tool(tool("nbdcopy").arg(up.uri("vm")).arg(&back));
+    let b = std::fs::read(&back).unwrap();
+    assert!(b[..4 << 20].iter().all(|&x| x == 0xcd));
+    assert!(b[4 << 20..(4 << 20) + 4096].iter().all(|&x| x == 0x11));
+    assert!(b[(4 << 20) + 4096..8 << 20].iter().all(|&x| x == 0xcd));
+    assert!(
+        b[8 << 20..].iter().all(|&x| x == 0),
+        "data past a shrink came back"
+    );
+
+    // Provisioning more than 3 × 512 MiB holds at 3 replicas warns.
+    up.volume(&["create", "big", "--size", "1G"]);
+    let st = up.status();
+    assert_eq!(st["health"], "HEALTH_WARN", "{st}");
+    assert_eq!(st["checks"][0]["code"], "VOLUMES_OVERCOMMITTED", "{st}");
+    up.volume(&["rm", "big"]);
+    assert_eq!(up.status()["health"], "HEALTH_OK");
+
+    // Forced delete: the connection is cut, its later I/O fails, no
+    // object is left and new connections are refused.
+    up.volume(&["rm", "vm", "--force"]);
+    assert!(vm.op(HeldOp::Write(0, 4096, 0x22)).is_err());
+    assert_eq!(objects(&up.status()), 0);
+    assert!(rt::block_on(NbdClient::connect(&up.uri("vm"))).is_err());
+
+    // A delete while an OSD is down leaves copies there; when it is back,
+    // peering or the sweep deletes them.
+    up.volume(&["create", "o", "--size", "16M"]);
+    let img = d.path().join("o.img");
+    random_file(&img, 16 << 20, 5);
+    qemu_convert(&img, &up.uri("o"));
+    let pid = osd_pid(&up, 2).unwrap();
+    // SAFETY: signalling a child process of the cluster.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    status_until(&up, "osd.2 down", |st| st["osds"]["up"] == 2);
+    up.volume(&["rm", "o"]);
+    ok(nacre(&["osd", "start", "2", "--dir", up.dir()]));
+    status_until(&up, "no copy of the deleted volume", |st| {
+        objects(st) == 0 && st["health"] == "HEALTH_OK"
+    });
+
+    // Objects whose volume record is gone (what a purge that missed some
+    // copies, or a write racing it, leaves) are found and reclaimed.
+    up.volume(&["create", "p", "--size", "16M"]);
+    qemu_convert(&img, &up.uri("p"));
+    let meta = nacre_meta::remote::Remote::connect(&up.dir.join("meta.sock")).unwrap();
+    let p = nacre_meta::map::get_volume(&meta, "p").unwrap().unwrap();
+    nacre_meta::map::remove_volume(&meta, "p", p.id).unwrap();
+    let st = status_until(&up, "the orphans reclaimed", |st| objects(st) == 0);
+    assert_eq!(st["orphans"]["reclaimed_objects"], 3 * 128, "{st}");
+    assert_eq!(st["health"], "HEALTH_OK", "{st}");
+    let table = ok(nacre(&["status", "--dir", up.dir()]));
+    assert!(
+        table.contains("384 object copies of deleted volumes reclaimed"),
+        "{table}"
+    );
 }

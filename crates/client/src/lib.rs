@@ -15,14 +15,15 @@
 // PERF-CRITICAL
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nacre_io::net::Addr;
+use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf};
-use nacre_meta::map::{self, ClusterMap, PoolRecord, VolumeRecord};
+use nacre_meta::map::{self, ClusterMap, PoolRecord, SessionRecord, VolumeRecord};
 use nacre_meta::{MetaError, MetaStore};
 use nacre_net::{Conn, Frame};
 use nacre_types::{pg_of, ObjectId, CLIENT_OP_TIMEOUT_MS, SECTOR_BYTES};
@@ -35,6 +36,9 @@ const RETRY_DELAY_MAX: Duration = Duration::from_millis(1000);
 pub const IO_MAX_BYTES: u64 = 64 << 20;
 /// Objects deleted at once by a trim.
 const TRIM_PARALLEL_MAX: usize = 64;
+/// How long `volume rm --force` and a shrink wait for the gateways to cut
+/// or shrink the open connections.
+pub const SESSION_WAIT_MS: u64 = 30_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -46,6 +50,10 @@ pub enum ClientError {
     NoVolume(String),
     #[error("data failed its checksum: {0}")]
     Corrupt(String),
+    /// The volume has open connections and the change would pull the
+    /// ground from under them.
+    #[error("{0}")]
+    InUse(String),
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
     #[error(transparent)]
@@ -243,17 +251,60 @@ fn pieces(offset: u64, len: u64, object_bytes: u32) -> impl Iterator<Item = Piec
 pub struct Volume {
     cluster: Rc<Cluster>,
     rec: VolumeRecord,
+    /// The size enforced now: the record's at open, or a later one
+    /// ([`Volume::set_size`]).
+    size: Cell<u64>,
+    /// Size changes so far; an admitted I/O counts under the generation it
+    /// was admitted in until it ends.
+    generation: Cell<u64>,
+    running: RefCell<BTreeMap<u64, usize>>,
+    settled: Notify,
+}
+
+/// An I/O a gateway admitted: it keeps its volume's size generation busy
+/// until dropped, so a shrink knows when no I/O checked against the old
+/// size still runs.
+pub struct Admitted {
+    vol: Rc<Volume>,
+    generation: u64,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut r = self.vol.running.borrow_mut();
+        let n = r.get_mut(&self.generation).expect("admitted I/O counted");
+        *n -= 1;
+        if *n == 0 {
+            r.remove(&self.generation);
+            drop(r);
+            self.vol.settled.notify();
+        }
+    }
 }
 
 impl Volume {
-    /// Opens volume `name` (its record is read once, now).
+    /// Opens volume `name` (its record is read once, now); a volume being
+    /// deleted is refused.
     pub fn open(cluster: &Rc<Cluster>, name: &str) -> Result<Volume> {
         let rec = map::get_volume(&**cluster.meta(), name)?
             .ok_or_else(|| ClientError::NoVolume(name.to_string()))?;
-        Ok(Volume {
+        if rec.deleting {
+            return Err(ClientError::InUse(format!(
+                "volume {name:?} is being deleted"
+            )));
+        }
+        Ok(Self::with_record(cluster, rec))
+    }
+
+    fn with_record(cluster: &Rc<Cluster>, rec: VolumeRecord) -> Volume {
+        Volume {
             cluster: cluster.clone(),
+            size: Cell::new(rec.size_bytes),
             rec,
-        })
+            generation: Cell::new(0),
+            running: RefCell::new(BTreeMap::new()),
+            settled: Notify::new(),
+        }
     }
 
     pub fn record(&self) -> &VolumeRecord {
@@ -261,7 +312,40 @@ impl Volume {
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.rec.size_bytes
+        self.size.get()
+    }
+
+    /// Counts an I/O as running under the current size until the guard
+    /// drops (a gateway takes one before it checks a request's range).
+    pub fn admit(self: &Rc<Self>) -> Admitted {
+        let generation = self.generation.get();
+        *self.running.borrow_mut().entry(generation).or_default() += 1;
+        Admitted {
+            vol: self.clone(),
+            generation,
+        }
+    }
+
+    /// Enforces `bytes` as the size from now on; returns the new size
+    /// generation for [`Volume::settled`].
+    pub fn set_size(&self, bytes: u64) -> u64 {
+        self.size.set(bytes);
+        let g = self.generation.get() + 1;
+        self.generation.set(g);
+        g
+    }
+
+    /// The size generation: how many times the size was set since open.
+    pub fn generation(&self) -> u64 {
+        self.generation.get()
+    }
+
+    /// Returns once no I/O admitted before generation `g` still runs: after
+    /// a shrink, nothing more lands past the new end.
+    pub async fn settled(&self, g: u64) {
+        while self.running.borrow().range(..g).next().is_some() {
+            self.settled.wait().await;
+        }
     }
 
     fn oid(&self, block: u64) -> ObjectId {
@@ -277,13 +361,10 @@ impl Volume {
                 "{what} {offset}+{len}: must be {s}-byte aligned and at most {max_bytes} bytes"
             )));
         }
-        if offset
-            .checked_add(len)
-            .is_none_or(|e| e > self.rec.size_bytes)
-        {
+        if offset.checked_add(len).is_none_or(|e| e > self.size.get()) {
             return Err(ClientError::Invalid(format!(
                 "{what} {offset}+{len} past the end of the {}-byte volume",
-                self.rec.size_bytes
+                self.size.get()
             )));
         }
         Ok(())
@@ -415,38 +496,142 @@ impl Cluster {
         )?)
     }
 
-    /// Changes the size. Shrinking deletes the data past the new end, so a
-    /// later grow reads zeros there.
+    /// Changes the size. A shrink of a volume with open connections is
+    /// refused unless `force`; then the gateways enforce the new size on
+    /// those connections (writes past it fail) before the data past the
+    /// new end is deleted, so a later grow reads zeros there.
     pub async fn resize_volume(
         self: &Rc<Self>,
         name: &str,
         size_bytes: u64,
+        force: bool,
     ) -> Result<VolumeRecord> {
         check_size(size_bytes)?;
-        let old = map::get_volume(&*self.meta, name)?
-            .ok_or_else(|| ClientError::NoVolume(name.to_string()))?;
-        // Publish the new size first, so no gateway writes past it once its
-        // next open sees the record; then drop the data a shrink cut off.
+        let old = self.volume(name)?;
+        if size_bytes < old.size_bytes && !force {
+            self.refuse_in_use(
+                &old,
+                "shrink",
+                "they see the new size at once and their writes past it fail",
+            )?;
+        }
+        // Whatever an earlier shrink left past the end goes before a grow
+        // can expose it.
+        if old.stale_until > old.size_bytes && size_bytes > old.size_bytes {
+            self.drop_stale(&old).await?;
+        }
         let rec = map::update_volume(&*self.meta, name, |r| {
+            if r.id != old.id || r.deleting {
+                return Err(MetaError::Invalid(format!(
+                    "volume {name:?} is being deleted"
+                )));
+            }
+            if size_bytes < r.size_bytes {
+                r.stale_until = r.stale_until.max(r.size_bytes);
+            }
             r.size_bytes = size_bytes;
             Ok(())
         })?;
-        if size_bytes < old.size_bytes {
-            let v = Rc::new(Volume {
-                cluster: self.clone(),
-                rec: old.clone(),
-            });
-            v.zero(size_bytes, old.size_bytes - size_bytes).await?;
+        if rec.stale_until > rec.size_bytes {
+            // Every open connection enforces the new size (no write
+            // admitted at the old one still runs) before the cut-off data
+            // goes; else a write racing the delete could outlive it.
+            self.wait_sessions(&rec, |s| s.size_bytes <= size_bytes, "shrink")
+                .await?;
+            self.drop_stale(&rec).await?;
         }
-        Ok(rec)
+        Ok(map::get_volume(&*self.meta, name)?.unwrap_or(rec))
     }
 
-    /// Deletes a volume: its objects on every OSD, then its record.
-    pub async fn delete_volume(&self, name: &str) -> Result<()> {
-        let rec = map::get_volume(&*self.meta, name)?
-            .ok_or_else(|| ClientError::NoVolume(name.to_string()))?;
-        let osds: Vec<u32> = self.map.borrow().osds.iter().map(|o| o.id).collect();
-        for osd in osds {
+    fn volume(&self, name: &str) -> Result<VolumeRecord> {
+        map::get_volume(&*self.meta, name)?.ok_or_else(|| ClientError::NoVolume(name.to_string()))
+    }
+
+    /// Refuses `what` on a volume that has open connections.
+    fn refuse_in_use(&self, v: &VolumeRecord, what: &str, forced: &str) -> Result<()> {
+        let open = map::list_sessions(&*self.meta, v.id)?;
+        if open.is_empty() {
+            return Ok(());
+        }
+        Err(ClientError::InUse(format!(
+            "volume {:?} has {} open connection{} ({}); disconnect {} first, or give --force to {what} it anyway ({forced})",
+            v.name,
+            open.len(),
+            if open.len() == 1 { "" } else { "s" },
+            describe_sessions(&open),
+            if open.len() == 1 { "it" } else { "them" },
+        )))
+    }
+
+    /// Waits until every open connection to `v` satisfies `done` (a
+    /// connection that closes does), for up to [`SESSION_WAIT_MS`].
+    async fn wait_sessions(
+        &self,
+        v: &VolumeRecord,
+        done: impl Fn(&SessionRecord) -> bool,
+        what: &str,
+    ) -> Result<()> {
+        let until = rt::monotonic() + Duration::from_millis(SESSION_WAIT_MS);
+        loop {
+            let open: Vec<SessionRecord> = (map::list_sessions(&*self.meta, v.id)?.into_iter())
+                .filter(|s| !done(s))
+                .collect();
+            if open.is_empty() {
+                return Ok(());
+            }
+            if rt::monotonic() >= until {
+                return Err(ClientError::Unavailable(format!(
+                    "{what} of volume {:?}: {} connection{} did not let go within {} s ({}); run the command again",
+                    v.name,
+                    open.len(),
+                    if open.len() == 1 { "" } else { "s" },
+                    SESSION_WAIT_MS / 1000,
+                    describe_sessions(&open)
+                )));
+            }
+            rt::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Deletes the data a shrink cut off (`size_bytes..stale_until`), then
+    /// clears the mark if the record has not moved meanwhile.
+    async fn drop_stale(self: &Rc<Self>, v: &VolumeRecord) -> Result<()> {
+        let mut whole = v.clone();
+        whole.size_bytes = v.stale_until;
+        let h = Rc::new(Volume::with_record(self, whole));
+        h.zero(v.size_bytes, v.stale_until - v.size_bytes).await?;
+        map::update_volume(&*self.meta, &v.name, |r| {
+            if r.id == v.id && r.stale_until == v.stale_until {
+                r.stale_until = 0;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Deletes a volume: refused while it has open connections unless
+    /// `force`. Marks it deleting (gateways refuse new connections and cut
+    /// the open ones), waits until none is open, deletes its objects on
+    /// every OSD that is up, then its record. Copies on OSDs that are down
+    /// are orphans the next sweep deletes ([`Cluster::reclaim_orphans`]).
+    pub async fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
+        let rec = self.volume(name)?;
+        if !force {
+            self.refuse_in_use(&rec, "delete", "they are cut and their later I/O fails")?;
+        }
+        let rec = map::update_volume(&*self.meta, name, |r| {
+            if r.id != rec.id {
+                return Err(MetaError::Invalid(format!(
+                    "volume {name:?} was replaced meanwhile"
+                )));
+            }
+            r.deleting = true;
+            Ok(())
+        })?;
+        self.wait_sessions(&rec, |_| false, "delete").await?;
+        self.reload_map()?;
+        let m = self.map();
+        for osd in m.osds.iter().map(|o| o.id).filter(|&o| m.is_up(o)) {
             let h = Header::request(Op::PurgeVolume, 0, ObjectId::new(rec.id, 0));
             let f = self
                 .conn(osd)?
@@ -458,6 +643,95 @@ impl Cluster {
             }
         }
         Ok(map::remove_volume(&*self.meta, name, rec.id)?)
+    }
+
+    /// Objects per volume id over the OSDs that are up, and the OSDs that
+    /// are down or did not answer (their objects are not counted).
+    pub async fn volume_usage(&self) -> (BTreeMap<u64, VolumeUse>, Vec<u32>) {
+        let m = self.map();
+        let (mut per, mut missing) = (BTreeMap::<u64, VolumeUse>::new(), Vec::new());
+        for osd in m.osds.iter().map(|o| o.id) {
+            let Some(u) = self.osd_usage(osd, &m).await else {
+                missing.push(osd);
+                continue;
+            };
+            let bb = u.block_bytes;
+            for [v, n, primary] in u.volumes {
+                let e = per.entry(v).or_default();
+                e.objects += primary;
+                e.bytes += primary * bb;
+                e.raw_bytes += n * bb;
+            }
+        }
+        (per, missing)
+    }
+
+    /// OSD `osd`'s answer to `Op::VolumeUsage` (`nacre_osd::VolumeUsage`
+    /// in JSON), if it is up and answers.
+    async fn osd_usage(&self, osd: u32, m: &ClusterMap) -> Option<OsdUsage> {
+        if !m.is_up(osd) {
+            return None;
+        }
+        let h = Header::request(Op::VolumeUsage, 0, ObjectId::default());
+        let f = self.conn(osd).ok()?.call(h, None).await.ok()?;
+        let v: serde_json::Value = serde_json::from_slice(f.payload.as_deref()?).ok()?;
+        Some(OsdUsage {
+            block_bytes: v["block_bytes"].as_u64()?,
+            volumes: serde_json::from_value(v["volumes"].clone()).ok()?,
+        })
+    }
+
+    /// Finds objects of volumes that no longer exist (a purge that missed
+    /// a down OSD, a write or recovery push that raced a delete) on every
+    /// OSD that is up and deletes them; records what it did for `nacre
+    /// status`. Volume ids are never reused: an id at most the last one
+    /// handed out (read first) that names no volume (read after) belongs
+    /// to a deleted volume, so a volume created meanwhile is never taken.
+    pub async fn reclaim_orphans(&self) -> Result<map::OrphanReport> {
+        let last = map::last_volume_id(&*self.meta)?;
+        let live: std::collections::HashSet<u64> = (map::list_volumes(&*self.meta)?.iter())
+            .map(|v| v.id)
+            .collect();
+        self.reload_map()?;
+        let m = self.map();
+        let mut report = map::get_orphans(&*self.meta)?;
+        report.left.clear();
+        for osd in m.osds.iter().map(|o| o.id) {
+            let Some(u) = self.osd_usage(osd, &m).await else {
+                continue;
+            };
+            for [v, n, _] in u.volumes {
+                if v == 0 || v > last || live.contains(&v) {
+                    continue;
+                }
+                let h = Header::request(Op::PurgeVolume, 0, ObjectId::new(v, 0));
+                let r = match self.conn(osd) {
+                    Ok(c) => c
+                        .call(h, None)
+                        .await
+                        .map(|f| f.h.status)
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match r {
+                    Ok(Status::Ok) => {
+                        tracing::info!(
+                            "osd.{osd}: deleted {n} orphaned objects of deleted volume {v}"
+                        );
+                        report.reclaimed_objects += n;
+                    }
+                    Ok(s) => report.left.push(format!(
+                        "osd.{osd}: {n} objects of deleted volume {v} ({s:?})"
+                    )),
+                    Err(e) => report.left.push(format!(
+                        "osd.{osd}: {n} objects of deleted volume {v} ({e})"
+                    )),
+                }
+            }
+        }
+        report.last_sweep_unix_s = map::now_s();
+        map::put_orphans(&*self.meta, &report)?;
+        Ok(report)
     }
 
     /// Every OSD's counters and space (`None` for an OSD that did not answer).
@@ -477,6 +751,41 @@ impl Cluster {
         }
         out
     }
+}
+
+struct OsdUsage {
+    block_bytes: u64,
+    /// `[volume id, objects, of them as primary]`.
+    volumes: Vec<[u64; 3]>,
+}
+
+/// One volume's objects over the cluster ([`Cluster::volume_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeUse {
+    /// Objects (each counted once, by its PG's primary).
+    pub objects: u64,
+    /// Their space: what the volume holds, thin.
+    pub bytes: u64,
+    /// The space of every copy.
+    pub raw_bytes: u64,
+}
+
+/// The open connections, for a message: who and since when.
+fn describe_sessions(open: &[SessionRecord]) -> String {
+    let now = map::now_s();
+    let mut out: Vec<String> = (open.iter().take(4))
+        .map(|s| {
+            format!(
+                "{}, open {} s",
+                s.client,
+                now.saturating_sub(s.since_unix_s)
+            )
+        })
+        .collect();
+    if open.len() > 4 {
+        out.push(format!("and {} more", open.len() - 4));
+    }
+    out.join("; ")
 }
 
 fn check_size(size_bytes: u64) -> Result<()> {

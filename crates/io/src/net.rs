@@ -298,6 +298,16 @@ impl Stream {
             .map(drop)
     }
 
+    /// The peer's address for messages: `HOST:PORT` over TCP, else "on a
+    /// unix socket".
+    pub fn peer(&self) -> String {
+        // SAFETY: the TcpStream borrows our descriptor for one call and is
+        // never dropped (ManuallyDrop), so the descriptor stays ours.
+        let s = std::mem::ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(self.fd.as_raw_fd()) });
+        s.peer_addr()
+            .map_or_else(|_| "on a unix socket".into(), |a| a.to_string())
+    }
+
     /// Ends the connection both ways; pending and later recvs return 0.
     pub fn shutdown(&self) {
         // SAFETY: shutdown on our own descriptor.

@@ -8,7 +8,12 @@
 //!   holds its lease;
 //! - `pool/<id>` — [`PoolRecord`]; `pgmap/<pool>` — [`PgMap`];
 //! - `volume/<name>` — [`VolumeRecord`]; `counter/volume` — the last
-//!   volume id handed out.
+//!   volume id handed out (ids are never reused, so an object whose volume
+//!   id is at most the counter and names no volume is an orphan);
+//! - `session/<volume id>/<gateway>.<conn>` — [`SessionRecord`], one per
+//!   open client connection, on its gateway's lease;
+//! - `orphans` — [`OrphanReport`], what the last sweep for objects of
+//!   deleted volumes found; `config` — [`ClusterConfig`].
 //!
 //! Every multi-key change is one compare-and-swap transaction, so two
 //! admins creating the same volume, or a create racing a delete, cannot
@@ -144,6 +149,68 @@ pub struct VolumeRecord {
     pub size_bytes: u64,
     pub object_bytes: u32,
     pub created_unix_s: u64,
+    /// `nacre volume rm` has begun: gateways refuse new connections to it
+    /// and cut the open ones; its objects are being deleted.
+    #[serde(default)]
+    pub deleting: bool,
+    /// Bytes from `size_bytes` up to here may still hold data a shrink cut
+    /// off and has not deleted yet (0: none). A grow deletes them first, so
+    /// the grown part reads zeros.
+    #[serde(default)]
+    pub stale_until: u64,
+}
+
+/// One open client connection to a volume, kept by the gateway that
+/// serves it, on the gateway's lease (a dead gateway's sessions vanish).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub volume: String,
+    pub volume_id: u64,
+    /// Who: the gateway's address and the client's, as far as known.
+    pub client: String,
+    pub since_unix_s: u64,
+    /// The volume size this connection enforces: after a shrink the
+    /// gateway lowers it once no I/O admitted at the old size runs.
+    pub size_bytes: u64,
+}
+
+/// Settings of the cluster as a whole that commands other than the one
+/// that runs it read (`nacre up` writes them at every start).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterConfig {
+    /// `nacre status` warns when the volumes' sizes add up to more than
+    /// this many times what the cluster can hold (0: never).
+    pub overcommit_ratio: f64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            overcommit_ratio: 1.0,
+        }
+    }
+}
+
+pub fn get_config(store: &dyn MetaStore) -> Result<ClusterConfig> {
+    store
+        .get(CONFIG_KEY)?
+        .map_or(Ok(ClusterConfig::default()), |kv| parse(&kv))
+}
+
+pub fn put_config(store: &dyn MetaStore, c: &ClusterConfig) -> Result<()> {
+    store.put(CONFIG_KEY, json(c), 0)?;
+    Ok(())
+}
+
+/// What the last sweep for orphaned objects (objects of volumes that no
+/// longer exist) found, in `nacre status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrphanReport {
+    pub last_sweep_unix_s: u64,
+    /// Object copies the sweeps have deleted since the cluster was made.
+    pub reclaimed_objects: u64,
+    /// Copies the last sweep found but could not delete, and why.
+    pub left: Vec<String>,
 }
 
 /// Everything a client or OSD needs to route ops.
@@ -189,7 +256,12 @@ fn history_key(pool: u32) -> String {
 fn volume_key(name: &str) -> String {
     format!("{ROOT}volume/{name}")
 }
+fn session_prefix(volume_id: u64) -> String {
+    format!("{ROOT}session/{volume_id}/")
+}
 const CLUSTER_KEY: &str = "/nacre/cluster";
+const ORPHANS_KEY: &str = "/nacre/orphans";
+const CONFIG_KEY: &str = "/nacre/config";
 const VOLUME_COUNTER_KEY: &str = "/nacre/counter/volume";
 
 fn json<T: Serialize>(v: &T) -> Vec<u8> {
@@ -209,7 +281,8 @@ fn put(key: String, value: Vec<u8>) -> TxnOp {
     }
 }
 
-fn now_s() -> u64 {
+/// Seconds since the Unix epoch.
+pub fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -387,6 +460,59 @@ pub fn list_volumes(store: &dyn MetaStore) -> Result<Vec<VolumeRecord>> {
     kvs.iter().map(parse).collect()
 }
 
+/// The last volume id handed out (0: none yet).
+pub fn last_volume_id(store: &dyn MetaStore) -> Result<u64> {
+    store
+        .get(VOLUME_COUNTER_KEY)?
+        .map_or(Ok(0), |kv| parse(&kv))
+}
+
+/// The open connections to volume `volume_id`.
+pub fn list_sessions(store: &dyn MetaStore, volume_id: u64) -> Result<Vec<SessionRecord>> {
+    let (kvs, _) = store.range(&Range::prefix(&session_prefix(volume_id)))?;
+    kvs.iter().map(parse).collect()
+}
+
+/// Records (or updates) session `conn` of gateway `gateway` on `lease`.
+pub fn put_session(
+    store: &dyn MetaStore,
+    gateway: &str,
+    conn: u64,
+    s: &SessionRecord,
+    lease: LeaseId,
+) -> Result<()> {
+    let key = format!("{}{gateway}.{conn}", session_prefix(s.volume_id));
+    store.put(&key, json(s), lease)?;
+    Ok(())
+}
+
+pub fn delete_session(
+    store: &dyn MetaStore,
+    gateway: &str,
+    conn: u64,
+    volume_id: u64,
+) -> Result<()> {
+    let key = format!("{}{gateway}.{conn}", session_prefix(volume_id));
+    store.delete(&Range::key(&key))?;
+    Ok(())
+}
+
+pub fn get_orphans(store: &dyn MetaStore) -> Result<OrphanReport> {
+    store
+        .get(ORPHANS_KEY)?
+        .map_or(Ok(OrphanReport::default()), |kv| parse(&kv))
+}
+
+pub fn put_orphans(store: &dyn MetaStore, r: &OrphanReport) -> Result<()> {
+    store.put(ORPHANS_KEY, json(r), 0)?;
+    Ok(())
+}
+
+/// The key prefix of volume records, for watches.
+pub fn volume_prefix() -> String {
+    format!("{ROOT}volume/")
+}
+
 /// Creates a volume with a fresh id; fails if the name is taken.
 pub fn create_volume(
     store: &dyn MetaStore,
@@ -408,6 +534,8 @@ pub fn create_volume(
             size_bytes,
             object_bytes: pool.object_bytes,
             created_unix_s: now_s(),
+            deleting: false,
+            stale_until: 0,
         };
         let t = Txn {
             compare: vec![

@@ -1,6 +1,8 @@
 //! NBD: the block frontend. [`proto`] holds the protocol's constants and
 //! parsers (pure, fuzzed), [`server`] the gateway that serves volumes,
-//! [`client`] a small client for `nacre bench --nbd` and tests.
+//! [`sessions`] its open connections as the cluster sees them (for `volume
+//! rm` and shrinks of volumes in use), [`client`] a small client for
+//! `nacre bench --nbd` and tests.
 //!
 //! Protocol reference: the NBD project's `doc/proto.md` (newstyle fixed
 //! handshake, simple replies). Written here; no code taken from others.
@@ -8,3 +10,4 @@
 pub mod client;
 pub mod proto;
 pub mod server;
+pub mod sessions;

@@ -23,6 +23,8 @@ use nacre_io::net::{Listener, Stream};
 use nacre_io::{rt, AlignedBuf};
 use nacre_net::{ByteReader, FrameSender, Inflight};
 
+use crate::sessions::Sessions;
+
 use crate::proto::*;
 
 /// Requests running at once per connection; beyond it the gateway stops
@@ -30,12 +32,23 @@ use crate::proto::*;
 pub const INFLIGHT_MAX: usize = 256;
 const SECTOR: u64 = 512;
 
-/// Serves NBD on `l` forever.
+/// Serves NBD on `l` forever (each open connection a session the cluster
+/// sees: [`Sessions`]).
 pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
+    let sessions = match Sessions::start(&cluster) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("nbd: cannot keep sessions in the meta store: {e}");
+            return;
+        }
+    };
+    let via = l.local_addr().to_string();
     loop {
         match l.accept().await {
             Ok(s) => {
-                rt::spawn(serve_conn(Rc::new(s), cluster.clone()));
+                let s = Rc::new(s);
+                let client = format!("NBD client {} via {via}", s.peer());
+                rt::spawn(serve_conn(s, cluster.clone(), sessions.clone(), client));
             }
             Err(e) => {
                 tracing::warn!("nbd: accept: {e}");
@@ -45,14 +58,51 @@ pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
     }
 }
 
-async fn serve_conn(stream: Rc<Stream>, cluster: Rc<Cluster>) {
+async fn serve_conn(
+    stream: Rc<Stream>,
+    cluster: Rc<Cluster>,
+    sessions: Rc<Sessions>,
+    client: String,
+) {
     let mut rd = ByteReader::new(stream.clone());
-    match handshake(&stream, &mut rd, &cluster).await {
-        Ok(Some(vol)) => transmission(stream.clone(), rd, Rc::new(vol)).await,
+    let opened = Opener {
+        cluster: &cluster,
+        sessions: &sessions,
+        stream: &stream,
+        client,
+    };
+    match handshake(&stream, &mut rd, &opened).await {
+        Ok(Some((vol, id))) => {
+            transmission(stream.clone(), rd, vol).await;
+            sessions.unregister(id);
+        }
         Ok(None) => {}
         Err(e) => tracing::info!("nbd: handshake ended: {e}"),
     }
     stream.shutdown();
+}
+
+/// Opens the volume a client chose, as a session.
+struct Opener<'a> {
+    cluster: &'a Rc<Cluster>,
+    sessions: &'a Rc<Sessions>,
+    stream: &'a Rc<Stream>,
+    client: String,
+}
+
+impl Opener<'_> {
+    /// The volume, for `INFO` (`session` false) or to serve (`GO`,
+    /// `EXPORT_NAME`: registered as a session first).
+    fn open(&self, name: &str, session: bool) -> Result<(Rc<Volume>, u64), ClientError> {
+        let vol = Rc::new(Volume::open(self.cluster, name)?);
+        if !session {
+            return Ok((vol, 0));
+        }
+        let id = self
+            .sessions
+            .register(&vol, self.stream, self.client.clone())?;
+        Ok((vol, id))
+    }
 }
 
 fn transmission_flags() -> u16 {
@@ -72,8 +122,8 @@ fn invalid(e: ProtoError) -> std::io::Error {
 async fn handshake(
     stream: &Stream,
     rd: &mut ByteReader,
-    cluster: &Rc<Cluster>,
-) -> std::io::Result<Option<Volume>> {
+    opener: &Opener<'_>,
+) -> std::io::Result<Option<(Rc<Volume>, u64)>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -104,7 +154,8 @@ async fn handshake(
                 let name = String::from_utf8_lossy(&data);
                 // This option has no error reply: an unknown export ends
                 // the connection, as the protocol prescribes.
-                let vol = Volume::open(cluster, &name)
+                let (vol, id) = opener
+                    .open(&name, true)
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 let mut b = Vec::with_capacity(134);
                 b.extend_from_slice(&vol.size_bytes().to_be_bytes());
@@ -112,8 +163,11 @@ async fn handshake(
                 if client_flags & CLIENT_FLAG_NO_ZEROES == 0 {
                     b.extend_from_slice(&[0u8; 124]);
                 }
-                stream.send_bytes(&b).await?;
-                return Ok(Some(vol));
+                if let Err(e) = stream.send_bytes(&b).await {
+                    opener.sessions.unregister(id);
+                    return Err(e);
+                }
+                return Ok(Some((vol, id)));
             }
             OPT_ABORT => {
                 stream
@@ -132,7 +186,7 @@ async fn handshake(
                         .await?;
                     continue;
                 }
-                let vols = nacre_meta::map::list_volumes(&**cluster.meta())
+                let vols = nacre_meta::map::list_volumes(&**opener.cluster.meta())
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
                 for v in vols {
                     let mut d = (v.name.len() as u32).to_be_bytes().to_vec();
@@ -159,7 +213,7 @@ async fn handshake(
                         continue;
                     }
                 };
-                let vol = match Volume::open(cluster, &go.name) {
+                let (vol, id) = match opener.open(&go.name, h.option == OPT_GO) {
                     Ok(v) => v,
                     Err(e) => {
                         let msg = format!("export {:?}: {e}", go.name);
@@ -169,33 +223,43 @@ async fn handshake(
                         continue;
                     }
                 };
-                let mut info = INFO_EXPORT.to_be_bytes().to_vec();
-                info.extend_from_slice(&vol.size_bytes().to_be_bytes());
-                info.extend_from_slice(&transmission_flags().to_be_bytes());
-                stream
-                    .send_bytes(&option_reply(h.option, REP_INFO, &info))
-                    .await?;
-                if go.infos.contains(&INFO_NAME) {
-                    let mut d = INFO_NAME.to_be_bytes().to_vec();
-                    d.extend_from_slice(go.name.as_bytes());
+                let sent = async {
+                    let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+                    info.extend_from_slice(&vol.size_bytes().to_be_bytes());
+                    info.extend_from_slice(&transmission_flags().to_be_bytes());
                     stream
-                        .send_bytes(&option_reply(h.option, REP_INFO, &d))
+                        .send_bytes(&option_reply(h.option, REP_INFO, &info))
                         .await?;
-                }
-                if go.infos.contains(&INFO_BLOCK_SIZE) {
-                    let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-                    d.extend_from_slice(&(SECTOR as u32).to_be_bytes());
-                    d.extend_from_slice(&4096u32.to_be_bytes());
-                    d.extend_from_slice(&REQUEST_MAX_BYTES.to_be_bytes());
+                    if go.infos.contains(&INFO_NAME) {
+                        let mut d = INFO_NAME.to_be_bytes().to_vec();
+                        d.extend_from_slice(go.name.as_bytes());
+                        stream
+                            .send_bytes(&option_reply(h.option, REP_INFO, &d))
+                            .await?;
+                    }
+                    if go.infos.contains(&INFO_BLOCK_SIZE) {
+                        let mut d = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                        d.extend_from_slice(&(SECTOR as u32).to_be_bytes());
+                        d.extend_from_slice(&4096u32.to_be_bytes());
+                        d.extend_from_slice(&REQUEST_MAX_BYTES.to_be_bytes());
+                        stream
+                            .send_bytes(&option_reply(h.option, REP_INFO, &d))
+                            .await?;
+                    }
                     stream
-                        .send_bytes(&option_reply(h.option, REP_INFO, &d))
-                        .await?;
+                        .send_bytes(&option_reply(h.option, REP_ACK, &[]))
+                        .await
                 }
-                stream
-                    .send_bytes(&option_reply(h.option, REP_ACK, &[]))
-                    .await?;
-                if h.option == OPT_GO {
-                    return Ok(Some(vol));
+                .await;
+                match sent {
+                    Ok(()) if h.option == OPT_GO => return Ok(Some((vol, id))),
+                    Ok(()) => {}
+                    Err(e) => {
+                        if h.option == OPT_GO {
+                            opener.sessions.unregister(id);
+                        }
+                        return Err(e);
+                    }
                 }
             }
             other => {
@@ -288,6 +352,9 @@ async fn handle(
     r: Request,
     data: Option<AlignedBuf>,
 ) -> Result<Option<AlignedBuf>, u32> {
+    // Counted until it ends, against the size it was checked with: a
+    // shrink waits for it before deleting what lies past the new end.
+    let _admitted = vol.admit();
     let size = vol.size_bytes();
     let end = r.offset.checked_add(u64::from(r.len)).ok_or(EINVAL)?;
     let past_end = end > size;

@@ -41,7 +41,7 @@ mod recovery;
 mod stats;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -60,7 +60,7 @@ use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use map::{OsdMap, PgEvent};
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
-pub use stats::{OsdReport, OsdStats, PgReport, PG_REPORT_MAX};
+pub use stats::{OsdReport, OsdStats, PgReport, VolumeUsage, PG_REPORT_MAX};
 
 /// Completed writes remembered for retries, per PG (twice what a PG log
 /// holds at the default slot size, which refills the cache at peering).
@@ -1076,6 +1076,25 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
+    /// The objects this OSD holds per volume, and those of them in PGs it
+    /// is the primary of (one count per object across the cluster).
+    pub fn volume_usage(&self) -> VolumeUsage {
+        let m = self.map.borrow();
+        let pgs = m.pgmap.pg_count();
+        let mut per: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for (oid, _) in self.store.list() {
+            let e = per.entry(oid.volume.0).or_default();
+            e.0 += 1;
+            if m.primary(pg_of(oid, pgs)) == Some(self.id) {
+                e.1 += 1;
+            }
+        }
+        VolumeUsage {
+            block_bytes: self.store.block_bytes(),
+            volumes: per.into_iter().map(|(v, (n, p))| [v, n, p]).collect(),
+        }
+    }
+
     /// Deletes every local object of a volume.
     async fn purge_volume(self: &Rc<Self>, volume: u64) -> Status {
         let victims: Vec<(ObjectId, u64)> = (self.store.list().into_iter())
@@ -1199,6 +1218,13 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 (h.reply(s), None)
             }
             Op::PurgeVolume => (h.reply(self.purge_volume(h.oid.volume.0).await), None),
+            Op::VolumeUsage => {
+                let body = serde_json::to_vec(&self.volume_usage()).expect("usage serialises");
+                (
+                    h.reply(Status::Ok).with_payload(&body),
+                    Some(AlignedBuf::from_slice(&body)),
+                )
+            }
             Op::Stat => {
                 let body = serde_json::to_vec(&self.stat_report()).expect("stats serialise");
                 (

@@ -90,6 +90,16 @@ fn one() -> f64 {
     1.0
 }
 
+/// What `Op::VolumeUsage` answers (JSON): the objects an OSD holds per
+/// volume. Every object takes one block.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeUsage {
+    pub block_bytes: u32,
+    /// `[volume id, objects here, of them in PGs this OSD is primary of]`,
+    /// by volume id.
+    pub volumes: Vec<[u64; 3]>,
+}
+
 /// PGs not `active+clean` an OSD names in its report (the counts cover
 /// every PG): a report must fit one control frame.
 pub const PG_REPORT_MAX: usize = 32;

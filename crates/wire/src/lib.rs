@@ -91,6 +91,9 @@ pub enum Op {
     /// move to the others) or in again (0). A refusal carries its reason
     /// as UTF-8 text in the payload.
     MarkOut = 18,
+    /// Anyone → an OSD: the objects it holds per volume, as JSON in the
+    /// reply ([`VolumeUsage`](../nacre_osd/struct.VolumeUsage.html)).
+    VolumeUsage = 19,
 }
 
 impl Op {
@@ -114,6 +117,7 @@ impl Op {
             16 => Op::LogSync,
             17 => Op::Dead,
             18 => Op::MarkOut,
+            19 => Op::VolumeUsage,
             _ => return None,
         })
     }
@@ -392,7 +396,7 @@ impl Header {
             }
             // Maps, PG events and logs, whole objects of recovery: sized
             // by their payload (bounded above), parsed by the receiver.
-            (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull, true)
+            (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull | Op::VolumeUsage, true)
             | (Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::LogSync, false) => return Ok(()),
             _ => false,
         };
