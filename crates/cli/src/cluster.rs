@@ -24,11 +24,19 @@ use nacre_osd::OsdMap;
 use crate::osds::{RunOpts, Supervisor};
 
 const OBJECT_BYTES: u32 = 128 << 10;
+/// Most PGs `nacre up --pgs` makes.
+pub const PGS_MAX: u32 = 16384;
+/// OSDs of a new cluster when `--osds` is not given.
+pub const OSDS_DEFAULT: u32 = 3;
 
 #[derive(Clone, Debug)]
 pub struct UpOpts {
     pub dir: PathBuf,
-    pub osds: u32,
+    /// OSDs: a new cluster's (`None`: 3); on one that exists, more than it
+    /// has adds OSDs, `None` keeps them.
+    pub osds: Option<u32>,
+    /// The pool's PG count for a new cluster (`None`: [`pg_count_for`]).
+    pub pgs: Option<u32>,
     pub osd_size_bytes: u64,
     /// `--osd-size` was given (not the default): on an existing cluster it
     /// must match the stores' size.
@@ -101,24 +109,57 @@ fn pg_count_for(osds: u32, replicas: u8) -> u32 {
         .max(32)
 }
 
-/// Creates the map on first start; checks it against `o` afterwards.
+/// The record of OSD `id` of the cluster in `dir`, on a store of `bytes`.
+pub fn osd_record(dir: &Path, id: u32, bytes: u64) -> OsdRecord {
+    OsdRecord {
+        id,
+        addr: Addr::Unix(dir.join(format!("osd.{id}.sock"))).to_string(),
+        host: format!("osd{id}"),
+        rack: "local".into(),
+        weight: (bytes >> 30).max(1) as u32,
+    }
+}
+
+/// The size of the stores of the cluster in `dir` (its first OSD file's),
+/// if it has one.
+pub fn store_bytes(dir: &Path) -> Option<u64> {
+    let first = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let id: u32 = n.strip_prefix("osd.")?.strip_suffix(".img")?.parse().ok()?;
+            Some((id, e.path()))
+        })
+        .min()?;
+    Some(std::fs::metadata(first.1).ok()?.len())
+}
+
+/// The size of new OSD files: `--osd-size` if given, else that of the
+/// stores the cluster has.
+fn create_bytes(o: &UpOpts) -> u64 {
+    if o.osd_size_given {
+        o.osd_size_bytes
+    } else {
+        store_bytes(&o.dir).unwrap_or(o.osd_size_bytes)
+    }
+}
+
+/// Creates the map on first start; checks it against `o` afterwards, and
+/// adds the OSDs a larger `--osds` asks for (placement gives them their
+/// share of the PGs; the data moves in the background once they run).
 fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
     if !map::initialised(meta)? {
-        let osds: Vec<OsdRecord> = (0..o.osds)
-            .map(|id| OsdRecord {
-                id,
-                addr: Addr::Unix(o.dir.join(format!("osd.{id}.sock"))).to_string(),
-                host: format!("osd{id}"),
-                rack: "local".into(),
-                weight: (o.osd_size_bytes >> 30).max(1) as u32,
-            })
+        let n = o.osds.unwrap_or(OSDS_DEFAULT);
+        let osds: Vec<OsdRecord> = (0..n)
+            .map(|id| osd_record(&o.dir, id, o.osd_size_bytes))
             .collect();
         let pool = PoolRecord {
             id: 1,
             name: "rbd".into(),
             size: o.replicas,
             min_size: o.replicas / 2 + 1,
-            pg_count: pg_count_for(o.osds, o.replicas),
+            pg_count: o.pgs.unwrap_or_else(|| pg_count_for(n, o.replicas)),
             failure_domain: "osd".into(),
             object_bytes: OBJECT_BYTES,
         };
@@ -126,21 +167,38 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
         return Ok(());
     }
     let m = map::load(meta)?;
-    if m.osds.len() as u32 != o.osds {
+    let have = m.osds.len() as u32;
+    let want = o.osds.unwrap_or(have);
+    if want < have {
         bail!(
-            "the cluster in {} has {} OSDs; start it with --osds {} (adding OSDs to a running cluster comes with rebalancing)",
+            "the cluster in {} has {have} OSDs; --osds {want} would remove some, which is not built: leave --osds out, or give {have} or more (mark an OSD out with `nacre osd out` to empty it)",
             o.dir.display(),
-            m.osds.len(),
-            m.osds.len()
         );
     }
-    if m.pools.first().is_some_and(|p| p.size != o.replicas) {
+    let pool = m.pools.first().context("no pool in the map")?;
+    if o.pgs.is_some_and(|p| p != pool.pg_count) {
+        bail!(
+            "the cluster in {} has {} PGs, fixed when it was made; leave --pgs out",
+            o.dir.display(),
+            pool.pg_count
+        );
+    }
+    if pool.size != o.replicas {
         bail!(
             "the cluster in {} keeps {} replicas, not {}",
             o.dir.display(),
-            m.pools[0].size,
+            pool.size,
             o.replicas
         );
+    }
+    let next = m.osds.iter().map(|r| r.id + 1).max().unwrap_or(0);
+    for id in next..next + (want - have) {
+        map::add_osd(meta, &osd_record(&o.dir, id, create_bytes(o)))?;
+        tracing::info!("osd.{id} added");
+    }
+    let moved = map::place_new_osds(meta, pool)?;
+    if moved > 0 {
+        tracing::info!("new OSDs placed: {moved} PG copies move to them");
     }
     Ok(())
 }
@@ -151,7 +209,7 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
 fn spawn_leader(
     meta: Arc<Embedded>,
     map: OsdMap,
-    (osds, pool): (Vec<map::OsdRecord>, map::PoolRecord),
+    pool: map::PoolRecord,
     out_delay: Duration,
     addr: Addr,
     ready: mpsc::Sender<anyhow::Result<()>>,
@@ -162,6 +220,7 @@ fn spawn_leader(
         .name("leader".into())
         .spawn(move || {
             rt::block_on(async move {
+                let records = meta.clone();
                 let persist = move |m: &OsdMap| {
                     let history = map::PgHistory {
                         last_active: m.last_active.clone(),
@@ -180,7 +239,10 @@ fn spawn_leader(
                         return;
                     }
                 };
+                // The OSD records come from the meta store each time:
+                // `nacre osd add` stores one before the leader hears of it.
                 leader.set_placer(Box::new(move |prev, out| {
+                    let osds = map::load(&*records).map_err(|e| e.to_string())?.osds;
                     map::place(&osds, &pool, out, Some(prev)).map_err(|e| e.to_string())
                 }));
                 leader.set_out_delay(out_delay);
@@ -263,14 +325,21 @@ async fn reclaim_orphans(cluster: std::rc::Rc<nacre_client::Cluster>, every: Dur
 /// Refuses, with a message that says what to do, options that cannot make
 /// a cluster — before anything is created.
 fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
-    if o.osds == 0 {
+    if o.osds == Some(0) {
         bail!("--osds 0: a cluster needs at least one OSD (the default is 3)");
     }
-    if o.replicas == 0 || u32::from(o.replicas) > o.osds {
+    if o.pgs.is_some_and(|p| !(1..=PGS_MAX).contains(&p)) {
         bail!(
-            "--replicas {}: each copy needs its own OSD, so it must be between 1 and --osds ({})",
+            "--pgs {}: a pool has 1 to {PGS_MAX} PGs",
+            o.pgs.unwrap_or(0)
+        );
+    }
+    // A cluster that exists checks its own count (init_or_check).
+    let osds = o.osds.unwrap_or(OSDS_DEFAULT);
+    if !o.dir.join("meta").exists() && (o.replicas == 0 || u32::from(o.replicas) > osds) {
+        bail!(
+            "--replicas {}: each copy needs its own OSD, so it must be between 1 and --osds ({osds})",
             o.replicas,
-            o.osds
         );
     }
     // The gateway listens last: a TCP address taken by another program
@@ -284,18 +353,13 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
     // A store's size is fixed when it is made: a different --osd-size on a
     // cluster that exists would grow nothing.
     if o.osd_size_given && o.dir.join("meta").exists() {
-        for id in 0..o.osds {
-            let img = o.dir.join(format!("osd.{id}.img"));
-            if let Ok(m) = std::fs::metadata(&img) {
-                if m.len() != o.osd_size_bytes {
-                    bail!(
-                        "--osd-size {}: osd.{id}'s store in {} was made with {} and cannot grow or shrink; leave --osd-size out (it applies to OSD files being created)",
-                        crate::commands::human(o.osd_size_bytes),
-                        o.dir.display(),
-                        crate::commands::human(m.len())
-                    );
-                }
-            }
+        if let Some(have) = store_bytes(&o.dir).filter(|&b| b != o.osd_size_bytes) {
+            bail!(
+                "--osd-size {}: the stores in {} were made with {} and cannot grow or shrink; leave --osd-size out (new OSD files are made as large as the others; `nacre osd add --size` makes one of another size)",
+                crate::commands::human(o.osd_size_bytes),
+                o.dir.display(),
+                crate::commands::human(have)
+            );
         }
     }
     if o.dir.exists() && !o.dir.is_dir() {
@@ -307,15 +371,7 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
     // A new cluster: its OSD stores must be possible at these sizes (the
     // same layout check formatting does, before any file exists).
     if !o.dir.join("meta").exists() {
-        nacre_blockstore::Geometry::plan(
-            [0; 16],
-            o.osd_size_bytes,
-            OBJECT_BYTES,
-            4096,
-            o.journal_bytes,
-            nacre_blockstore::LogRegion::DEFAULT,
-        )
-        .map_err(|e| {
+        plan_store(o.osd_size_bytes, o.journal_bytes).map_err(|e| {
             anyhow::anyhow!(
                 "--osd-size {} / --journal-size {}: an OSD store cannot be made: {e}",
                 o.osd_size_bytes,
@@ -324,6 +380,20 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// Whether an OSD store of `bytes` (and journal) can be made: the layout
+/// check formatting does, before any file exists.
+pub fn plan_store(bytes: u64, journal_bytes: Option<u64>) -> Result<(), nacre_blockstore::Error> {
+    nacre_blockstore::Geometry::plan(
+        [0; 16],
+        bytes,
+        OBJECT_BYTES,
+        4096,
+        journal_bytes,
+        nacre_blockstore::LogRegion::DEFAULT,
+    )
+    .map(drop)
 }
 
 /// The pid in `DIR/nacre.pid`, if that process still runs.
@@ -392,7 +462,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         running.workers.push(spawn_leader(
             meta.clone(),
             osd_map,
-            (m.osds.clone(), pool.clone()),
+            pool.clone(),
             o.out_delay,
             leader_addr,
             tx.clone(),
@@ -403,7 +473,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             .map(|r| RunOpts {
                 dir: o.dir.clone(),
                 id: r.id,
-                create_bytes: o.osd_size_bytes,
+                create_bytes: create_bytes(o),
                 journal_bytes: o.journal_bytes,
                 recovery_bytes_per_s: o.recovery_bytes_per_s,
                 ratios: o.ratios,

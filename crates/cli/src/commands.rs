@@ -50,10 +50,12 @@ pub struct UpArgs {
     /// one to restart the cluster with its data.
     #[arg(long)]
     dir: PathBuf,
-    /// Number of OSDs (one file and one process each), set when the
-    /// cluster is created; a restart must give the same number.
-    #[arg(long, default_value_t = 3)]
-    osds: u32,
+    /// Number of OSDs (one file and one process each); default 3 for a
+    /// new cluster. On a cluster that exists, leave it out to keep its
+    /// OSDs, or give more to add OSDs: placement gives them their share of
+    /// the PGs and the data moves to them in the background.
+    #[arg(long)]
+    osds: Option<u32>,
     /// Size of each OSD's file when it is created: a number and a unit
     /// (B, K, M, G, T; binary), e.g. 4G or 1.5T; default 4G. A store
     /// cannot grow: on a cluster that exists it must match, or be left
@@ -64,6 +66,12 @@ pub struct UpArgs {
     /// is created. I/O goes on while at least replicas/2 + 1 are up.
     #[arg(long, default_value_t = 3)]
     replicas: u8,
+    /// Placement groups of the pool, set when the cluster is created
+    /// (1..=16384; default about 64 PG copies per OSD, a power of two, at
+    /// least 32). More PGs spread data more evenly and cost memory and
+    /// peering time per OSD.
+    #[arg(long)]
+    pgs: Option<u32>,
     /// Where the NBD gateway listens (default unix:DIR/nbd.sock).
     #[arg(long)]
     nbd: Option<String>,
@@ -117,7 +125,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     // Absolute, so that what it prints (attach URIs, sockets) works from
     // anywhere.
     let dir = std::path::absolute(&a.dir).with_context(|| format!("--dir {}", a.dir.display()))?;
-    let (osds, replicas) = (a.osds, a.replicas);
+    let replicas = a.replicas;
     let nbd: Addr = match a.nbd {
         Some(s) => s.parse().map_err(anyhow::Error::msg)?,
         None => Addr::Unix(dir.join("nbd.sock")),
@@ -125,7 +133,8 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     let set = block_stop_signals();
     let o = UpOpts {
         dir: dir.clone(),
-        osds,
+        osds: a.osds,
+        pgs: a.pgs,
         osd_size_bytes: a.osd_size.unwrap_or(OSD_SIZE_DEFAULT),
         osd_size_given: a.osd_size.is_some(),
         journal_bytes: a.journal_size,
@@ -142,6 +151,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
     };
     let mut running = cluster::start(&o)?;
     let vols = map::list_volumes(&*running.meta)?;
+    let osds = map::load(&*running.meta)?.osds.len();
     println!(
         "nacre up: {osds} OSDs in {}, {replicas} replicas; NBD on {nbd}; meta on unix:{}",
         dir.display(),
@@ -335,6 +345,74 @@ pub fn osd_start(dir: &Path, id: u32) -> anyhow::Result<()> {
     crate::osds::start(&dir, id, &*remote(&dir)?)
 }
 
+/// Sends `op` about OSD `id` (with `arg` and `body`) to the leader of the
+/// cluster in `dir`; its refusal's reason, if it refuses.
+fn ask_leader(
+    dir: &Path,
+    op: nacre_wire::Op,
+    id: u32,
+    arg: u64,
+    body: Option<&[u8]>,
+) -> anyhow::Result<()> {
+    let r = rt::block_on(async {
+        let c = nacre_net::Conn::connect_with_timeout(
+            &cluster::leader_addr(dir),
+            Duration::from_secs(10),
+        )?;
+        let mut h = nacre_wire::Header::request(op, 0, nacre_types::ObjectId::default());
+        h.sender = id;
+        h.obj_version = arg;
+        let payload = body.map(AlignedBuf::from_slice);
+        if let Some(b) = body {
+            h = h.with_payload(b);
+        }
+        anyhow::Ok(c.call(h, payload).await?)
+    })
+    .with_context(|| format!("the cluster leader in {}", dir.display()))?;
+    if r.h.status != nacre_wire::Status::Ok {
+        let why = r.payload.as_deref().map(String::from_utf8_lossy);
+        bail!("{}", why.as_deref().unwrap_or("refused by the leader"));
+    }
+    Ok(())
+}
+
+/// `nacre osd add --dir DIR [--size S]`: a new OSD (file, store, process)
+/// in the running cluster, which then takes its share of the PGs; their
+/// data moves to it in the background while they serve.
+pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
+    let dir = std::path::absolute(dir)?;
+    let meta = remote(&dir)?;
+    let m = map::load(&*meta)?;
+    let bytes = match size.or_else(|| cluster::store_bytes(&dir)) {
+        Some(b) => b,
+        None => bail!(
+            "give --size: no OSD file in {} to take the size from",
+            dir.display()
+        ),
+    };
+    cluster::plan_store(bytes, None).map_err(|e| {
+        anyhow::anyhow!("--size {}: an OSD store cannot be made: {e}", human(bytes))
+    })?;
+    let id = m.osds.iter().map(|o| o.id + 1).max().unwrap_or(0);
+    let rec = cluster::osd_record(&dir, id, bytes);
+    map::add_osd(&*meta, &rec)?;
+    // Out at first: it holds no PG until it runs, then is marked in.
+    ask_leader(
+        &dir,
+        nacre_wire::Op::AddOsd,
+        id,
+        0,
+        Some(rec.addr.as_bytes()),
+    )?;
+    crate::osds::start_sized(&dir, id, &*meta, Some(bytes))?;
+    ask_leader(&dir, nacre_wire::Op::MarkOut, id, 0, None)?;
+    println!(
+        "osd.{id} added ({}): its share of the PGs moves to it while they serve (nacre status shows the recovery)",
+        human(bytes)
+    );
+    Ok(())
+}
+
 /// `nacre osd out|in ID`: asks the leader of the cluster in `dir` to move
 /// OSD `id`'s PGs to the others (`out`) or to place PGs on it again.
 pub fn osd_mark(dir: &Path, id: u32, out: bool) -> anyhow::Result<()> {
@@ -342,25 +420,7 @@ pub fn osd_mark(dir: &Path, id: u32, out: bool) -> anyhow::Result<()> {
     // The map names the OSDs; this also says when no cluster runs there.
     let m = map::load(&*remote(&dir)?)?;
     let was_out = (m.pgmaps.first()).is_some_and(|p| p.out.contains(&id));
-    let r = rt::block_on(async {
-        let c = nacre_net::Conn::connect_with_timeout(
-            &cluster::leader_addr(&dir),
-            Duration::from_secs(10),
-        )?;
-        let mut h = nacre_wire::Header::request(
-            nacre_wire::Op::MarkOut,
-            0,
-            nacre_types::ObjectId::default(),
-        );
-        h.sender = id;
-        h.obj_version = u64::from(out);
-        anyhow::Ok(c.call(h, None).await?)
-    })
-    .with_context(|| format!("the cluster leader in {}", dir.display()))?;
-    if r.h.status != nacre_wire::Status::Ok {
-        let why = r.payload.as_deref().map(String::from_utf8_lossy);
-        bail!("{}", why.as_deref().unwrap_or("refused by the leader"));
-    }
+    ask_leader(&dir, nacre_wire::Op::MarkOut, id, u64::from(out), None)?;
     let what = if out { "out" } else { "in" };
     if was_out == out {
         println!("osd.{id} is already {what}");
@@ -1170,7 +1230,8 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         let osd_size = (a.size * u64::from(a.replicas)).div_ceil(u64::from(a.osds)) * 2 + (1 << 30);
         let o = UpOpts {
             dir: dir.clone(),
-            osds: a.osds,
+            osds: Some(a.osds),
+            pgs: None,
             osd_size_bytes: osd_size,
             // A demo dir used again keeps the stores it has.
             osd_size_given: false,

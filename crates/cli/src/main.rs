@@ -78,6 +78,20 @@ enum OsdCmd {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Add an OSD to the running cluster in DIR: a new file DIR/osd.N.img,
+    /// its store and its process; placement then gives it its share of the
+    /// PGs, whose data moves to it in the background while they serve.
+    /// `nacre up` keeps it across restarts.
+    Add {
+        /// The directory of the running cluster (`nacre up --dir`).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Size of the new OSD's file: a number and a unit (B, K, M, G, T;
+        /// binary); default the size of the cluster's other OSD files.
+        /// Placement weighs OSDs by size.
+        #[arg(long, value_parser = args::parse_size)]
+        size: Option<u64>,
+    },
     /// Mark an OSD out: the PGs it holds move to the other OSDs (the data
     /// is copied in the background while the PGs serve). Refused if too
     /// few OSDs would be left for the pool's replicas.
@@ -247,6 +261,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ratios: args::check_ratios(nearfull_ratio, full_ratio)?,
             }),
             OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
+            OsdCmd::Add { dir, size } => commands::osd_add(&dir, size),
             OsdCmd::Out { id, dir } => commands::osd_mark(&dir, id, true),
             OsdCmd::In { id, dir } => commands::osd_mark(&dir, id, false),
         },

@@ -286,6 +286,17 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
 /// `nacre osd start ID --dir DIR`: asks the `nacre up` running in DIR to
 /// start a stopped OSD and waits until it is up.
 pub fn start(dir: &Path, id: u32, meta: &dyn MetaStore) -> anyhow::Result<()> {
+    start_sized(dir, id, meta, None)
+}
+
+/// [`start`]; an OSD whose file does not exist yet gets one of
+/// `create_bytes` (else the size of `nacre up`'s OSD files).
+pub fn start_sized(
+    dir: &Path,
+    id: u32,
+    meta: &dyn MetaStore,
+    create_bytes: Option<u64>,
+) -> anyhow::Result<()> {
     let m = map::load(meta)?;
     if !m.osds.iter().any(|r| r.id == id) {
         return Err(no_such_osd(dir, id, &m));
@@ -294,7 +305,8 @@ pub fn start(dir: &Path, id: u32, meta: &dyn MetaStore) -> anyhow::Result<()> {
         println!("osd.{id} already runs (pid {pid})");
         return Ok(());
     }
-    meta.put(&start_key(id), Vec::new(), 0)?;
+    let value = create_bytes.map_or_else(Vec::new, |b| b.to_string().into_bytes());
+    meta.put(&start_key(id), value, 0)?;
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(60) {
         let asked = meta.get(&start_key(id))?.is_some();
@@ -542,6 +554,9 @@ impl Supervise {
         };
         for kv in kvs {
             let id = kv.key[START_PREFIX.len()..].parse::<u32>().ok();
+            if let Some(id) = id.filter(|&id| !self.slots.iter().any(|s| s.opts.id == id)) {
+                self.add_slot(id, &kv.value);
+            }
             if let Some(s) = self.slots.iter_mut().find(|s| Some(s.opts.id) == id) {
                 if s.child.is_none() {
                     s.restart_at = Some(Instant::now());
@@ -550,6 +565,30 @@ impl Supervise {
             }
             let _ = self.meta.delete(&Range::key(&kv.key));
         }
+    }
+
+    /// A slot for OSD `id`, added to the map after this supervisor
+    /// started (`nacre osd add`): run like the others, its file made at the
+    /// size the request gives (`value`: bytes in decimal), if any.
+    fn add_slot(&mut self, id: u32, value: &[u8]) {
+        let Some(mut opts) = self.slots.first().map(|s| s.opts.clone()) else {
+            return;
+        };
+        if !matches!(self.meta.get(&map::osd_key(id)), Ok(Some(_))) {
+            tracing::warn!("asked to start osd.{id}, which is not in the map");
+            return;
+        }
+        opts.id = id;
+        if let Some(b) = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok()) {
+            opts.create_bytes = b;
+        }
+        self.slots.push(Slot {
+            opts,
+            child: None,
+            started: Instant::now(),
+            restart_at: None,
+            delay: RESTART_DELAY,
+        });
     }
 
     fn spawn(&mut self, i: usize) {

@@ -732,6 +732,14 @@ fn an_osd_marked_out_hands_its_pgs_over_and_takes_them_back_in() {
         osd3.as_object().is_none_or(|m| m.is_empty()),
         "osd.3 is still primary: {osd3}"
     );
+    // Its copies go once the PGs are clean without it.
+    let st = status_until(&up, "osd.3's stray copies deleted", |st| {
+        st["osd"][3]["stats"]["objects"] == 0
+    });
+    assert!(
+        st["osd"][3]["stats"]["stray_objects_removed"].as_u64() > Some(0),
+        "{st}"
+    );
     // Two out of four would leave two OSDs for three replicas.
     let out = nacre(&["osd", "out", "2", "--dir", up.dir()]);
     assert!(!out.status.success());
@@ -751,6 +759,26 @@ fn an_osd_marked_out_hands_its_pgs_over_and_takes_them_back_in() {
         osd3.as_object().is_some_and(|m| !m.is_empty()),
         "osd.3 is primary of nothing: {st}"
     );
+    // The PGs that moved back left no copy behind.
+    three_copies(&up, "vol1");
+}
+
+/// Waits until every object of volume `vol` has three copies, no more
+/// (stray copies deleted), for a minute at most.
+fn three_copies(up: &Up, vol: &str) {
+    let t0 = Instant::now();
+    loop {
+        let v: serde_json::Value =
+            serde_json::from_str(&up.volume(&["info", vol, "--format", "json"])).unwrap();
+        if v["raw_used_bytes"].as_u64() == v["used_bytes"].as_u64().map(|u| 3 * u) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "stray copies stay: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// An OSD killed and left down is marked out after `--out-delay`: its PGs
@@ -1296,8 +1324,9 @@ fn up_refuses_what_cannot_work_and_says_why() {
     let d = tempfile::tempdir().unwrap();
     let x = d.path().join("x");
     let xs = x.to_str().unwrap();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--osds", "0"], "a cluster needs at least one OSD"),
+        (&["--pgs", "0"], "a pool has 1 to 16384 PGs"),
         (
             &["--osds", "2", "--replicas", "3"],
             "must be between 1 and --osds (2)",
@@ -1351,11 +1380,18 @@ fn up_refuses_what_cannot_work_and_says_why() {
     let out = nacre(&["up", "--dir", up.dir(), "--osd-size", "512M"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("was made with 256.0 MiB and cannot grow"),
+        !out.status.success() && err.contains("were made with 256.0 MiB and cannot grow"),
         "{err}"
     );
     let img = std::fs::metadata(d.path().join("c/osd.0.img")).unwrap();
     assert_eq!(img.len(), 256 << 20);
+    // Nor can the PG count change.
+    let out = nacre(&["up", "--dir", up.dir(), "--pgs", "128"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has 64 PGs, fixed when it was made"),
+        "{err}"
+    );
 }
 
 /// Ctrl-C during `nacre demo` removes the demo's cluster files and says so.
@@ -1565,5 +1601,187 @@ fn volumes_in_use_are_not_pulled_from_under_their_clients() {
     assert!(
         table.contains("384 object copies of deleted volumes reclaimed"),
         "{table}"
+    );
+}
+
+/// Issue 8: `nacre osd add` under FUA writers gives the new OSD its share
+/// of the PGs (it becomes primary of some and holds their objects) while
+/// they serve; the copies it took over go from the others, so every object
+/// has three copies again; `nacre up` keeps it across a restart, and a
+/// restart with a larger `--osds` adds one more. No write fails, every
+/// acknowledged one reads back; what cannot work is refused and says why.
+#[test]
+fn added_osds_take_their_share_while_the_pgs_serve() {
+    let d = tempfile::tempdir().unwrap();
+    let mut up = Up::start(
+        &d.path().join("c"),
+        &["--osd-size", "512M", "--recovery-rate", "16M"],
+    );
+    up.volume(&["create", "vol1", "--size", "256M"]);
+    let uri = up.uri("vol1");
+    let log = Arc::new(Mutex::new(AckLog::default()));
+    let stop = Arc::new(Mutex::new(false));
+    let writer = |seed| {
+        let (u, s, l) = (uri.clone(), stop.clone(), log.clone());
+        std::thread::spawn(move || fua_writer(u, 64 << 20, seed, s, l))
+    };
+    let w = writer(31);
+    let n = log.lock().unwrap().acks;
+    wait_acks(&log, n + 500);
+    let out = ok(nacre(&["osd", "add", "--dir", up.dir()]));
+    assert!(out.contains("osd.3 added (512.0 MiB)"), "{out}");
+    let n = log.lock().unwrap().acks;
+    wait_acks(&log, n + 1000);
+    let st = status_until(&up, "four OSDs in and clean", |st| {
+        st["osds"]["in"] == 4 && st["health"] == "HEALTH_OK"
+    });
+    let osd3 = &st["osd"][3]["stats"];
+    assert!(
+        osd3["pg_states"].as_object().is_some_and(|m| !m.is_empty())
+            && osd3["objects"].as_u64() > Some(0),
+        "osd.3 took nothing: {st}"
+    );
+    three_copies(&up, "vol1");
+    stop_and_verify(w, &stop, &log, &uri, "osd.3 was added");
+
+    // Too small a store is refused before anything is made.
+    let out = nacre(&["osd", "add", "--dir", up.dir(), "--size", "1M"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot be made"),
+        "{err}"
+    );
+    assert!(!up.dir.join("osd.4.img").exists());
+
+    // A restart keeps the four; fewer is refused; more adds.
+    up.stop();
+    up.spawn();
+    assert_eq!(up.status()["osds"]["total"], 4);
+    up.stop();
+    let out = nacre(&["up", "--dir", up.dir(), "--osds", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("has 4 OSDs"), "{err}");
+    up.args.extend(["--osds".to_string(), "5".to_string()]);
+    up.spawn();
+    let st = status_until(&up, "five OSDs clean", |st| {
+        st["osds"]["in"] == 5 && st["health"] == "HEALTH_OK"
+    });
+    assert!(st["osd"][4]["stats"]["objects"].as_u64() > Some(0), "{st}");
+    three_copies(&up, "vol1");
+    let w = writer(32);
+    let n = log.lock().unwrap().acks;
+    wait_acks(&log, n + 300);
+    stop_and_verify(w, &stop, &log, &uri, "osd.4 was added at a restart");
+}
+
+/// Issue 8's scenario with fio's own verifier: `nacre up` with 4 OSDs,
+/// size 3, min_size 2; fio writes with `verify=crc32c` through NBD while
+/// osd.1 is killed with `kill -9`, started again, and osd.2 is marked
+/// out. No write fails, fio's verify pass finds every block (all of each
+/// 4 KiB), a second verify-only pass does so again once the cluster is
+/// clean, and `nacre status` went degraded → recovering → HEALTH_OK.
+#[test]
+fn fio_verifies_every_block_through_kill_restart_and_out() {
+    let d = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        &d.path().join("c"),
+        &[
+            "--osds",
+            "4",
+            "--osd-size",
+            "512M",
+            "--no-restart",
+            "--recovery-rate",
+            "8M",
+        ],
+    );
+    up.volume(&["create", "vol1", "--size", "256M"]);
+    let job = |extra: &[&str]| {
+        let mut c = tool("fio");
+        c.args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={}", up.uri("vol1")),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=96M",
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--output-format=json",
+        ])
+        .args(extra);
+        c
+    };
+    // What status says, sampled while it all happens.
+    let seen = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let done = Arc::new(Mutex::new(false));
+    let poller = {
+        let (seen, done, dir) = (seen.clone(), done.clone(), up.dir().to_string());
+        std::thread::spawn(move || {
+            while !*done.lock().unwrap() {
+                let out = nacre(&["status", "--dir", &dir, "--format", "json"]);
+                if let Ok(st) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+                    let mut s = seen.lock().unwrap();
+                    if st["pgs"]["degraded"].as_u64() > Some(0) {
+                        s.insert("degraded");
+                    }
+                    if st["pgs"]["recovering"].as_u64() > Some(0) {
+                        s.insert("recovering");
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    // About 16 s of writes at 1 500 a second, then fio reads them back.
+    let fio = job(&["--rate_iops=1500", "--do_verify=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = osd_pid(&up, 1).unwrap();
+    // SAFETY: signalling a child process of the cluster.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    status_until(&up, "osd.1 down", |st| st["osds"]["up"] == 3);
+    std::thread::sleep(Duration::from_secs(3));
+    ok(nacre(&["osd", "start", "1", "--dir", up.dir()]));
+    std::thread::sleep(Duration::from_secs(3));
+    ok(nacre(&["osd", "out", "2", "--dir", up.dir()]));
+    let out = fio.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "{text}");
+    assert!(
+        v["jobs"][0]["read"]["io_bytes"].as_u64() >= Some(96 << 20),
+        "fio verified nothing"
+    );
+    let st = status_until(&up, "HEALTH_OK", |st| st["health"] == "HEALTH_OK");
+    *done.lock().unwrap() = true;
+    poller.join().unwrap();
+    assert_eq!(st["osds"]["out"], serde_json::json!([2]), "{st}");
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.contains("degraded") && seen.contains("recovering"),
+        "status never showed {:?}",
+        ["degraded", "recovering"]
+            .iter()
+            .filter(|s| !seen.contains(*s))
+            .collect::<Vec<_>>()
+    );
+    // Every block again, now that every PG is clean on its new OSDs.
+    let text = run_tool(&mut job(&["--verify_only=1"]));
+    let v: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "{text}");
+    assert!(
+        v["jobs"][0]["read"]["io_bytes"].as_u64() >= Some(96 << 20),
+        "{text}"
     );
 }

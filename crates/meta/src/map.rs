@@ -438,6 +438,43 @@ pub fn save_pool_state(store: &dyn MetaStore, pgmap: &PgMap, history: &PgHistory
     Ok(())
 }
 
+/// Registers OSD `rec` in the map; its id must be new.
+pub fn add_osd(store: &dyn MetaStore, rec: &OsdRecord) -> Result<()> {
+    let t = Txn {
+        compare: vec![Compare::Version(osd_key(rec.id), CmpOp::Equal, 0)],
+        success: vec![put(osd_key(rec.id), json(rec))],
+        failure: vec![],
+    };
+    if !store.txn(t)?.succeeded {
+        return Err(MetaError::Invalid(format!("osd.{} exists already", rec.id)));
+    }
+    Ok(())
+}
+
+/// Gives OSDs that are in but hold no PG of `pool` (added while the
+/// cluster was stopped) their share: a new table with placement's fewest
+/// moves, in a new epoch. Returns the PG copies that moved (0: none had
+/// to).
+pub fn place_new_osds(store: &dyn MetaStore, pool: &PoolRecord) -> Result<usize> {
+    let m = load(store)?;
+    let pm = m
+        .pgmap(pool.id)
+        .ok_or_else(|| MetaError::Invalid(format!("pool {} has no PG table", pool.id)))?;
+    let unplaced = (m.osds.iter()).any(|o| !pm.out.contains(&o.id) && !pm.osds.contains(&o.id));
+    if !unplaced {
+        return Ok(0);
+    }
+    let table = place(&m.osds, pool, &pm.out, Some(pm))?;
+    let moved = table.iter().zip(&pm.osds).filter(|(a, b)| a != b).count();
+    let next = PgMap {
+        epoch: pm.epoch + 1,
+        osds: table,
+        ..pm.clone()
+    };
+    store.put(&pgmap_key(pool.id), json(&next), 0)?;
+    Ok(moved)
+}
+
 /// The leader's history of pool `pool` (empty for a new cluster).
 pub fn load_history(store: &dyn MetaStore, pool: u32) -> Result<PgHistory> {
     store

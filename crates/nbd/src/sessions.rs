@@ -72,6 +72,8 @@ pub struct Sessions {
 
 impl Drop for Sessions {
     fn drop(&mut self) {
+        // No record is put again after this (see `renew`).
+        self.shared.records.lock().expect("sessions lock").clear();
         self.shared.stop.store(true, Ordering::Relaxed);
         // A clean stop ends the sessions at once.
         let _ = self
@@ -296,6 +298,9 @@ fn control(sh: &Shared, mut watch: nacre_meta::Watch) {
                 }
             }
         }
+        if sh.stop.load(Ordering::Relaxed) {
+            return;
+        }
         if last_renew.elapsed() >= CONTROL_TICK {
             last_renew = std::time::Instant::now();
             renew(sh);
@@ -328,7 +333,7 @@ fn rewatch(sh: &Shared) -> nacre_meta::Result<nacre_meta::Watch> {
 
 fn renew(sh: &Shared) {
     let lease = sh.lease.load(Ordering::Relaxed);
-    if sh.meta.lease_keepalive(lease).is_ok() {
+    if sh.meta.lease_keepalive(lease).is_ok() || sh.stop.load(Ordering::Relaxed) {
         return;
     }
     let Ok(new) = sh.meta.lease_grant(SESSION_LEASE_TTL_S) else {

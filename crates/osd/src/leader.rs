@@ -63,6 +63,20 @@ pub struct Leader<T: Transport> {
     auto_out: RefCell<std::collections::HashSet<u32>>,
 }
 
+/// `Ok`, or `Invalid` with the reason as UTF-8 text.
+fn refusal(h: &Header, r: Result<(), String>) -> (Header, Option<AlignedBuf>) {
+    match r {
+        Ok(()) => (h.reply(Status::Ok), None),
+        Err(why) => {
+            let body = why.into_bytes();
+            (
+                h.reply(Status::Invalid).with_payload(&body),
+                Some(AlignedBuf::from_slice(&body)),
+            )
+        }
+    }
+}
+
 fn json_reply(h: &Header, body: Vec<u8>) -> (Header, Option<AlignedBuf>) {
     (
         h.reply(Status::Ok).with_payload(&body),
@@ -197,6 +211,30 @@ impl<T: Transport> Leader<T> {
         self.change(&why, |m| {
             m.pgmap.out = outs;
             m.pgmap.osds = table;
+        })
+        .map(drop)
+        .map_err(|s| format!("the map could not be stored: {s:?}"))
+    }
+
+    /// Adds OSD `id` at `addr` to the map, out: it can boot, and holds no
+    /// PG until it is marked in. Its record is in the meta store already
+    /// (the placer reads it from there). Adding the same OSD again is a
+    /// no-op; another address for a known id is refused.
+    pub fn add_osd(self: &Rc<Self>, id: u32, addr: String) -> Result<(), String> {
+        if addr.parse::<nacre_io::net::Addr>().is_err() {
+            return Err(format!("osd.{id}: {addr:?} is no address"));
+        }
+        if let Some(known) = self.map.borrow().addrs.get(&id) {
+            return if *known == addr {
+                Ok(())
+            } else {
+                Err(format!("osd.{id} exists already, at {known}"))
+            };
+        }
+        self.change(&format!("osd.{id} added (out) at {addr}"), |m| {
+            m.addrs.insert(id, addr);
+            m.pgmap.out.push(id);
+            m.pgmap.out.sort_unstable();
         })
         .map(drop)
         .map_err(|s| format!("the map could not be stored: {s:?}"))
@@ -439,16 +477,13 @@ impl<T: Transport> Handler for Leader<T> {
             Op::GetMap => json_reply(&h, self.map.borrow().to_json()),
             Op::Ping => (self.heartbeat(&h), None),
             Op::Dead => (h.reply(self.dead(h.sender, h.obj_version)), None),
-            Op::MarkOut => match self.mark_out(h.sender, h.obj_version != 0) {
-                Ok(()) => (h.reply(Status::Ok), None),
-                Err(why) => {
-                    let body = why.into_bytes();
-                    (
-                        h.reply(Status::Invalid).with_payload(&body),
-                        Some(AlignedBuf::from_slice(&body)),
-                    )
-                }
-            },
+            Op::MarkOut => refusal(&h, self.mark_out(h.sender, h.obj_version != 0)),
+            Op::AddOsd => {
+                let addr = std::str::from_utf8(f.payload.as_deref().unwrap_or(&[]))
+                    .map_err(|_| "the address is not UTF-8".to_string())
+                    .map(str::to_string);
+                refusal(&h, addr.and_then(|a| self.add_osd(h.sender, a)))
+            }
             Op::PgEvent => {
                 let body = f.payload.as_deref().unwrap_or(&[]);
                 let s = self.pg_event(&h, body);

@@ -39,6 +39,7 @@ pub mod map;
 mod peering;
 mod recovery;
 mod stats;
+mod stray;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -61,6 +62,7 @@ use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 pub use map::{OsdMap, PgEvent};
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
 pub use stats::{OsdReport, OsdStats, PgReport, VolumeUsage, PG_REPORT_MAX};
+pub use stray::STRAY_CHECK_MS;
 
 /// Completed writes remembered for retries, per PG (twice what a PG log
 /// holds at the default slot size, which refills the cache at peering).
@@ -163,6 +165,9 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Used fractions of the store at which it is near full (a warning)
     /// and full (writes that need new space refused, recovery goes on).
     ratios: Cell<(f64, f64)>,
+    /// PGs whose stray copy is being deleted here (`stray.rs`): writes
+    /// into them are refused meanwhile.
+    removing: RefCell<HashSet<u32>>,
     pub stats: OsdStats,
 }
 
@@ -396,6 +401,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             recovery_rate: Cell::new(RECOVERY_BYTES_PER_S_DEFAULT),
             recovery_next: Cell::new(Duration::ZERO),
             ratios: Cell::new((1.0, 1.0)),
+            removing: RefCell::new(HashSet::new()),
             stats,
         })
     }
@@ -566,6 +572,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                             self.apply_map(m, true);
                             if !self.beating.replace(true) {
                                 rt::spawn(Self::heartbeat(Rc::downgrade(self)));
+                                rt::spawn(Self::stray_loop(Rc::downgrade(self)));
                             }
                             return Ok(());
                         }
@@ -1143,6 +1150,12 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             Op::RepWrite | Op::RepDelete => self.check_route(&h, false),
             _ => None,
         };
+        // Nothing lands in a PG whose stray copy is being deleted here.
+        let route = route.or_else(|| {
+            (matches!(h.op, Op::RepWrite | Op::RepDelete | Op::Push | Op::LogSync)
+                && self.removing.borrow().contains(&h.pg))
+            .then_some(Status::Unavailable)
+        });
         if let Some(s) = route {
             let mut r = h.reply(s);
             r.epoch = self.epoch();
@@ -1218,6 +1231,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 (h.reply(s), None)
             }
             Op::PurgeVolume => (h.reply(self.purge_volume(h.oid.volume.0).await), None),
+            Op::PgClean => (h.reply(self.answer_pg_clean(&h)), None),
             Op::VolumeUsage => {
                 let body = serde_json::to_vec(&self.volume_usage()).expect("usage serialises");
                 (
@@ -1256,9 +1270,13 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 let s = self.answer_log_sync(&h, f.payload.as_deref()).await;
                 (h.reply(s), None)
             }
-            Op::Boot | Op::GetMap | Op::PgEvent | Op::Ping | Op::Dead | Op::MarkOut => {
-                (h.reply(Status::Invalid), None)
-            }
+            Op::Boot
+            | Op::GetMap
+            | Op::PgEvent
+            | Op::Ping
+            | Op::Dead
+            | Op::MarkOut
+            | Op::AddOsd => (h.reply(Status::Invalid), None),
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct OsdStats {
     /// Object copies this OSD recovered as primary, and their bytes.
     recovered_objects: Cell<u64>,
     recovered_bytes: Cell<u64>,
+    /// Objects of stray copies (PGs placement moved away) deleted here.
+    stray_removed: Cell<u64>,
 }
 
 /// What `Op::Stat` answers (JSON).
@@ -79,6 +81,10 @@ pub struct OsdReport {
     pub recovered_bytes: u64,
     #[serde(default)]
     pub recovery_objects_left: u64,
+    /// Objects of stray copies (PGs placement gave to other OSDs) this
+    /// OSD has deleted since it started, once those PGs were clean.
+    #[serde(default)]
+    pub stray_objects_removed: u64,
     /// The used fractions at which this OSD is near full and full.
     #[serde(default = "one")]
     pub nearfull_ratio: f64,
@@ -156,6 +162,11 @@ impl OsdStats {
         add(&self.recovered_objects, objects);
     }
 
+    /// A stray copy of `objects` objects was deleted.
+    pub fn stray_removed(&self, objects: u64) {
+        add(&self.stray_removed, objects);
+    }
+
     pub fn replica_done(&self) {
         add(&self.replica_ops, 1);
     }
@@ -223,6 +234,7 @@ impl OsdStats {
             replay_stopped: self.replay_stopped.borrow().clone(),
             recovered_objects: self.recovered_objects.get(),
             recovered_bytes: self.recovered_bytes.get(),
+            stray_objects_removed: self.stray_removed.get(),
             ..OsdReport::default()
         }
     }

@@ -548,6 +548,21 @@ impl Cluster {
         m.pgmap.placement(pg).to_vec()
     }
 
+    /// Object copies running OSDs hold outside their objects' placement
+    /// (stray copies not yet deleted), as `(osd, object)`.
+    pub fn stray_copies(&self) -> Vec<(u32, ObjectId)> {
+        let mut out = Vec::new();
+        for n in self.nodes.borrow().iter() {
+            let Some(o) = &n.osd else { continue };
+            for (oid, _) in o.store().list() {
+                if !self.placement(oid).contains(&n.id) {
+                    out.push((n.id, oid));
+                }
+            }
+        }
+        out
+    }
+
     /// Sends a client request for `h.oid` to its primary over the
     /// simulated network (with its faults), epoch and PG filled in.
     pub async fn call(

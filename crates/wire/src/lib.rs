@@ -94,6 +94,14 @@ pub enum Op {
     /// Anyone → an OSD: the objects it holds per volume, as JSON in the
     /// reply ([`VolumeUsage`](../nacre_osd/struct.VolumeUsage.html)).
     VolumeUsage = 19,
+    /// OSD holding a stray copy of PG `pg` (one placement no longer gives
+    /// it) → the PG's primary: is the PG active+clean in `epoch`? `Ok` if
+    /// so, and the stray may delete its copy.
+    PgClean = 20,
+    /// Admin → leader: OSD `sender` (its record already stored) joins the
+    /// map at the address in the payload (UTF-8), marked out. A refusal
+    /// carries its reason as UTF-8 text.
+    AddOsd = 21,
 }
 
 impl Op {
@@ -118,6 +126,8 @@ impl Op {
             17 => Op::Dead,
             18 => Op::MarkOut,
             19 => Op::VolumeUsage,
+            20 => Op::PgClean,
+            21 => Op::AddOsd,
             _ => return None,
         })
     }
@@ -388,7 +398,7 @@ impl Header {
             (Op::Write | Op::RepWrite, false) => true,
             (Op::Read, true) => self.status == Status::Ok,
             // A statistics report, or a leader's reason for a refusal.
-            (Op::Stat, true) | (Op::MarkOut, true) => {
+            (Op::Stat | Op::MarkOut | Op::AddOsd, true) | (Op::AddOsd, false) => {
                 if len > CONTROL_PAYLOAD_MAX_BYTES {
                     return bad("larger than a control payload");
                 }

@@ -1,0 +1,179 @@
+//! Stray copies (docs/internals/replication.md §8.2): what an OSD holds of
+//! a PG that placement no longer gives it — it was marked out, or the PG
+//! moved to an OSD that was added.
+//!
+//! A stray copy is needed only until the PG is clean without it: once
+//! every member of the current acting set holds every acknowledged write,
+//! the next peering takes its authority from them (the leader recorded
+//! them complete), never from the stray. So every `STRAY_CHECK_MS` an OSD
+//! asks the primary of each PG it holds a stray copy of whether the PG is
+//! active+clean in the epoch both know (`Op::PgClean`); if so it deletes
+//! the copy: first the PG's log (a copy without a log can never pass for
+//! a complete member: peering treats it as a new one), then the objects.
+//!
+//! If the map makes this OSD a member again meanwhile, the removal stops
+//! before the next object; what is left is an incomplete copy that
+//! peering plans to recover like any new member's. While it runs, writes
+//! into the PG (`RepWrite`, `RepDelete`, `Push`, `LogSync`) are refused
+//! with `Unavailable` (the primary tries again), so none lands on an
+//! object about to be deleted.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use nacre_io::{rt, BlockDev};
+use nacre_net::{Rpc, Transport};
+use nacre_types::{pg_of, ObjectId};
+use nacre_wire::{Header, Op, Status};
+
+use crate::{pg_key, Osd, PgState};
+
+/// How often an OSD looks for stray copies to delete.
+pub const STRAY_CHECK_MS: u64 = 5_000;
+/// Objects deleted at once while removing a stray copy.
+const STRAY_PARALLEL_MAX: usize = 32;
+
+impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
+    /// Looks for stray copies every [`STRAY_CHECK_MS`] while the OSD runs
+    /// (holding it only while it looks).
+    pub(crate) async fn stray_loop(me: std::rc::Weak<Self>) {
+        loop {
+            rt::sleep(Duration::from_millis(STRAY_CHECK_MS)).await;
+            let Some(me) = me.upgrade().filter(|o| !o.halted.get()) else {
+                return;
+            };
+            me.remove_strays().await;
+        }
+    }
+
+    /// The PGs of which this OSD holds objects or a log but is not in the
+    /// acting set, with their objects, in the current epoch.
+    fn strays(&self) -> Vec<(u32, Vec<ObjectId>)> {
+        let m = self.map.borrow();
+        let pgs = m.pgmap.pg_count();
+        let pool = m.pgmap.pool;
+        let stray = |pg: u32| !m.pgmap.placement(pg).contains(&self.id);
+        let mut out: std::collections::BTreeMap<u32, Vec<ObjectId>> = Default::default();
+        for key in self.store.pg_logs() {
+            let pg = (key & 0xffff_ffff) as u32;
+            if key >> 32 == u64::from(pool) && pg < pgs && stray(pg) {
+                out.entry(pg).or_default();
+            }
+        }
+        for (oid, _) in self.store.list() {
+            let pg = pg_of(oid, pgs);
+            if stray(pg) {
+                out.entry(pg).or_default().push(oid);
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Deletes every stray copy whose PG its primary calls clean.
+    pub(crate) async fn remove_strays(self: &Rc<Self>) {
+        let up = self.up_from.get();
+        if up == 0 || up == u64::MAX {
+            return;
+        }
+        for (pg, objects) in self.strays() {
+            let epoch = self.epoch();
+            let Some(primary) = self.map.borrow().primary(pg) else {
+                continue;
+            };
+            let mut h = Header::request(Op::PgClean, 0, ObjectId::default());
+            h.epoch = epoch;
+            h.pg = pg;
+            h.sender = self.id;
+            let clean = match self.conn(primary) {
+                Ok(c) => c
+                    .call(h, None)
+                    .await
+                    .is_ok_and(|f| f.h.status == Status::Ok),
+                Err(_) => false,
+            };
+            if clean && self.epoch() == epoch {
+                self.remove_stray(pg, objects).await;
+            }
+        }
+    }
+
+    /// Whether placement gives PG `pg` to this OSD (again).
+    fn member(&self, pg: u32) -> bool {
+        self.map.borrow().pgmap.placement(pg).contains(&self.id)
+    }
+
+    async fn remove_stray(self: &Rc<Self>, pg: u32, objects: Vec<ObjectId>) {
+        if self.member(pg) || !self.removing.borrow_mut().insert(pg) {
+            return;
+        }
+        let pool = self.map.borrow().pgmap.pool;
+        let n = objects.len();
+        let done = async {
+            if self.store.pg_log(pg_key(pool, pg)).is_some() {
+                self.store
+                    .pg_remove(pg_key(pool, pg))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            for chunk in objects.chunks(STRAY_PARALLEL_MAX) {
+                if self.member(pg) {
+                    return Err("this OSD is a member again".to_string());
+                }
+                let tasks: Vec<_> = (chunk.iter())
+                    .map(|&oid| {
+                        let me = self.clone();
+                        rt::spawn(async move {
+                            me.lock(oid).await;
+                            let r = match me.store.version(oid) {
+                                Some(v) if !me.member(pg) => me.store.delete(oid, v + 1).await,
+                                _ => Ok(()),
+                            };
+                            me.unlock(oid);
+                            r
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.map_err(|e| e.to_string())?;
+                }
+            }
+            Ok::<(), String>(())
+        }
+        .await;
+        self.removing.borrow_mut().remove(&pg);
+        match done {
+            Ok(()) => {
+                tracing::info!(
+                    "osd.{}: deleted its stray copy of PG {pg} ({n} objects)",
+                    self.id
+                );
+                self.stats.stray_removed(n as u64);
+            }
+            Err(e) => tracing::info!("osd.{}: stray copy of PG {pg} kept: {e}", self.id),
+        }
+    }
+
+    /// `Op::PgClean` from a stray: whether PG `h.pg` is active+clean in
+    /// `h.epoch` with this OSD as its primary (`Ok`), so the stray's copy
+    /// is no longer needed.
+    pub(crate) fn answer_pg_clean(&self, h: &Header) -> Status {
+        let m = self.map.borrow();
+        if h.pg >= m.pgmap.pg_count() || m.pgmap.placement(h.pg).contains(&h.sender) {
+            return Status::Invalid;
+        }
+        if h.epoch != m.epoch() {
+            return Status::StaleEpoch;
+        }
+        if m.primary(h.pg) != Some(self.id) {
+            return Status::NotPrimary;
+        }
+        let clean = matches!(self.pgs.borrow().get(&h.pg), Some(PgState::Active))
+            && self.recovery_progress(h.pg).is_none()
+            && m.acting(h.pg).len() == usize::from(m.pgmap.size);
+        if clean {
+            Status::Ok
+        } else {
+            Status::Unavailable
+        }
+    }
+}
