@@ -23,13 +23,13 @@ D=$(mktemp -d "${TMPDIR:-/var/tmp}/nacre-pg-cost.XXXXXX")
 UP=
 cleanup() {
     [ -n "$UP" ] && kill "$UP" 2>/dev/null && wait "$UP" 2>/dev/null
-    rm -rf "$D"
+    [ -n "${KEEP:-}" ] || rm -rf "$D"
 }
 trap cleanup EXIT
 log() { echo "[$(date +%T)] $*" >&2; }
 now() { date +%s.%N; }
 clean() {
-    "$NACRE" status --dir "$1" --format json 2>/dev/null | python3 -c '
+    "$NACRE" status --dir "$1" --format json 2>/dev/null | python3 2>/dev/null -c '
 import json, sys
 s = json.load(sys.stdin)
 p = s["pgs"]

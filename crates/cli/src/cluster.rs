@@ -85,7 +85,11 @@ pub fn meta_socket(dir: &Path) -> PathBuf {
 }
 
 pub fn leader_addr(dir: &Path) -> Addr {
-    Addr::Unix(dir.join("leader.sock"))
+    Addr::Unix(dir_socket(dir, "leader.sock"))
+}
+
+fn dir_socket(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
 }
 
 /// Can files in `dir` be opened with O_DIRECT? (tmpfs says no.)
@@ -221,11 +225,20 @@ fn spawn_leader(
         .spawn(move || {
             rt::block_on(async move {
                 let records = meta.clone();
+                // What was stored last: only what changed is written.
+                let last = std::cell::RefCell::new(None::<(map::PgMap, map::PgHistory)>);
                 let persist = move |m: &OsdMap| {
                     let history = map::PgHistory {
                         last_active: m.last_active.clone(),
                     };
-                    map::save_pool_state(&*meta, &m.pgmap, &history).map_err(|e| e.to_string())
+                    {
+                        let stored = last.borrow();
+                        let prev = stored.as_ref().map(|(p, h)| (p, h));
+                        map::save_pool_state(&*meta, &m.pgmap, &history, prev)
+                            .map_err(|e| e.to_string())?;
+                    }
+                    *last.borrow_mut() = Some((m.pgmap.clone(), history));
+                    Ok(())
                 };
                 let start = || -> anyhow::Result<_> {
                     let leader = Leader::new(map, nacre_net::Sockets, Box::new(persist))
@@ -371,7 +384,10 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
     // A new cluster: its OSD stores must be possible at these sizes (the
     // same layout check formatting does, before any file exists).
     if !o.dir.join("meta").exists() {
-        plan_store(o.osd_size_bytes, o.journal_bytes).map_err(|e| {
+        let pgs = o
+            .pgs
+            .unwrap_or_else(|| pg_count_for(o.osds.unwrap_or(OSDS_DEFAULT), o.replicas));
+        plan_store(o.osd_size_bytes, o.journal_bytes, pgs).map_err(|e| {
             anyhow::anyhow!(
                 "--osd-size {} / --journal-size {}: an OSD store cannot be made: {e}",
                 o.osd_size_bytes,
@@ -382,16 +398,20 @@ fn check_opts(o: &UpOpts) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether an OSD store of `bytes` (and journal) can be made: the layout
-/// check formatting does, before any file exists.
-pub fn plan_store(bytes: u64, journal_bytes: Option<u64>) -> Result<(), nacre_blockstore::Error> {
+/// Whether an OSD store of `bytes` (and journal) for a pool of `pgs` PGs
+/// can be made: the layout check formatting does, before any file exists.
+pub fn plan_store(
+    bytes: u64,
+    journal_bytes: Option<u64>,
+    pgs: u32,
+) -> Result<(), nacre_blockstore::Error> {
     nacre_blockstore::Geometry::plan(
         [0; 16],
         bytes,
         OBJECT_BYTES,
         4096,
         journal_bytes,
-        nacre_blockstore::LogRegion::DEFAULT,
+        nacre_osd::pg_log_region(pgs),
     )
     .map(drop)
 }
@@ -421,6 +441,17 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             return Err(anyhow::Error::new(e).context(format!("cluster in {}", o.dir.display())));
         }
     };
+    // This process holds the directory's lock: no other cluster runs here,
+    // so its sockets are stale. A killed predecessor's may still accept
+    // connections for a moment (its io_uring's teardown holds the
+    // listening socket after the process is gone), which the stale-socket
+    // check of `Listener::bind` would take for a live server.
+    for s in [
+        dir_socket(&o.dir, "leader.sock"),
+        dir_socket(&o.dir, "nbd.sock"),
+    ] {
+        let _ = std::fs::remove_file(s);
+    }
     init_or_check(&*meta, o)?;
     map::put_config(&*meta, &o.config)?;
     nacre_meta::remote::serve(meta.clone(), &meta_socket(&o.dir)).context("meta socket")?;

@@ -390,7 +390,8 @@ pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
             dir.display()
         ),
     };
-    cluster::plan_store(bytes, None).map_err(|e| {
+    let pgs = m.pools.first().map_or(0, |p| p.pg_count);
+    cluster::plan_store(bytes, None, pgs).map_err(|e| {
         anyhow::anyhow!("--size {}: an OSD store cannot be made: {e}", human(bytes))
     })?;
     let id = m.osds.iter().map(|o| o.id + 1).max().unwrap_or(0);

@@ -239,6 +239,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
         addr: rec.addr.parse().map_err(anyhow::Error::msg)?,
         object_bytes: pool.object_bytes,
         journal_bytes: o.journal_bytes,
+        pg_log_slots: pool.pg_count,
         direct: cluster::direct_io_works(&dir),
         leader: cluster::leader_addr(&dir),
     };

@@ -8,7 +8,10 @@
 //! replay stops there and truncates it. The log is compacted into a
 //! snapshot written to a temporary file, fsync'd and renamed over the old
 //! one before the log is cut; records at or below the snapshot's revision
-//! are skipped, so a crash between the rename and the cut is harmless.
+//! are skipped, so a crash between the rename and the cut is harmless. The
+//! log is opened for appending, so a record always lands at the end of the
+//! file as it is after a cut (a torn tail dropped, a compaction): written
+//! at the old position, it would leave a hole the next replay stops at.
 //!
 //! Leases survive restarts with their TTL re-armed (as etcd does when its
 //! leader changes); keys of an expired lease are deleted by a reaper thread
@@ -175,11 +178,15 @@ impl Embedded {
             Err(e) => return Err(storage("read snapshot", e)),
         };
         let log_path = dir.join("log");
+        // Append mode: every record goes to the end of the file as it is,
+        // also after a torn tail was cut or a compaction emptied it. (A
+        // plain write would go to the file position from before the cut,
+        // leaving a hole of zeros that the next replay takes for a torn
+        // record at offset 0, dropping everything after it.)
         let mut log = OpenOptions::new()
             .create(true)
-            .truncate(false)
             .read(true)
-            .write(true)
+            .append(true)
             .open(&log_path)
             .map_err(|e| storage("open log", e))?;
         let mut bytes = Vec::new();

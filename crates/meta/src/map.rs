@@ -250,8 +250,15 @@ fn pool_key(id: u32) -> String {
 fn pgmap_key(pool: u32) -> String {
     format!("{ROOT}pgmap/{pool:05}")
 }
+/// The whole history of a pool in one key, as earlier builds stored it.
 fn history_key(pool: u32) -> String {
     format!("{ROOT}pghistory/{pool:05}")
+}
+fn interval_prefix(pool: u32) -> String {
+    format!("{ROOT}pghistory/{pool:05}/")
+}
+fn interval_key(pool: u32, pg: u32) -> String {
+    format!("{}{pg:05}", interval_prefix(pool))
 }
 fn volume_key(name: &str) -> String {
     format!("{ROOT}volume/{name}")
@@ -424,17 +431,44 @@ pub fn check_volume_name(name: &str) -> Result<()> {
     }
 }
 
-/// Stores the leader's view of a pool, PG table and history, in one
-/// transaction.
-pub fn save_pool_state(store: &dyn MetaStore, pgmap: &PgMap, history: &PgHistory) -> Result<()> {
-    let t = Txn {
-        success: vec![
-            put(pgmap_key(pgmap.pool), json(pgmap)),
-            put(history_key(pgmap.pool), json(history)),
-        ],
+/// Stores what changed of the leader's view of a pool since `prev` (what
+/// it stored last; `None`: everything), in one transaction: the PG table
+/// if it changed, and each PG's last active interval that changed, under
+/// a key of its own — a PG event writes a few hundred bytes, whatever the
+/// PG count (one key for the whole history wrote it all each time: half a
+/// megabyte per event at 1 024 PGs).
+pub fn save_pool_state(
+    store: &dyn MetaStore,
+    pgmap: &PgMap,
+    history: &PgHistory,
+    prev: Option<(&PgMap, &PgHistory)>,
+) -> Result<()> {
+    let pool = pgmap.pool;
+    let mut ops = Vec::new();
+    if prev.is_none_or(|(p, _)| p != pgmap) {
+        ops.push(put(pgmap_key(pool), json(pgmap)));
+    }
+    for (pg, iv) in &history.last_active {
+        if prev.is_none_or(|(_, h)| h.last_active.get(pg) != Some(iv)) {
+            ops.push(put(interval_key(pool, *pg), json(iv)));
+        }
+    }
+    match prev {
+        Some((_, h)) => ops.extend(
+            (h.last_active.keys())
+                .filter(|pg| !history.last_active.contains_key(pg))
+                .map(|pg| TxnOp::Delete(Range::key(&interval_key(pool, *pg)))),
+        ),
+        // The one-key history of earlier builds, now written per PG.
+        None => ops.push(TxnOp::Delete(Range::key(&history_key(pool)))),
+    }
+    if ops.is_empty() {
+        return Ok(());
+    }
+    store.txn(Txn {
+        success: ops,
         ..Txn::default()
-    };
-    store.txn(t)?;
+    })?;
     Ok(())
 }
 
@@ -475,13 +509,22 @@ pub fn place_new_osds(store: &dyn MetaStore, pool: &PoolRecord) -> Result<usize>
     Ok(moved)
 }
 
-/// The leader's history of pool `pool` (empty for a new cluster).
+/// The leader's history of pool `pool` (empty for a new cluster): the
+/// per-PG keys over the one-key form of earlier builds.
 pub fn load_history(store: &dyn MetaStore, pool: u32) -> Result<PgHistory> {
-    store
+    let mut h: PgHistory = store
         .get(&history_key(pool))?
         .map(|kv| parse(&kv))
-        .transpose()
-        .map(Option::unwrap_or_default)
+        .transpose()?
+        .unwrap_or_default();
+    let (kvs, _) = store.range(&Range::prefix(&interval_prefix(pool)))?;
+    for kv in kvs {
+        let pg = kv.key[interval_prefix(pool).len()..]
+            .parse()
+            .map_err(|_| MetaError::Storage(format!("record {}: not a PG key", kv.key)))?;
+        h.last_active.insert(pg, parse(&kv)?);
+    }
+    Ok(h)
 }
 
 pub fn get_volume(store: &dyn MetaStore, name: &str) -> Result<Option<VolumeRecord>> {
@@ -690,6 +733,47 @@ mod tests {
             failure_domain: "osd".into(),
             object_bytes: 128 << 10,
         }
+    }
+
+    /// The history is stored per PG, only what changed (a PG event writes
+    /// one key), and the one-key form of earlier builds is read and
+    /// replaced.
+    #[test]
+    fn pool_state_is_saved_per_pg_and_reads_back() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Embedded::open(d.path()).unwrap();
+        let pg = init(&*s, &osds(4), &pool()).unwrap();
+        let iv = |epoch| Interval {
+            epoch,
+            acting: vec![0, 1, 2],
+            ..Interval::default()
+        };
+        let mut h = PgHistory::default();
+        h.last_active.insert(3, iv(2));
+        h.last_active.insert(7, iv(2));
+        // Earlier builds: the whole history in one key.
+        s.put(&history_key(1), json(&h), 0).unwrap();
+        assert_eq!(load_history(&*s, 1).unwrap(), h);
+        save_pool_state(&*s, &pg, &h, None).unwrap();
+        assert!(s.get(&history_key(1)).unwrap().is_none());
+        assert_eq!(load_history(&*s, 1).unwrap(), h);
+        let mut h2 = h.clone();
+        h2.last_active.insert(7, iv(5));
+        h2.last_active.remove(&3);
+        h2.last_active.insert(9, iv(5));
+        let rev = s.range(&Range::prefix("/")).unwrap().1;
+        let table = s.get(&pgmap_key(1)).unwrap().unwrap().version;
+        save_pool_state(&*s, &pg, &h2, Some((&pg, &h))).unwrap();
+        assert_eq!(load_history(&*s, 1).unwrap(), h2);
+        // One transaction, and the PG table (unchanged) not written again.
+        assert_eq!(s.range(&Range::prefix("/")).unwrap().1, rev + 1);
+        assert_eq!(s.get(&pgmap_key(1)).unwrap().unwrap().version, table);
+        save_pool_state(&*s, &pg, &h2, Some((&pg, &h2))).unwrap();
+        assert_eq!(
+            s.range(&Range::prefix("/")).unwrap().1,
+            rev + 1,
+            "nothing changed"
+        );
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub struct OsdConfig {
     pub object_bytes: u32,
     /// Journal size of a new store (the store's default if `None`).
     pub journal_bytes: Option<u64>,
+    /// PGs a new store can hold logs of ([`pg_log_region`]).
+    pub pg_log_slots: u32,
     /// O_DIRECT (off only on file systems that refuse it, e.g. tmpfs).
     pub direct: bool,
     /// Where the cluster map's leader listens.
@@ -193,6 +195,16 @@ impl ReqCache {
     }
 }
 
+/// The PG log region of a store that may hold `pgs` PGs (an OSD holds at
+/// most every PG of the pool once): a slot each, at least the default.
+pub fn pg_log_region(pgs: u32) -> nacre_blockstore::LogRegion {
+    let d = nacre_blockstore::LogRegion::DEFAULT;
+    nacre_blockstore::LogRegion {
+        slots: pgs.clamp(d.slots, nacre_blockstore::LogRegion::SLOTS_MAX),
+        ..d
+    }
+}
+
 /// The key of a PG in the store's PG logs.
 pub fn pg_key(pool: u32, pg: u32) -> u64 {
     (u64::from(pool) << 32) | u64::from(pg)
@@ -226,6 +238,7 @@ impl Osd<FileDev, Sockets> {
             let fo = FormatOptions {
                 block_bytes: cfg.object_bytes,
                 journal_bytes: cfg.journal_bytes,
+                pg_logs: pg_log_region(cfg.pg_log_slots),
                 ..FormatOptions::default()
             };
             Store::format(&dev, &fo).await?;

@@ -96,6 +96,7 @@ async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, nacre_o
         addr: s.addrs[&id].clone(),
         object_bytes: s.pool.object_bytes,
         journal_bytes: None,
+        pg_log_slots: s.pool.pg_count,
         direct: true,
         leader: leader_addr(d),
     };
