@@ -1163,10 +1163,14 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             Op::RepWrite | Op::RepDelete => self.check_route(&h, false),
             _ => None,
         };
-        // Nothing lands in a PG whose stray copy is being deleted here.
+        // Nothing lands in a PG whose stray copy is being deleted here, and
+        // nobody learns its state mid-way: a query answered while deletes
+        // are in flight could list objects about to go (the peer retries).
         let route = route.or_else(|| {
-            (matches!(h.op, Op::RepWrite | Op::RepDelete | Op::Push | Op::LogSync)
-                && self.removing.borrow().contains(&h.pg))
+            (matches!(
+                h.op,
+                Op::RepWrite | Op::RepDelete | Op::Push | Op::LogSync | Op::PgQuery | Op::Pull
+            ) && self.removing.borrow().contains(&h.pg))
             .then_some(Status::Unavailable)
         });
         if let Some(s) = route {

@@ -14,9 +14,12 @@
 //! If the map makes this OSD a member again meanwhile, the removal stops
 //! before the next object; what is left is an incomplete copy that
 //! peering plans to recover like any new member's. While it runs, writes
-//! into the PG (`RepWrite`, `RepDelete`, `Push`, `LogSync`) are refused
-//! with `Unavailable` (the primary tries again), so none lands on an
-//! object about to be deleted.
+//! into the PG (`RepWrite`, `RepDelete`, `Push`, `LogSync`) and questions
+//! about it (`PgQuery`, `Pull`) are refused with `Unavailable` (the peer
+//! tries again): nothing lands on an object about to be deleted, and no
+//! peering plans from a listing that deletes in flight are about to
+//! change (a query of a newer epoch that makes this OSD a member again
+//! could otherwise be answered between a delete's check and its end).
 
 use std::rc::Rc;
 use std::time::Duration;
