@@ -387,6 +387,15 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.st.borrow_mut().reserve_blocks = keep as u32;
     }
 
+    /// Whether a write that needs a new block would fail `NoSpace`: none
+    /// is free beyond the reserve ([`Store::set_full_ratio`]) and none is
+    /// on its way back (freed, waiting for a checkpoint).
+    pub fn is_full(&self) -> bool {
+        let st = self.0.st.borrow();
+        let coming = st.alloc.deferred_count() as u64 + st.releasing as u64;
+        u64::from(st.alloc.free_count()) + coming <= u64::from(st.reserve_blocks)
+    }
+
     /// Like [`Store::write`], but returns once the write is in the journal,
     /// before it is durable; a later [`Store::sync`] makes it durable.
     pub async fn write_unsynced(

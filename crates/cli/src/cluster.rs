@@ -466,6 +466,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         up_from: Default::default(),
         stores: Default::default(),
         last_active: map::load_history(&*meta, pool.id)?.last_active,
+        full: Default::default(),
     };
     let leader_addr = leader_addr(&o.dir);
     if !direct_io_works(&o.dir) {

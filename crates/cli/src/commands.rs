@@ -690,6 +690,7 @@ fn pg_summary(
     let unknown = total.saturating_sub(counts.values().sum());
     let (inactive, peering, degraded) = (n("inactive"), n("peering"), n("active+degraded"));
     let recovering = n("active+recovering");
+    let (remapped, backfilling) = (n("active+remapped"), n("active+remapped+backfilling"));
     let list = |state: &str| {
         let some: Vec<String> = (named.iter().filter(|p| p.state == state).take(3))
             .map(|p| format!("PG {} {}", p.pg, p.detail.as_deref().unwrap_or(state)))
@@ -746,11 +747,33 @@ fn pg_summary(
             ),
         }));
     }
+    if remapped + backfilling > 0 {
+        let mut what = Vec::new();
+        if backfilling > 0 {
+            what.push(format!(
+                "{backfilling} filling their new OSDs{}",
+                list("active+remapped+backfilling")
+            ));
+        }
+        if remapped > 0 {
+            what.push(format!("{remapped} filled{}", list("active+remapped")));
+        }
+        checks.push(serde_json::json!({
+            "code": "PG_REMAPPED",
+            "severity": "HEALTH_WARN",
+            "message": format!(
+                "{} PGs moving to other OSDs, every copy kept meanwhile: {}",
+                remapped + backfilling,
+                what.join(", ")
+            ),
+        }));
+    }
     let json = serde_json::json!({
         "total": total,
         "active_clean": n("active+clean"),
         "degraded": degraded,
         "recovering": recovering,
+        "remapped": remapped + backfilling,
         "recovery_objects_left": left,
         "peering": peering,
         "inactive": inactive,
@@ -853,8 +876,8 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
                 }
             );
             println!(
-                "pgs       {} total: {} active+clean, {} degraded, {} recovering, {} peering, {} inactive, {} unknown",
-                pgs["total"], pgs["active_clean"], pgs["degraded"], pgs["recovering"], pgs["peering"], pgs["inactive"], pgs["unknown"]
+                "pgs       {} total: {} active+clean, {} degraded, {} recovering, {} remapped, {} peering, {} inactive, {} unknown",
+                pgs["total"], pgs["active_clean"], pgs["degraded"], pgs["recovering"], pgs["remapped"], pgs["peering"], pgs["inactive"], pgs["unknown"]
             );
             if pgs["recovering"].as_u64().unwrap_or(0) > 0 {
                 println!(

@@ -5,6 +5,7 @@
 //! The tools come from Debian (libnbd-bin, qemu-utils, fio); scripts/test.sh
 //! installs them.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -705,9 +706,30 @@ fn an_osd_marked_out_hands_its_pgs_over_and_takes_them_back_in() {
         let n = log.lock().unwrap().acks;
         acks_after(n + 500);
         change();
+        // The PGs move with every copy kept: the OSDs they leave stay in
+        // their acting sets until the new ones are complete, so a moving
+        // PG is `remapped`, never short of a complete copy. (A write in
+        // flight when the epoch changes may have reached some copies and
+        // not others: the next peering recovers it onto the rest, so a few
+        // PGs — at most one per writer and epoch change — may recover
+        // briefly. Without temporary members every PG that moves does.)
+        let (remapped, short) = (Cell::new(0), Cell::new(None));
+        status_until(&up, "the PGs clean", |st| {
+            let pgs = &st["pgs"];
+            remapped.set(remapped.get().max(pgs["remapped"].as_u64().unwrap_or(0)));
+            if pgs["degraded"].as_u64() > Some(0)
+                || pgs["recovering"].as_u64() > Some(KILL9_WRITERS as u64)
+            {
+                short.set(Some(st.clone()));
+            }
+            st["health"] == "HEALTH_OK"
+        });
+        assert!(remapped.get() > 0, "{what}: no PG was seen moving");
+        if let Some(st) = short.take() {
+            panic!("{what}: PGs were short of a complete copy while they moved: {st}");
+        }
         let n = log.lock().unwrap().acks;
         acks_after(n + 1000);
-        status_until(&up, "the PGs clean", |st| st["health"] == "HEALTH_OK");
         stop_and_verify(w, &stop, &log, &uri, what);
     };
     run("osd.3 was marked out", 21, &|| {
@@ -1163,6 +1185,28 @@ fn a_full_cluster_says_enospc_and_recovers() {
             full["message"].as_str().unwrap().contains("full at 95%"),
             "{full}"
         );
+        // Once the full OSD's heartbeat said so, writes of new objects are
+        // refused before they reach any copy: they end no interval, so
+        // the map stays at its epoch however many there are (one failed
+        // on a copy would start an epoch each).
+        let epoch = |st: &serde_json::Value| {
+            (st["osd"].as_array().unwrap().iter())
+                .filter_map(|o| o["stats"]["epoch"].as_u64())
+                .max()
+                .unwrap()
+        };
+        rt::sleep(Duration::from_millis(2 * 500)).await;
+        let before = epoch(&upr.status());
+        for k in 0..24u64 {
+            let at = (5 << 30) + k * (64 << 20);
+            let e = c.write(at, AlignedBuf::zeroed(1 << 20), false).await;
+            assert_eq!(e.unwrap_err().raw_os_error(), Some(28), "write {k}");
+        }
+        let after = epoch(&upr.status());
+        assert!(
+            after <= before + 1,
+            "24 refused writes took the map from epoch {before} to {after}"
+        );
         // what was acknowledged reads back
         let b = c.read(0, 1 << 20).await.unwrap();
         assert!(b.iter().all(|&x| x == 0));
@@ -1185,9 +1229,9 @@ fn a_full_cluster_says_enospc_and_recovers() {
         assert!(ok_after, "space did not come back after trim");
         c.disconnect().await;
     });
-    // Each refused write ended its PG's interval: wait for the peering.
-    // What is left is the warning that the volume is larger than the
-    // cluster can hold.
+    // The OSDs are no longer full, and what was refused before they said so
+    // ended intervals: wait for the peering. What is left is the warning
+    // that the volume is larger than the cluster can hold.
     let only_overcommit = |s: &serde_json::Value| {
         let codes: Vec<&str> = (s["checks"].as_array().unwrap().iter())
             .map(|c| c["code"].as_str().unwrap())

@@ -19,6 +19,8 @@
 //! admins creating the same volume, or a create racing a delete, cannot
 //! both win.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::types::*;
@@ -65,6 +67,13 @@ pub struct PgMap {
     /// OSDs marked out (`nacre osd out`): the table holds no PG on them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub out: Vec<u32>,
+    /// Per PG, the *temporary members*: OSDs a table change moved the PG
+    /// away from that stay in its acting set, complete and taking every
+    /// write, until the members placement gave it instead are complete
+    /// (so moving a PG never costs a copy); the leader drops them then
+    /// (docs/internals/replication.md §8.3).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub temp: BTreeMap<u32, Vec<u32>>,
 }
 
 impl PgMap {
@@ -78,24 +87,47 @@ impl PgMap {
         &self.osds[pg as usize * s..(pg as usize + 1) * s]
     }
 
-    /// The acting set: the placement's OSDs that are up, in order; the
-    /// first is the primary.
-    pub fn acting(&self, pg: u32) -> Vec<u32> {
-        (self.placement(pg).iter())
+    /// PG `pg`'s temporary members that placement does not give it.
+    fn temp_of(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
+        (self.temp.get(&pg).into_iter().flatten())
             .copied()
+            .filter(move |o| !self.placement(pg).contains(o))
+    }
+
+    /// Placement's OSDs and the temporary members, up or not.
+    fn members(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
+        self.placement(pg).iter().copied().chain(self.temp_of(pg))
+    }
+
+    /// The acting set: the placement's OSDs that are up, in order, then
+    /// the temporary members that are up; the first is the primary.
+    pub fn acting(&self, pg: u32) -> Vec<u32> {
+        self.members(pg)
             .filter(|o| !self.down.contains(o))
             .collect()
     }
 
     /// Whether `osd` is in PG `pg`'s acting set (without building it).
     pub fn is_acting(&self, pg: u32, osd: u32) -> bool {
-        self.placement(pg).contains(&osd) && !self.down.contains(&osd)
+        self.assigned(pg, osd) && !self.down.contains(&osd)
+    }
+
+    /// Whether placement or a temporary membership gives PG `pg` to
+    /// `osd`, up or not: what it holds of a PG it is not assigned is a
+    /// stray copy.
+    pub fn assigned(&self, pg: u32, osd: u32) -> bool {
+        self.members(pg).any(|o| o == osd)
+    }
+
+    /// Whether PG `pg`'s acting set is its placement, whole: every OSD
+    /// placement gives it up, and no temporary member in it.
+    pub fn whole(&self, pg: u32) -> bool {
+        self.members(pg)
+            .all(|o| self.placement(pg).contains(&o) != self.down.contains(&o))
     }
 
     pub fn primary(&self, pg: u32) -> Option<u32> {
-        (self.placement(pg).iter())
-            .copied()
-            .find(|o| !self.down.contains(o))
+        self.members(pg).find(|o| !self.down.contains(o))
     }
 }
 
@@ -358,6 +390,7 @@ pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Res
         osds: place(osds, pool, &[], None)?,
         down: Vec::new(),
         out: Vec::new(),
+        temp: BTreeMap::new(),
     };
     let mut ops = vec![
         put(
@@ -710,6 +743,34 @@ pub fn remove_volume(store: &dyn MetaStore, name: &str, id: u64) -> Result<()> {
 mod tests {
     use super::*;
     use crate::embedded::Embedded;
+
+    /// Temporary members follow placement's OSDs in the acting set, count
+    /// while up, and keep the PG from being whole.
+    #[test]
+    fn temporary_members_join_the_acting_set_after_placement() {
+        let mut m = PgMap {
+            pool: 1,
+            epoch: 3,
+            size: 2,
+            osds: vec![0, 1, 2, 3],
+            down: vec![],
+            out: vec![],
+            temp: BTreeMap::new(),
+        };
+        assert!(m.whole(0) && m.whole(1));
+        m.temp.insert(0, vec![4, 1]);
+        assert_eq!(m.acting(0), vec![0, 1, 4], "placement first, no repeat");
+        assert!(!m.whole(0) && m.whole(1));
+        assert!(m.assigned(0, 4) && m.is_acting(0, 4) && !m.assigned(1, 4));
+        m.down = vec![4];
+        assert_eq!(m.acting(0), vec![0, 1]);
+        assert!(m.whole(0), "a temporary member down is no member");
+        assert!(m.assigned(0, 4) && !m.is_acting(0, 4));
+        m.down = vec![0, 1];
+        assert_eq!((m.acting(0), m.primary(0)), (vec![4], Some(4)));
+        m.down = vec![1];
+        assert!(!m.whole(0));
+    }
 
     fn osds(n: u32) -> Vec<OsdRecord> {
         (0..n)

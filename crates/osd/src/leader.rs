@@ -25,12 +25,12 @@
 //! missed the push learns the epoch from its next heartbeat's answer.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
 use nacre_io::{rt, AlignedBuf};
-use nacre_meta::map::{Interval, EPOCH_MAX};
+use nacre_meta::map::{Interval, PgMap, EPOCH_MAX};
 use nacre_net::{Frame, Handler, Rpc, Transport};
 use nacre_types::{ObjectId, HEARTBEAT_GRACE_MS, HEARTBEAT_INTERVAL_MS};
 use nacre_wire::{Header, Op, Status};
@@ -209,8 +209,10 @@ impl<T: Transport> Leader<T> {
             table.len()
         );
         self.change(&why, |m| {
+            let old = m.pgmap.clone();
             m.pgmap.out = outs;
             m.pgmap.osds = table;
+            m.pgmap.temp = temp_members(m, &old);
         })
         .map(drop)
         .map_err(|s| format!("the map could not be stored: {s:?}"))
@@ -242,6 +244,34 @@ impl<T: Transport> Leader<T> {
 
     pub fn map(&self) -> OsdMap {
         self.map.borrow().clone()
+    }
+
+    /// Drops the temporary members of every PG whose placement members are
+    /// all up and complete in its last active interval: it holds `size`
+    /// complete copies without them. One new epoch for all such PGs.
+    fn settle_temps(self: &Rc<Self>) {
+        let done: Vec<u32> = {
+            let m = self.map.borrow();
+            (m.pgmap.temp.keys().copied())
+                .filter(|&pg| {
+                    m.last_active
+                        .get(&pg)
+                        .is_some_and(|iv| (m.pgmap.placement(pg).iter()).all(|&o| m.holds(iv, o)))
+                })
+                .collect()
+        };
+        if done.is_empty() {
+            return;
+        }
+        let why = format!(
+            "{} PGs complete where placement puts them: their temporary members leave",
+            done.len()
+        );
+        let _ = self.change(&why, |m| {
+            for pg in &done {
+                m.pgmap.temp.remove(pg);
+            }
+        });
     }
 
     /// Ends [`Leader::run`].
@@ -311,6 +341,23 @@ impl<T: Transport> Leader<T> {
         r
     }
 
+    /// Records whether OSD `id`'s store is full, as its heartbeat says, in
+    /// a new epoch when that changes (primaries then refuse new objects
+    /// for its PGs up front).
+    fn note_full(self: &Rc<Self>, id: u32, full: bool) {
+        if self.map.borrow().full.contains(&id) == full {
+            return;
+        }
+        let why = format!("osd.{id} {}", if full { "full" } else { "no longer full" });
+        let _ = self.change(&why, |m| {
+            if full {
+                m.full.insert(id);
+            } else {
+                m.full.remove(&id);
+            }
+        });
+    }
+
     /// Marks OSDs whose heartbeats stopped down, until [`Leader::stop`].
     pub async fn run(self: Rc<Self>) {
         let every = Duration::from_millis(HEARTBEAT_INTERVAL_MS);
@@ -331,6 +378,7 @@ impl<T: Transport> Leader<T> {
                 let _ = self.mark_down(&why, &silent);
             }
             self.out_the_long_down();
+            self.settle_temps();
         }
     }
 
@@ -347,6 +395,12 @@ impl<T: Transport> Leader<T> {
                 }
             }
             m.pgmap.down.sort_unstable();
+            // A temporary member that goes down keeps no copy up; back,
+            // it would only be one more to recover.
+            for t in m.pgmap.temp.values_mut() {
+                t.retain(|o| !ids.contains(o));
+            }
+            m.pgmap.temp.retain(|_, t| !t.is_empty());
         })
     }
 
@@ -475,7 +529,13 @@ impl<T: Transport> Handler for Leader<T> {
                 Err(s) => (h.reply(s), None),
             },
             Op::GetMap => json_reply(&h, self.map.borrow().to_json()),
-            Op::Ping => (self.heartbeat(&h), None),
+            Op::Ping => {
+                let r = self.heartbeat(&h);
+                if r.status == Status::Ok {
+                    self.note_full(h.sender, h.offset != 0);
+                }
+                (r, None)
+            }
             Op::Dead => (h.reply(self.dead(h.sender, h.obj_version)), None),
             Op::MarkOut => refusal(&h, self.mark_out(h.sender, h.obj_version != 0)),
             Op::AddOsd => {
@@ -493,5 +553,79 @@ impl<T: Transport> Handler for Leader<T> {
             }
             _ => (h.reply(Status::Invalid), None),
         }
+    }
+}
+
+/// The temporary members of every PG of `m`, whose table just changed from
+/// `old`: the OSDs of its old acting set that the new table moves it away
+/// from and that are complete in its last active interval (up with the
+/// store they had then). They stay in the acting set, taking every write,
+/// until the new members are complete (`Leader::settle_temps`), so a PG
+/// that moves keeps its complete copies meanwhile.
+fn temp_members(m: &OsdMap, old: &PgMap) -> BTreeMap<u32, Vec<u32>> {
+    let mut temp = BTreeMap::new();
+    for pg in 0..m.pgmap.pg_count() {
+        let Some(iv) = m.last_active.get(&pg) else {
+            continue;
+        };
+        let keep: Vec<u32> = (old.acting(pg).into_iter())
+            .filter(|&o| !m.pgmap.placement(pg).contains(&o) && m.holds(iv, o))
+            .collect();
+        if !keep.is_empty() {
+            temp.insert(pg, keep);
+        }
+    }
+    temp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table change keeps, per PG, the members it moves away from that
+    /// are up and complete in the last active interval — not the ones
+    /// that were being recovered, nor those down or with another store.
+    #[test]
+    fn a_moved_pg_keeps_its_complete_copies_as_temporary_members() {
+        let store = |o: u32| format!("{o:032x}");
+        let mut m = OsdMap {
+            pgmap: PgMap {
+                pool: 1,
+                epoch: 9,
+                size: 2,
+                osds: vec![0, 1, 2, 3, 1, 2],
+                down: vec![],
+                out: vec![],
+                temp: BTreeMap::new(),
+            },
+            min_size: 1,
+            addrs: (0..5).map(|o| (o, format!("unix:/tmp/{o}"))).collect(),
+            up_from: (0..5).map(|o| (o, 2)).collect(),
+            stores: (0..5).map(|o| (o, store(o))).collect(),
+            last_active: Default::default(),
+            full: Default::default(),
+        };
+        let iv = |acting: &[u32], incomplete: &[u32]| Interval {
+            epoch: 8,
+            acting: acting.to_vec(),
+            stores: acting.iter().map(|&o| (o, store(o))).collect(),
+            incomplete: incomplete.to_vec(),
+        };
+        m.last_active.insert(0, iv(&[0, 1], &[]));
+        m.last_active.insert(1, iv(&[2, 3], &[3]));
+        m.last_active.insert(2, iv(&[1, 2], &[]));
+        let old = m.pgmap.clone();
+        // osd.1 and osd.3 out: PG 0 → [0, 4], PG 1 → [2, 4], PG 2 → [4, 2].
+        m.pgmap.osds = vec![0, 4, 2, 4, 4, 2];
+        let t = temp_members(&m, &old);
+        assert_eq!(t.get(&0), Some(&vec![1]), "complete: stays");
+        assert_eq!(t.get(&1), None, "osd.3 was incomplete");
+        assert_eq!(t.get(&2), Some(&vec![1]));
+        // Down, or back with another store: nothing kept.
+        m.up_from.remove(&1);
+        assert!(temp_members(&m, &old).is_empty());
+        m.up_from.insert(1, 10);
+        m.stores.insert(1, store(7));
+        assert!(temp_members(&m, &old).is_empty());
     }
 }

@@ -60,6 +60,7 @@ use nacre_types::{pg_of, ObjectId, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use map::{OsdMap, PgEvent};
+pub use peering::PG_QUERY_PAGE_OBJECTS;
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
 pub use stats::{OsdReport, OsdStats, PgReport, VolumeUsage, PG_REPORT_MAX};
 pub use stray::STRAY_CHECK_MS;
@@ -164,6 +165,11 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     recovery: RefCell<HashMap<u32, recovery::Recovery>>,
     recovery_rate: Cell<u64>,
     recovery_next: Cell<Duration>,
+    /// The fewest complete copies of the PGs this OSD recovers, when it
+    /// was computed and in which epoch (`recovery::outranked`).
+    recovery_floor: Cell<(Duration, u64, usize)>,
+    /// Objects per PG query answer (`peering::PG_QUERY_PAGE_OBJECTS`).
+    query_page: Cell<usize>,
     /// Used fractions of the store at which it is near full (a warning)
     /// and full (writes that need new space refused, recovery goes on).
     ratios: Cell<(f64, f64)>,
@@ -358,12 +364,14 @@ fn no_map() -> OsdMap {
             osds: Vec::new(),
             down: Vec::new(),
             out: Vec::new(),
+            temp: Default::default(),
         },
         min_size: 1,
         addrs: Default::default(),
         up_from: Default::default(),
         stores: Default::default(),
         last_active: Default::default(),
+        full: Default::default(),
     }
 }
 
@@ -413,6 +421,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             recovery: RefCell::new(HashMap::new()),
             recovery_rate: Cell::new(RECOVERY_BYTES_PER_S_DEFAULT),
             recovery_next: Cell::new(Duration::ZERO),
+            recovery_floor: Cell::new((Duration::ZERO, 0, usize::MAX)),
+            query_page: Cell::new(peering::PG_QUERY_PAGE_OBJECTS),
             ratios: Cell::new((1.0, 1.0)),
             removing: RefCell::new(HashSet::new()),
             stats,
@@ -477,31 +487,45 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .collect();
         pgs.sort_unstable_by_key(|(pg, _)| *pg);
         for (pg, s) in pgs {
-            let whole = m.acting(pg).len() == m.pgmap.size as usize;
+            let acting = m.acting(pg);
+            let size = usize::from(m.pgmap.size);
+            // Temporary members keep the PG's copies while it moves: it
+            // is degraded only with fewer complete copies than `size`.
+            let complete = acting.len().saturating_sub(self.incomplete_members(pg));
+            let leaving = || {
+                let t: Vec<String> = (acting.iter())
+                    .filter(|o| !m.pgmap.placement(pg).contains(o))
+                    .map(|o| format!("osd.{o}"))
+                    .collect();
+                format!(
+                    "{} stays in until its replacement is complete",
+                    t.join(", ")
+                )
+            };
             let (state, detail) = match s {
                 PgState::Active if self.recovery_progress(pg).is_some() => {
                     let (left, total) = self.recovery_progress(pg).expect("checked");
                     r.recovery_objects_left += left as u64;
-                    (
-                        "active+recovering",
-                        Some(format!(
-                            "{left} of {total} object copies left to recover{}",
-                            if whole {
-                                String::new()
-                            } else {
-                                format!("; {} of {} copies up", m.acting(pg).len(), m.pgmap.size)
-                            }
-                        )),
-                    )
+                    let what = format!("{left} of {total} object copies left to recover");
+                    if complete >= size {
+                        (
+                            "active+remapped+backfilling",
+                            Some(format!("{what}; {}", leaving())),
+                        )
+                    } else {
+                        let up = if acting.len() >= size {
+                            String::new()
+                        } else {
+                            format!("; {} of {size} copies up", acting.len())
+                        };
+                        ("active+recovering", Some(format!("{what}{up}")))
+                    }
                 }
-                PgState::Active if whole => ("active+clean", None),
+                PgState::Active if m.pgmap.whole(pg) => ("active+clean", None),
+                PgState::Active if acting.len() >= size => ("active+remapped", Some(leaving())),
                 PgState::Active => (
                     "active+degraded",
-                    Some(format!(
-                        "{} of {} copies up",
-                        m.acting(pg).len(),
-                        m.pgmap.size
-                    )),
+                    Some(format!("{} of {size} copies up", acting.len())),
                 ),
                 PgState::Peering => ("peering", None),
                 PgState::Failed => (
@@ -703,6 +727,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             h.sender = me.id;
             h.epoch = me.epoch();
             h.obj_version = up;
+            // Whether a write of a new object would fail here.
+            h.offset = u32::from(me.store.is_full());
             let sent = rt::monotonic();
             match me.leader_call(h, None).await {
                 Ok(f) if f.h.status == Status::Ok => {
@@ -1040,8 +1066,26 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 return (s, 0);
             }
         }
+        // A new object where a copy is full: refused before it has a
+        // version, so that it ends no interval (failed on that copy, it
+        // would, and every write to a full cluster would start an epoch).
+        if h.op == Op::Write && self.store.version(oid).is_none() {
+            let full = {
+                let m = self.map.borrow();
+                (m.acting(h.pg).into_iter()).find(|o| m.full.contains(o))
+            };
+            if let Some(o) = full.or_else(|| self.store.is_full().then_some(self.id)) {
+                tracing::debug!("osd.{}: {oid}: osd.{o} is full", self.id);
+                return (Status::NoSpace, 0);
+            }
+        }
         let _inflight = self.track(h.pg, epoch);
         let Some(version) = self.next_version(h.pg, epoch) else {
+            // The epoch moved while the op recovered its object: the
+            // client retries in the new one.
+            if self.epoch() != epoch {
+                return (Status::StaleEpoch, 0);
+            }
             tracing::warn!(
                 "osd.{}: PG {} has no version left in epoch {epoch} (this OSD's logs reach epoch {}, it is up from {})",
                 self.id,

@@ -26,6 +26,11 @@ pub struct OsdMap {
     /// Per PG, the last interval that went active: peering needs an answer
     /// from one of its members (docs/internals/replication.md §5.3).
     pub last_active: BTreeMap<u32, Interval>,
+    /// OSDs whose stores are full, as their heartbeats say: primaries
+    /// refuse writes of new objects to their PGs up front (`NoSpace`)
+    /// instead of failing them on that copy, which would end the interval.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub full: std::collections::BTreeSet<u32>,
 }
 
 impl OsdMap {
@@ -76,6 +81,11 @@ impl OsdMap {
         if m.epoch() > nacre_meta::map::EPOCH_MAX {
             return Err(format!("map: epoch {} is past the last one", m.epoch()));
         }
+        if let Some((pg, t)) = (pm.temp.iter()).find(|(pg, t)| {
+            **pg >= pm.pg_count() || t.is_empty() || t.iter().any(|o| m.addr(*o).is_none())
+        }) {
+            return Err(format!("map: PG {pg} has temporary members {t:?}"));
+        }
         if m.min_size == 0 || m.min_size > pm.size {
             return Err(format!("map: min_size {} of size {}", m.min_size, pm.size));
         }
@@ -118,12 +128,14 @@ mod tests {
                 osds: vec![0, 1, 1, 0],
                 down: vec![],
                 out: vec![],
+                temp: Default::default(),
             },
             min_size: 1,
             addrs: [(0, "unix:/tmp/a".into()), (1, "unix:/tmp/b".into())].into(),
             up_from: [(0, 3)].into(),
             stores: [(0, "00".repeat(16))].into(),
             last_active: Default::default(),
+            full: Default::default(),
         }
     }
 
@@ -146,6 +158,17 @@ mod tests {
         .contains("osd.1"));
         assert!(bad(|m| m.addrs.insert(1, "nowhere".into()).map_or((), |_| ())).contains("osd.1"));
         assert!(bad(|m| m.min_size = 3).contains("min_size"));
+        assert!(bad(|m| {
+            m.pgmap.temp.insert(2, vec![0]);
+        })
+        .contains("PG 2"));
+        assert!(bad(|m| {
+            m.pgmap.temp.insert(0, vec![7]);
+        })
+        .contains("temporary"));
+        let mut ok = map();
+        ok.pgmap.temp.insert(1, vec![0]);
+        assert_eq!(OsdMap::from_json(&ok.to_json()).unwrap(), ok);
         assert!(bad(|m| m.pgmap.epoch = u64::MAX).contains("epoch"));
         assert!(bad(|m| {
             m.stores.clear();

@@ -56,6 +56,10 @@ const PEER_RETRY: Duration = Duration::from_millis(300);
 /// Bytes of a PG info's fixed part: tail, entry count, object count.
 const INFO_HEAD_BYTES: usize = 16;
 const OBJECT_BYTES: usize = 24;
+/// Objects in one answer to a PG query (2.3 MiB of them, with a whole log
+/// well within a frame): a PG that holds more is listed in pages, each
+/// after the last object of the one before.
+pub const PG_QUERY_PAGE_OBJECTS: usize = 100_000;
 
 /// What a copy's log of a PG needs, once its objects are recovered, to be
 /// the authoritative log: the entries to forget (ops the authoritative
@@ -262,13 +266,33 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         None
     }
 
+    /// Sets how many objects one answer to a PG query lists (at least
+    /// one; `PG_QUERY_PAGE_OBJECTS` by default). Smaller pages only make
+    /// more round trips: the simulator uses them to page every listing.
+    pub fn set_query_page_objects(&self, n: usize) {
+        self.query_page.set(n.max(1));
+    }
+
     pub(crate) async fn answer_query(self: &Rc<Self>, h: &Header) -> (Header, Option<AlignedBuf>) {
         if let Some(s) = self.check_peer_op(h).await {
             let mut r = h.reply(s);
             r.epoch = self.epoch();
             return (r, None);
         }
-        let body = self.local_info(h.pg, h.epoch).await.encode();
+        // The first page, or the one after object `h.oid`.
+        let after = (h.offset != 0).then_some(h.oid);
+        let mut info = self.local_info(h.pg, h.epoch).await;
+        if let Some(a) = after {
+            info.objects = info.objects.split_off(&a);
+            info.objects.remove(&a);
+        }
+        let page = self.query_page.get().max(1);
+        let more = info.objects.len() > page;
+        if more {
+            let cut = *info.objects.keys().nth(page).expect("more than a page");
+            info.objects.split_off(&cut);
+        }
+        let body = info.encode();
         if body.len() > PAYLOAD_MAX_BYTES as usize {
             tracing::error!(
                 "osd.{}: PG {}'s info is {} bytes, more than a frame holds",
@@ -278,10 +302,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             );
             return (h.reply(Status::Unavailable), None);
         }
-        (
-            h.reply(Status::Ok).with_payload(&body),
-            Some(AlignedBuf::from_slice(&body)),
-        )
+        let mut r = h.reply(Status::Ok).with_payload(&body);
+        r.obj_version = u64::from(more);
+        (r, Some(AlignedBuf::from_slice(&body)))
     }
 
     pub(crate) async fn answer_pull(self: &Rc<Self>, h: &Header) -> (Header, Option<AlignedBuf>) {
@@ -484,12 +507,38 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         h.pg = pg;
         h.epoch = epoch;
         h.sender = self.id;
-        let f = self.call_osd(id, h, None).await?;
-        if f.h.status != Status::Ok {
-            return Err(format!("osd.{id}: {:?}", f.h.status));
+        let mut info: Option<PgInfo> = None;
+        loop {
+            let f = self.call_osd(id, h, None).await?;
+            if f.h.status != Status::Ok {
+                return Err(format!("osd.{id}: {:?}", f.h.status));
+            }
+            let page = PgInfo::decode(f.payload.as_deref().unwrap_or(&[]), key, pg, count)
+                .map_err(|e| format!("osd.{id}: {e}"))?;
+            let i = match &mut info {
+                None => info.insert(page),
+                Some(i) => {
+                    // Nothing lands in a PG while its primary peers it
+                    // (the copy drained older ops before the first page),
+                    // so the pages are one listing; check it.
+                    if page.log != i.log
+                        || (page.objects.keys().next())
+                            .is_some_and(|o| Some(o) <= i.objects.keys().next_back())
+                    {
+                        return Err(format!("osd.{id}: PG {pg} changed between pages"));
+                    }
+                    i.objects.extend(page.objects);
+                    i
+                }
+            };
+            if f.h.obj_version == 0 {
+                break;
+            }
+            h.oid = *(i.objects.keys().next_back())
+                .ok_or_else(|| format!("osd.{id}: an empty page before the last"))?;
+            h.offset = 1;
         }
-        PgInfo::decode(f.payload.as_deref().unwrap_or(&[]), key, pg, count)
-            .map_err(|e| format!("osd.{id}: {e}"))
+        Ok(info.expect("one page at least"))
     }
 
     async fn try_peer(self: &Rc<Self>, pg: u32, epoch: u64) -> Result<(), PeerError> {
@@ -654,7 +703,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Err(Retry("the epoch moved".into()));
         }
         let incomplete: Vec<u32> = left.keys().copied().collect();
-        let clean = acting.len() == size && incomplete.is_empty();
+        let clean = self.map.borrow().pgmap.whole(pg) && incomplete.is_empty();
         self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
             .await
             .map_err(Retry)?;
@@ -683,6 +732,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     wants,
                     left,
                     total,
+                    stalled: false,
                 },
             );
         }

@@ -46,6 +46,10 @@ pub const RECOVERY_BYTES_PER_S_DEFAULT: u64 = 100 << 20;
 /// each failure in a row up to the max.
 const RECOVERY_RETRY: Duration = Duration::from_secs(1);
 const RECOVERY_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a PG's recovery waits before looking again while PGs with
+/// fewer complete copies recover (and how long the OSD's view of the
+/// fewest is kept).
+const RECOVERY_YIELD: Duration = Duration::from_millis(100);
 
 /// What one object of a PG needs on the copies that lack it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +74,10 @@ pub(crate) struct Recovery {
     pub left: BTreeMap<u32, (usize, LogSync)>,
     /// Object copies to recover when the plan was made.
     pub total: usize,
+    /// Its last step failed and it waits to try again: it does not hold
+    /// back PGs with more complete copies meanwhile (a degraded PG whose
+    /// target is full must not stop every other PG's recovery).
+    pub stalled: bool,
 }
 
 impl Recovery {
@@ -168,6 +176,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub fn pg_recovering(&self, pg: u32) -> bool {
         let e = self.epoch();
         (self.recovery.borrow().get(&pg)).is_some_and(|r| r.epoch == e && !r.left.is_empty())
+    }
+
+    /// How many members of PG `pg` are still being recovered.
+    pub(crate) fn incomplete_members(&self, pg: u32) -> usize {
+        let e = self.epoch();
+        (self.recovery.borrow().get(&pg))
+            .filter(|r| r.epoch == e)
+            .map_or(0, |r| r.left.len())
     }
 
     /// Object copies left to recover in PG `pg`, and at the start.
@@ -339,14 +355,44 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 None => return,
             }
         };
-        let clean = incomplete.is_empty()
-            && self.map.borrow().acting(pg).len() == self.map.borrow().pgmap.size as usize;
+        let clean = incomplete.is_empty() && self.map.borrow().pgmap.whole(pg);
         if let Err(why) = self
             .report(pg, epoch, &PgEvent::Active { clean, incomplete })
             .await
         {
             tracing::warn!("osd.{}: PG {pg}: reporting recovery: {why}", self.id);
         }
+    }
+
+    /// Complete copies of PG `pg` in `r`'s plan: its acting members but
+    /// those still being recovered.
+    fn complete_copies(&self, pg: u32, r: &Recovery) -> usize {
+        (self.map.borrow().acting(pg).len()).saturating_sub(r.left.len())
+    }
+
+    /// Whether PG `pg`'s background recovery must wait: another PG of
+    /// this OSD with fewer complete copies has copies left to recover.
+    /// Degraded PGs go first — a PG that lost a copy before one moving
+    /// with all of its copies (§8.3), one with a single complete copy
+    /// before one with two. (The fewest is recomputed at most every
+    /// `RECOVERY_YIELD`: every PG step would otherwise walk every PG.)
+    fn outranked(&self, pg: u32) -> bool {
+        let e = self.epoch();
+        let now = rt::monotonic();
+        let (at, epoch, _) = self.recovery_floor.get();
+        if epoch != e || at + RECOVERY_YIELD <= now || at > now {
+            let rec = self.recovery.borrow();
+            let fewest = (rec.iter())
+                .filter(|(_, r)| r.epoch == e && !r.left.is_empty() && !r.stalled)
+                .map(|(&p, r)| self.complete_copies(p, r))
+                .min()
+                .unwrap_or(usize::MAX);
+            self.recovery_floor.set((now, e, fewest));
+        }
+        let fewest = self.recovery_floor.get().2;
+        let rec = self.recovery.borrow();
+        (rec.get(&pg).filter(|r| r.epoch == e))
+            .is_some_and(|r| self.complete_copies(pg, r) > fewest)
     }
 
     /// Waits for this OSD's recovery budget to cover `bytes`.
@@ -385,15 +431,31 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 // failed, if any.
                 None if self.pg_recovering(pg) => self.sync_recovered(pg, epoch).await,
                 None => return,
+                Some(_) if self.outranked(pg) => {
+                    rt::sleep(RECOVERY_YIELD).await;
+                    continue;
+                }
                 Some((oid, copies)) => {
                     self.pace(bb * copies as u64).await;
                     if self.epoch() != epoch || self.pg_state(pg) != Some(PgState::Active) {
                         return;
                     }
+                    // A PG with fewer complete copies may have started
+                    // recovering while this one waited for its turn.
+                    if self.outranked(pg) {
+                        continue;
+                    }
                     self.lock(oid).await;
                     let r = self.recover_one(pg, epoch, oid).await;
                     self.unlock(oid);
                     r
+                }
+            };
+            let stalled = |s: bool| {
+                if let Some(r) =
+                    (self.recovery.borrow_mut().get_mut(&pg)).filter(|r| r.epoch == epoch)
+                {
+                    r.stalled = s;
                 }
             };
             match r {
@@ -403,7 +465,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                         "osd.{}: PG {pg}: recovery: {e}; trying again in {backoff:?}",
                         self.id
                     );
+                    stalled(true);
                     rt::sleep(backoff).await;
+                    stalled(false);
                     backoff = (backoff * 2).min(RECOVERY_RETRY_MAX);
                 }
             }

@@ -116,6 +116,10 @@ pub struct PgReport {
     pub pg: u32,
     /// `active+clean`, `active+degraded` (fewer than `size` copies up),
     /// `active+recovering` (some copies lack objects; served meanwhile),
+    /// `active+remapped+backfilling` (moving to the OSDs placement gives
+    /// it: new copies filling while its temporary members keep `size`
+    /// complete ones), `active+remapped` (filled, the temporary members
+    /// not gone yet),
     /// `peering` (gathering and recovering the copies, or waiting for the
     /// next epoch after a failed write), or `inactive` (cannot peer).
     pub state: String,

@@ -55,7 +55,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let m = self.map.borrow();
         let pgs = m.pgmap.pg_count();
         let pool = m.pgmap.pool;
-        let stray = |pg: u32| !m.pgmap.placement(pg).contains(&self.id);
+        let stray = |pg: u32| !m.pgmap.assigned(pg, self.id);
         let mut out: std::collections::BTreeMap<u32, Vec<ObjectId>> = Default::default();
         for key in self.store.pg_logs() {
             let pg = (key & 0xffff_ffff) as u32;
@@ -100,9 +100,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// Whether placement gives PG `pg` to this OSD (again).
+    /// Whether placement or a temporary membership gives PG `pg` to this
+    /// OSD (again).
     fn member(&self, pg: u32) -> bool {
-        self.map.borrow().pgmap.placement(pg).contains(&self.id)
+        self.map.borrow().pgmap.assigned(pg, self.id)
     }
 
     async fn remove_stray(self: &Rc<Self>, pg: u32, objects: Vec<ObjectId>) {
@@ -161,7 +162,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// is no longer needed.
     pub(crate) fn answer_pg_clean(&self, h: &Header) -> Status {
         let m = self.map.borrow();
-        if h.pg >= m.pgmap.pg_count() || m.pgmap.placement(h.pg).contains(&h.sender) {
+        if h.pg >= m.pgmap.pg_count() || m.pgmap.assigned(h.pg, h.sender) {
             return Status::Invalid;
         }
         if h.epoch != m.epoch() {
@@ -172,7 +173,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let clean = matches!(self.pgs.borrow().get(&h.pg), Some(PgState::Active))
             && self.recovery_progress(h.pg).is_none()
-            && m.acting(h.pg).len() == usize::from(m.pgmap.size);
+            && m.pgmap.whole(h.pg);
         if clean {
             Status::Ok
         } else {

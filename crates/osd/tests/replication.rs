@@ -79,6 +79,7 @@ fn start_leader(d: &std::path::Path, s: &Setup) -> Rc<Leader<Sockets>> {
         up_from: Default::default(),
         stores: Default::default(),
         last_active: Default::default(),
+        full: Default::default(),
     };
     let leader = Leader::new(map, Sockets, Box::new(|_| Ok(()))).unwrap();
     let l = Listener::bind(&leader_addr(d)).unwrap();

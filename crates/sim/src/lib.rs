@@ -74,6 +74,8 @@ struct NetState {
     /// that client ops meet objects still being recovered (drawn apart
     /// from the fault generator, whose sequence replays older seeds).
     recovery_rate: u64,
+    /// Objects per PG query answer (`Cluster::set_query_page`).
+    query_page: Cell<usize>,
 }
 
 /// The in-process network: a [`Transport`] whose links are function calls
@@ -102,6 +104,7 @@ impl Net {
                     1 => u64::from(OBJECT_BYTES) * 32,
                     _ => nacre_osd::RECOVERY_BYTES_PER_S_DEFAULT,
                 },
+                query_page: Cell::new(nacre_osd::PG_QUERY_PAGE_OBJECTS),
             }),
             None,
         )
@@ -371,6 +374,18 @@ fn consecutive(osds: &[u32], pgs: u32, size: u8) -> Vec<u32> {
 }
 
 impl Cluster {
+    /// Sets how many objects an OSD lists per answer to a PG query, on
+    /// every OSD now and later: small pages make peering read listings in
+    /// pages.
+    pub fn set_query_page(&self, n: usize) {
+        self.net.0.query_page.set(n);
+        for n_ in self.nodes.borrow().iter() {
+            if let Some(o) = &n_.osd {
+                o.set_query_page_objects(n);
+            }
+        }
+    }
+
     /// Marks OSD `id` out (its PGs move to the others) or in again,
     /// through the leader; why not, if it cannot.
     pub fn mark_out(&self, id: u32, out: bool) -> Result<(), String> {
@@ -393,12 +408,14 @@ impl Cluster {
                 osds: table,
                 down: Vec::new(),
                 out: Vec::new(),
+                temp: Default::default(),
             },
             min_size,
             addrs: (addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
             up_from: Default::default(),
             stores: Default::default(),
             last_active: Default::default(),
+            full: Default::default(),
         };
         // The leader is a node too: a partition can cut it off.
         let lnet = net.for_node(&leader_addr());
@@ -448,6 +465,7 @@ impl Cluster {
         let net = self.net.for_node(&addr);
         let osd = Osd::with_store(id, store, &report, leader_addr(), net.clone());
         osd.set_recovery_rate(self.net.0.recovery_rate);
+        osd.set_query_page_objects(self.net.0.query_page.get());
         net.attach_node(osd.clone());
         self.nodes.borrow_mut()[id as usize].osd = Some(osd.clone());
         if let Err(e) = osd.boot().await {
@@ -478,6 +496,11 @@ impl Cluster {
                     .and_then(|o| o.pg_state(pg));
                 if state != Some(PgState::Active) {
                     waiting.push(format!("PG {pg}: {state:?}"));
+                } else if m.pgmap.temp.contains_key(&pg) {
+                    waiting.push(format!(
+                        "PG {pg}: temporary members {:?}",
+                        m.pgmap.temp[&pg]
+                    ));
                 } else if (m.primary(pg).and_then(|p| self.osd(p)))
                     .is_some_and(|o| o.pg_recovering(pg))
                 {

@@ -408,3 +408,80 @@ fn a_volume_purged_while_its_objects_recover_leaves_the_pgs_clean() {
         c.stop();
     });
 }
+
+/// Degraded PGs recover first. osd.2 misses a round of writes while down,
+/// and osd.3 is marked out meanwhile: when osd.2 is back, the PGs osd.3
+/// was in keep three complete copies (osd.3 stays in as a temporary
+/// member) while osd.2 and the new members are filled, and the others
+/// have two. While a primary recovers a PG with two, its PGs with three
+/// make no progress (but for a step each already on its way).
+#[test]
+fn degraded_pgs_recover_before_moving_ones() {
+    rt::block_on_virtual(async {
+        let c = Cluster::new(Net::new(11, Duration::from_millis(500)), 4, 3, 2, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        let oids: Vec<ObjectId> = (0..64).map(|b| ObjectId::new(1, b)).collect();
+        for (k, &oid) in oids.iter().enumerate() {
+            put(&c, oid, k as u64 + 1, 1).await;
+        }
+        let back = 2;
+        c.crash(back, 1);
+        c.settle(SETTLE).await.unwrap();
+        for (k, &oid) in oids.iter().enumerate() {
+            put(&c, oid, 100 + k as u64, 2).await;
+        }
+        let slow = 4 * u64::from(OBJECT_BYTES); // four objects a second
+        for id in [0, 1, 3] {
+            c.osd(id).unwrap().set_recovery_rate(slow);
+        }
+        c.mark_out(3, true).unwrap();
+        c.start(back).await;
+        c.osd(back).unwrap().set_recovery_rate(slow);
+        // Per primary and PG moving with every copy: object copies left.
+        let mut moving: std::collections::HashMap<(u32, u32), usize> = Default::default();
+        let (mut both, mut slipped) = (0, 0);
+        for _ in 0..1200 {
+            rt::sleep(Duration::from_millis(50)).await;
+            let mut busy = false;
+            for id in 0..3 {
+                let r = c.osd(id).unwrap().stat_report();
+                let left = |p: &nacre_osd::PgReport| -> usize {
+                    let d = p.detail.as_deref().unwrap_or("");
+                    d.split(' ')
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0)
+                };
+                let degraded = (r.pgs_not_clean.iter()).any(|p| p.state == "active+recovering");
+                let mut now: Vec<((u32, u32), usize)> = Vec::new();
+                for p in &r.pgs_not_clean {
+                    busy = true;
+                    if p.state == "active+remapped+backfilling" {
+                        now.push(((id, p.pg), left(p)));
+                    }
+                }
+                if degraded && !now.is_empty() {
+                    both += 1;
+                    slipped += (now.iter())
+                        .filter(|(k, n)| moving.get(k).is_some_and(|was| n < was))
+                        .count();
+                }
+                moving.retain(|k, _| k.0 != id);
+                moving.extend(now);
+            }
+            if !busy {
+                break;
+            }
+        }
+        assert!(both > 0, "never a degraded and a moving PG at once");
+        assert!(
+            slipped <= 4,
+            "PGs with every copy recovered {slipped} times while degraded ones waited"
+        );
+        c.settle(SETTLE).await.unwrap();
+        for &oid in &oids {
+            assert_eq!(read(&c, oid).await.map(|d| d[0]), Some(2), "{oid}");
+        }
+        c.stop();
+    });
+}
