@@ -387,13 +387,22 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.st.borrow_mut().reserve_blocks = keep as u32;
     }
 
-    /// Whether a write that needs a new block would fail `NoSpace`: none
-    /// is free beyond the reserve ([`Store::set_full_ratio`]) and none is
-    /// on its way back (freed, waiting for a checkpoint).
-    pub fn is_full(&self) -> bool {
+    /// Blocks a write that needs a new one may still take: those free
+    /// beyond the reserve ([`Store::set_full_ratio`]) and those on their
+    /// way back (freed, waiting for a checkpoint). At 0 the store is full:
+    /// such a write fails `NoSpace`.
+    pub fn spare_blocks(&self) -> u64 {
         let st = self.0.st.borrow();
         let coming = st.alloc.deferred_count() as u64 + st.releasing as u64;
-        u64::from(st.alloc.free_count()) + coming <= u64::from(st.reserve_blocks)
+        (u64::from(st.alloc.free_count()) + coming).saturating_sub(u64::from(st.reserve_blocks))
+    }
+
+    /// Whether a write of `len` bytes at `offset` of `oid` takes a new
+    /// block: a whole-block write (written aside, the old block freed
+    /// after), or any write of an object that has none.
+    pub fn needs_block(&self, oid: ObjectId, offset: u32, len: u32) -> bool {
+        (offset == 0 && len == self.0.g.block_bytes)
+            || self.0.st.borrow().index.block_of(&oid).is_none()
     }
 
     /// Like [`Store::write`], but returns once the write is in the journal,

@@ -1185,10 +1185,11 @@ fn a_full_cluster_says_enospc_and_recovers() {
             full["message"].as_str().unwrap().contains("full at 95%"),
             "{full}"
         );
-        // Once the full OSD's heartbeat said so, writes of new objects are
-        // refused before they reach any copy: they end no interval, so
-        // the map stays at its epoch however many there are (one failed
-        // on a copy would start an epoch each).
+        // Once the full OSD's heartbeat said so, writes that take new
+        // blocks (new objects, whole-object overwrites) are refused before
+        // they reach any copy: they end no interval, so the map stays at
+        // its epoch however many there are (one failed on a copy would
+        // start an epoch each).
         let epoch = |st: &serde_json::Value| {
             (st["osd"].as_array().unwrap().iter())
                 .filter_map(|o| o["stats"]["epoch"].as_u64())
@@ -1201,11 +1202,19 @@ fn a_full_cluster_says_enospc_and_recovers() {
             let at = (5 << 30) + k * (64 << 20);
             let e = c.write(at, AlignedBuf::zeroed(1 << 20), false).await;
             assert_eq!(e.unwrap_err().raw_os_error(), Some(28), "write {k}");
+            // Overwrites of whole objects written before (with what they
+            // hold): refused too, or taken (blocks freed by earlier
+            // overwrites came back).
+            let mut b = AlignedBuf::new(1 << 20);
+            b.fill(k as u8);
+            if let Err(e) = c.write(k << 20, b, false).await {
+                assert_eq!(e.raw_os_error(), Some(28), "overwrite {k}");
+            }
         }
         let after = epoch(&upr.status());
         assert!(
             after <= before + 1,
-            "24 refused writes took the map from epoch {before} to {after}"
+            "48 writes to a full cluster took the map from epoch {before} to {after}"
         );
         // what was acknowledged reads back
         let b = c.read(0, 1 << 20).await.unwrap();

@@ -533,9 +533,11 @@ pub fn place_new_osds(store: &dyn MetaStore, pool: &PoolRecord) -> Result<usize>
     }
     let table = place(&m.osds, pool, &pm.out, Some(pm))?;
     let moved = table.iter().zip(&pm.osds).filter(|(a, b)| a != b).count();
+    // No OSD is up yet: there is no copy to keep as a temporary member.
     let next = PgMap {
         epoch: pm.epoch + 1,
         osds: table,
+        temp: BTreeMap::new(),
         ..pm.clone()
     };
     store.put(&pgmap_key(pool.id), json(&next), 0)?;

@@ -37,6 +37,10 @@ use nacre_wire::{Header, Op, Status};
 
 use crate::map::{OsdMap, PgEvent};
 
+/// How often the leader drops the temporary members of PGs whose new
+/// members are complete, all in one epoch.
+pub const TEMP_SETTLE_MS: u64 = 2_000;
+
 /// Stores a map durably; an error refuses the change.
 pub type Persist = Box<dyn Fn(&OsdMap) -> Result<(), String>>;
 /// Computes the PG table (OSD ids, `size` per PG) for the OSDs that are not
@@ -61,6 +65,8 @@ pub struct Leader<T: Transport> {
     out_delay: Cell<Option<Duration>>,
     down_since: RefCell<HashMap<u32, Duration>>,
     auto_out: RefCell<std::collections::HashSet<u32>>,
+    /// When temporary members were last looked at (`settle_temps`).
+    settled: Cell<Duration>,
 }
 
 /// `Ok`, or `Invalid` with the reason as UTF-8 text.
@@ -108,6 +114,7 @@ impl<T: Transport> Leader<T> {
             out_delay: Cell::new(None),
             down_since: RefCell::new(HashMap::new()),
             auto_out: RefCell::new(Default::default()),
+            settled: Cell::new(Duration::ZERO),
         }))
     }
 
@@ -378,7 +385,13 @@ impl<T: Transport> Leader<T> {
                 let _ = self.mark_down(&why, &silent);
             }
             self.out_the_long_down();
-            self.settle_temps();
+            // Every epoch makes every PG peer again: drop temporary
+            // members in batches, not one epoch per PG that finished.
+            let now = rt::monotonic();
+            if now >= self.settled.get() + Duration::from_millis(TEMP_SETTLE_MS) {
+                self.settled.set(now);
+                self.settle_temps();
+            }
         }
     }
 
@@ -395,12 +408,6 @@ impl<T: Transport> Leader<T> {
                 }
             }
             m.pgmap.down.sort_unstable();
-            // A temporary member that goes down keeps no copy up; back,
-            // it would only be one more to recover.
-            for t in m.pgmap.temp.values_mut() {
-                t.retain(|o| !ids.contains(o));
-            }
-            m.pgmap.temp.retain(|_, t| !t.is_empty());
         })
     }
 
@@ -568,8 +575,12 @@ fn temp_members(m: &OsdMap, old: &PgMap) -> BTreeMap<u32, Vec<u32>> {
         let Some(iv) = m.last_active.get(&pg) else {
             continue;
         };
+        // Not a full one: marking a full OSD out is how its PGs take
+        // writes of new objects again at once.
         let keep: Vec<u32> = (old.acting(pg).into_iter())
-            .filter(|&o| !m.pgmap.placement(pg).contains(&o) && m.holds(iv, o))
+            .filter(|&o| {
+                !m.pgmap.placement(pg).contains(&o) && m.holds(iv, o) && !m.full.contains(&o)
+            })
             .collect();
         if !keep.is_empty() {
             temp.insert(pg, keep);
@@ -621,7 +632,10 @@ mod tests {
         assert_eq!(t.get(&0), Some(&vec![1]), "complete: stays");
         assert_eq!(t.get(&1), None, "osd.3 was incomplete");
         assert_eq!(t.get(&2), Some(&vec![1]));
-        // Down, or back with another store: nothing kept.
+        // Full, down, or back with another store: nothing kept.
+        m.full.insert(1);
+        assert!(temp_members(&m, &old).is_empty());
+        m.full.clear();
         m.up_from.remove(&1);
         assert!(temp_members(&m, &old).is_empty());
         m.up_from.insert(1, 10);

@@ -176,6 +176,11 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// PGs whose stray copy is being deleted here (`stray.rs`): writes
     /// into them are refused meanwhile.
     removing: RefCell<HashSet<u32>>,
+    /// The epoch in which a look for stray copies last found none, and
+    /// when (`stray::stray_loop` looks again only when that is old).
+    strays_none: Cell<(u64, Duration)>,
+    /// Whether the last heartbeat said the store is full.
+    said_full: Cell<bool>,
     pub stats: OsdStats,
 }
 
@@ -425,6 +430,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             query_page: Cell::new(peering::PG_QUERY_PAGE_OBJECTS),
             ratios: Cell::new((1.0, 1.0)),
             removing: RefCell::new(HashSet::new()),
+            strays_none: Cell::new((0, Duration::ZERO)),
+            said_full: Cell::new(false),
             stats,
         })
     }
@@ -492,6 +499,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             // Temporary members keep the PG's copies while it moves: it
             // is degraded only with fewer complete copies than `size`.
             let complete = acting.len().saturating_sub(self.incomplete_members(pg));
+            let placed_up = (m.pgmap.placement(pg).iter())
+                .filter(|o| acting.contains(o))
+                .count();
             let leaving = || {
                 let t: Vec<String> = (acting.iter())
                     .filter(|o| !m.pgmap.placement(pg).contains(o))
@@ -522,10 +532,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     }
                 }
                 PgState::Active if m.pgmap.whole(pg) => ("active+clean", None),
-                PgState::Active if acting.len() >= size => ("active+remapped", Some(leaving())),
+                PgState::Active if placed_up == size => ("active+remapped", Some(leaving())),
                 PgState::Active => (
                     "active+degraded",
-                    Some(format!("{} of {size} copies up", acting.len())),
+                    Some(format!("{placed_up} of {size} copies up")),
                 ),
                 PgState::Peering => ("peering", None),
                 PgState::Failed => (
@@ -727,8 +737,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             h.sender = me.id;
             h.epoch = me.epoch();
             h.obj_version = up;
-            // Whether a write of a new object would fail here.
-            h.offset = u32::from(me.store.is_full());
+            // Whether a write that takes a new block would fail here; once
+            // said, until some room is back (not one freed block: that
+            // would flip the map's epoch at every trim and write).
+            let spare = me.store.spare_blocks();
+            let room = (u64::from(me.store.geometry().nblocks) / 100).max(16);
+            let full = if me.said_full.get() {
+                spare < room
+            } else {
+                spare == 0
+            };
+            me.said_full.set(full);
+            h.offset = u32::from(full);
             let sent = rt::monotonic();
             match me.leader_call(h, None).await {
                 Ok(f) if f.h.status == Status::Ok => {
@@ -1066,15 +1086,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 return (s, 0);
             }
         }
-        // A new object where a copy is full: refused before it has a
-        // version, so that it ends no interval (failed on that copy, it
-        // would, and every write to a full cluster would start an epoch).
-        if h.op == Op::Write && self.store.version(oid).is_none() {
+        // A write that takes a new block (a new object, or a whole-block
+        // write) where a copy is full: refused before it has a version, so
+        // that it ends no interval (failed on that copy, it would, and
+        // every such write to a full cluster would start an epoch).
+        if h.op == Op::Write && self.store.needs_block(oid, h.offset, h.length) {
             let full = {
                 let m = self.map.borrow();
                 (m.acting(h.pg).into_iter()).find(|o| m.full.contains(o))
             };
-            if let Some(o) = full.or_else(|| self.store.is_full().then_some(self.id)) {
+            if let Some(o) = full.or_else(|| (self.store.spare_blocks() == 0).then_some(self.id)) {
                 tracing::debug!("osd.{}: {oid}: osd.{o} is full", self.id);
                 return (Status::NoSpace, 0);
             }

@@ -347,21 +347,45 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// Tells the leader which members of PG `pg`'s interval are still
     /// incomplete (fewer than before). Unheard, they stay incomplete in
     /// its record: that only narrows the next peering's choice.
-    async fn report_recovered(&self, pg: u32, epoch: u64) {
+    /// A report the leader did not hear is sent again (the state of then,
+    /// at each try) until it is heard or the epoch ends: the leader drops
+    /// a moving PG's temporary members only once it knows the new ones
+    /// complete, and nothing else would tell it.
+    async fn report_recovered(self: &Rc<Self>, pg: u32, epoch: u64) {
+        let Err(why) = self.try_report_recovered(pg, epoch).await else {
+            return;
+        };
+        tracing::warn!(
+            "osd.{}: PG {pg}: reporting recovery: {why}; trying again",
+            self.id
+        );
+        let me = self.clone();
+        rt::spawn(async move {
+            let mut wait = RECOVERY_RETRY;
+            loop {
+                rt::sleep(wait).await;
+                if me.epoch() != epoch || me.halted.get() {
+                    return;
+                }
+                if me.try_report_recovered(pg, epoch).await.is_ok() {
+                    return;
+                }
+                wait = (wait * 2).min(RECOVERY_RETRY_MAX);
+            }
+        });
+    }
+
+    async fn try_report_recovered(&self, pg: u32, epoch: u64) -> Result<(), String> {
         let incomplete: Vec<u32> = {
             let r = self.recovery.borrow();
             match r.get(&pg).filter(|r| r.epoch == epoch) {
                 Some(r) => r.left.keys().copied().collect(),
-                None => return,
+                None => return Ok(()),
             }
         };
         let clean = incomplete.is_empty() && self.map.borrow().pgmap.whole(pg);
-        if let Err(why) = self
-            .report(pg, epoch, &PgEvent::Active { clean, incomplete })
+        self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
             .await
-        {
-            tracing::warn!("osd.{}: PG {pg}: reporting recovery: {why}", self.id);
-        }
     }
 
     /// Complete copies of PG `pg` in `r`'s plan: its acting members but

@@ -31,8 +31,13 @@ use nacre_wire::{Header, Op, Status};
 
 use crate::{pg_key, Osd, PgState};
 
-/// How often an OSD looks for stray copies to delete.
+/// How often an OSD looks for stray copies to delete, while the map keeps
+/// changing or strays are left.
 pub const STRAY_CHECK_MS: u64 = 5_000;
+/// How often it looks all the same once a look in the current epoch found
+/// none (a write admitted before the epoch changed may land after that
+/// look): every look lists the whole store.
+const STRAY_RESCAN_MS: u64 = 60_000;
 /// Objects deleted at once while removing a stray copy.
 const STRAY_PARALLEL_MAX: usize = 32;
 
@@ -45,6 +50,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let Some(me) = me.upgrade().filter(|o| !o.halted.get()) else {
                 return;
             };
+            let (epoch, at) = me.strays_none.get();
+            let again = Duration::from_millis(STRAY_RESCAN_MS);
+            if epoch == me.epoch() && rt::monotonic() < at + again {
+                continue;
+            }
             me.remove_strays().await;
         }
     }
@@ -78,7 +88,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if up == 0 || up == u64::MAX {
             return;
         }
-        for (pg, objects) in self.strays() {
+        let (epoch, strays) = (self.epoch(), self.strays());
+        if strays.is_empty() {
+            self.strays_none.set((epoch, rt::monotonic()));
+        }
+        for (pg, objects) in strays {
             let epoch = self.epoch();
             let Some(primary) = self.map.borrow().primary(pg) else {
                 continue;
