@@ -1161,6 +1161,34 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
+    /// The bytes read `h` asks for, from another member of the acting set
+    /// holding the object at the version this copy has (one version
+    /// names one content), for a read this copy's checksums refused.
+    /// This copy stays damaged (`OSD_DAMAGED` names it); `None` if no
+    /// other copy has it whole.
+    async fn read_elsewhere(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
+        let version = self.store.version(h.oid)?;
+        let others: Vec<u32> = (self.map.borrow().acting(h.pg).into_iter())
+            .filter(|&o| o != self.id)
+            .collect();
+        let range = h.offset as usize..(h.offset + h.length) as usize;
+        for o in others {
+            match self.fetch(o, h.pg, h.epoch, h.oid, version).await {
+                Ok(d) if d.len() >= range.end => {
+                    tracing::warn!(
+                        "osd.{}: {} v{version:#x} read from osd.{o} instead",
+                        self.id,
+                        h.oid
+                    );
+                    return Some(AlignedBuf::from_slice(&d[range]));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("osd.{}: {}: {e}", self.id, h.oid),
+            }
+        }
+        None
+    }
+
     /// The objects this OSD holds per volume, and those of them in PGs it
     /// is the primary of (one count per object across the cluster).
     pub fn volume_usage(&self) -> VolumeUsage {
@@ -1288,6 +1316,10 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                                 h.oid
                             );
                             self.stats.damaged(format!("object {}: {why}", h.oid));
+                            if let Some(buf) = self.read_elsewhere(&h).await {
+                                self.stats.read_done(t, buf.len());
+                                return (h.reply(Status::Ok).with_payload(&buf), Some(buf));
+                            }
                         }
                         (h.reply(status_of(&e)), None)
                     }

@@ -485,3 +485,38 @@ fn degraded_pgs_recover_before_moving_ones() {
         c.stop();
     });
 }
+
+/// A read that the primary's own checksums refuse is answered from
+/// another copy at the same version: the client gets its bytes, not an
+/// I/O error, and the primary counts the damage.
+#[test]
+fn a_damaged_primary_copy_is_read_from_another() {
+    rt::block_on_virtual(async {
+        let c = cluster(12).await;
+        let oid = ObjectId::new(1, 5);
+        let data: Vec<u8> = (0..OBJECT_BYTES).map(|i| (i % 251) as u8).collect();
+        let mut h = Header::request(Op::Write, 1, oid).with_payload(&data);
+        h.length = OBJECT_BYTES;
+        h.client = CLIENT;
+        let f = c
+            .call(h, Some(AlignedBuf::from_slice(&data)))
+            .await
+            .unwrap();
+        assert_eq!(f.h.status, Status::Ok);
+        let (_, acting) = c.route(oid);
+        let primary = c.osd(acting[0]).unwrap();
+        let block = primary
+            .store()
+            .block_of(oid)
+            .expect("a whole object has a block");
+        let at = primary.store().geometry().block_offset(block) + 8192 + 17;
+        c.nodes.borrow()[acting[0] as usize].dev.flip(at, 0x10);
+        assert!(
+            primary.store().read(oid, 0, OBJECT_BYTES).await.is_err(),
+            "the flipped bit went unnoticed"
+        );
+        assert_eq!(read(&c, oid).await.as_deref(), Some(&data[..]));
+        assert!(primary.stat_report().damaged_reads > 0);
+        c.stop();
+    });
+}
