@@ -61,6 +61,9 @@ struct Shared {
 struct Open {
     vol: Rc<Volume>,
     stream: Rc<Stream>,
+    /// Cut by this gateway (its volume deleted): its requests in flight
+    /// end before the session does.
+    cut: Cell<bool>,
 }
 
 /// The sessions of one gateway.
@@ -134,6 +137,7 @@ impl Sessions {
             Open {
                 vol: vol.clone(),
                 stream: stream.clone(),
+                cut: Cell::new(false),
             },
         );
         let rec = vol.record();
@@ -169,6 +173,12 @@ impl Sessions {
             return Err(e);
         }
         Ok(id)
+    }
+
+    /// Whether this gateway cut connection `id` (rather than its client
+    /// going away).
+    pub fn was_cut(&self, id: u64) -> bool {
+        self.open.borrow().get(&id).is_some_and(|o| o.cut.get())
     }
 
     /// Ends a connection's session.
@@ -254,6 +264,9 @@ async fn apply_changes(s: std::rc::Weak<Sessions>) {
                     }
                     _ => {
                         tracing::info!("nbd {name}: volume deleted; cutting connection {id}");
+                        if let Some(o) = me.open.borrow().get(&id) {
+                            o.cut.set(true);
+                        }
                         stream.shutdown();
                     }
                 }
