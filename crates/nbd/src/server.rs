@@ -73,7 +73,7 @@ async fn serve_conn(
     };
     match handshake(&stream, &mut rd, &opened).await {
         Ok(Some((vol, id))) => {
-            transmission(stream.clone(), rd, vol, || sessions.was_cut(id)).await;
+            transmission(stream.clone(), rd, vol).await;
             sessions.unregister(id);
         }
         Ok(None) => {}
@@ -272,24 +272,10 @@ async fn handshake(
     }
 }
 
-/// Serves a connection's requests until it ends; `cut` says whether this
-/// gateway cut it.
-async fn transmission(
-    stream: Rc<Stream>,
-    mut rd: ByteReader,
-    vol: Rc<Volume>,
-    cut: impl Fn() -> bool,
-) {
+async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
     let tx = FrameSender::start(stream);
     let inflight = Inflight::new(INFLIGHT_MAX);
     let name = vol.record().name.clone();
-    // Whether the client said goodbye (`NBD_CMD_DISC`): its requests
-    // still in flight are finished and answered. So are those of a
-    // connection this gateway cut (its volume is being deleted, which
-    // waits for them). Any other end means the client is gone (or broke
-    // the protocol): they are cancelled, so that none keeps retrying for
-    // a client that will never read the answer.
-    let mut goodbye = false;
     loop {
         inflight.slot().await;
         match rd.ready(REQUEST_HEADER_BYTES).await {
@@ -310,10 +296,7 @@ async fn transmission(
         rd.consume(REQUEST_HEADER_BYTES);
         let mut data = None;
         match req.kind {
-            CMD_DISC => {
-                goodbye = true;
-                break;
-            }
+            CMD_DISC => break,
             CMD_WRITE if req.len > DISCARD_MAX_BYTES => {
                 tracing::warn!("nbd {name}: closing connection: write of {} bytes", req.len);
                 break;
@@ -344,9 +327,6 @@ async fn transmission(
             };
             let _ = tx.send_raw(&simple_reply(err, req.cookie), payload).await;
         });
-    }
-    if !goodbye && !cut() {
-        inflight.cancel();
     }
     inflight.drain(&tx).await;
 }

@@ -61,9 +61,6 @@ struct Shared {
 struct Open {
     vol: Rc<Volume>,
     stream: Rc<Stream>,
-    /// Cut by this gateway (its volume deleted): its requests in flight
-    /// end before the session does.
-    cut: Cell<bool>,
 }
 
 /// The sessions of one gateway.
@@ -137,7 +134,6 @@ impl Sessions {
             Open {
                 vol: vol.clone(),
                 stream: stream.clone(),
-                cut: Cell::new(false),
             },
         );
         let rec = vol.record();
@@ -173,12 +169,6 @@ impl Sessions {
             return Err(e);
         }
         Ok(id)
-    }
-
-    /// Whether this gateway cut connection `id` (rather than its client
-    /// going away).
-    pub fn was_cut(&self, id: u64) -> bool {
-        self.open.borrow().get(&id).is_some_and(|o| o.cut.get())
     }
 
     /// Ends a connection's session.
@@ -264,9 +254,6 @@ async fn apply_changes(s: std::rc::Weak<Sessions>) {
                     }
                     _ => {
                         tracing::info!("nbd {name}: volume deleted; cutting connection {id}");
-                        if let Some(o) = me.open.borrow().get(&id) {
-                            o.cut.set(true);
-                        }
                         stream.shutdown();
                     }
                 }

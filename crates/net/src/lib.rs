@@ -471,7 +471,8 @@ impl Conn {
                 deadline,
             },
         );
-        // Dropped (a cancelled caller) before its frame is queued, the
+        // Dropped (a caller that stopped waiting, say through
+        // `rt::timeout`) before its frame is queued, the
         // request must not wait in `pending` for a reply that never comes
         // (its deadline would tear the connection down).
         struct Unsent<'a>(&'a PendingMap, u64, bool);
@@ -650,23 +651,12 @@ pub async fn serve<H: Handler>(l: Listener, h: Rc<H>) {
 }
 
 /// The request tasks of one server connection: at most `max` at once
-/// (the reader waits for a slot before taking the next request), a drain
-/// that lets their replies go out before the connection closes, and a
-/// cancel for a connection whose peer is gone.
+/// (the reader waits for a slot before taking the next request), and a
+/// drain that lets their replies go out before the connection closes.
 pub struct Inflight {
     count: Rc<Cell<usize>>,
     done: Notify,
     max: usize,
-    cancel: Rc<Cancel>,
-}
-
-/// Whether the tasks of an [`Inflight`] are cancelled, and the waker of
-/// each one still running (one slot per task, replaced at each poll).
-#[derive(Default)]
-struct Cancel {
-    on: Cell<bool>,
-    next: Cell<u64>,
-    wakers: RefCell<HashMap<u64, std::task::Waker>>,
 }
 
 impl Inflight {
@@ -675,18 +665,6 @@ impl Inflight {
             count: Rc::new(Cell::new(0)),
             done: Notify::new(),
             max,
-            cancel: Rc::default(),
-        }
-    }
-
-    /// Stops every task: each is dropped at its next await (what it sent
-    /// is sent; what it waited for is not waited for), and none spawned
-    /// after runs.
-    pub fn cancel(&self) {
-        self.cancel.on.set(true);
-        let wakers: Vec<_> = self.cancel.wakers.borrow_mut().drain().collect();
-        for (_, w) in wakers {
-            w.wake();
         }
     }
 
@@ -697,26 +675,12 @@ impl Inflight {
         }
     }
 
-    /// Runs `f` as a task counted against the limit, until it ends or
-    /// [`Inflight::cancel`].
+    /// Runs `f` as a task counted against the limit.
     pub fn spawn(&self, f: impl std::future::Future<Output = ()> + 'static) {
         self.count.set(self.count.get() + 1);
-        let (count, done, cancel) = (self.count.clone(), self.done.clone(), self.cancel.clone());
-        let id = cancel.next.get();
-        cancel.next.set(id + 1);
+        let (count, done) = (self.count.clone(), self.done.clone());
         rt::spawn(async move {
-            {
-                let mut f = std::pin::pin!(f);
-                std::future::poll_fn(|cx| {
-                    if cancel.on.get() || f.as_mut().poll(cx).is_ready() {
-                        return std::task::Poll::Ready(());
-                    }
-                    cancel.wakers.borrow_mut().insert(id, cx.waker().clone());
-                    std::task::Poll::Pending
-                })
-                .await;
-            }
-            cancel.wakers.borrow_mut().remove(&id);
+            f.await;
             count.set(count.get() - 1);
             done.notify();
         });

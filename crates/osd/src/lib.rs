@@ -1167,6 +1167,23 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// This copy stays damaged (`OSD_DAMAGED` names it); `None` if no
     /// other copy has it whole.
     async fn read_elsewhere(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
+        // Under the object's lock: no write of it starts meanwhile, so the
+        // version read here is the one every member holds (a write in
+        // flight would be on some copies only), and a member answering
+        // the pull is not changing it.
+        self.lock(h.oid).await;
+        let r = self.read_elsewhere_locked(h).await;
+        self.unlock(h.oid);
+        // The pulls took time: answer only if this OSD may still serve
+        // reads of the PG (the same checks as before the read).
+        let lease = Duration::from_millis(nacre_types::READ_LEASE_MS);
+        let serving = self.epoch() == h.epoch
+            && self.pg_state(h.pg) == Some(PgState::Active)
+            && rt::monotonic().saturating_sub(self.pinged.get()) <= lease;
+        r.filter(|_| serving)
+    }
+
+    async fn read_elsewhere_locked(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
         let version = self.store.version(h.oid)?;
         let others: Vec<u32> = (self.map.borrow().acting(h.pg).into_iter())
             .filter(|&o| o != self.id)
