@@ -1176,11 +1176,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.unlock(h.oid);
         // The pulls took time: answer only if this OSD may still serve
         // reads of the PG (the same checks as before the read).
-        let lease = Duration::from_millis(nacre_types::READ_LEASE_MS);
         let serving = self.epoch() == h.epoch
             && self.pg_state(h.pg) == Some(PgState::Active)
-            && rt::monotonic().saturating_sub(self.pinged.get()) <= lease;
+            && self.holds_read_lease();
         r.filter(|_| serving)
+    }
+
+    /// The read lease: not heard from the leader for `READ_LEASE_MS`,
+    /// this OSD may be marked down and another primary may have taken
+    /// writes this copy lacks, so it serves no read.
+    fn holds_read_lease(&self) -> bool {
+        let lease = Duration::from_millis(nacre_types::READ_LEASE_MS);
+        rt::monotonic().saturating_sub(self.pinged.get()) <= lease
     }
 
     async fn read_elsewhere_locked(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
@@ -1300,11 +1307,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 // be on this copy and not yet on the others; wait for it to
                 // be acknowledged or to fail.
                 self.wait_unbusy(h.oid).await;
-                // The read lease: not heard from the leader for a while,
-                // this OSD may be marked down and another primary may
-                // have taken writes this copy lacks.
-                let lease = Duration::from_millis(nacre_types::READ_LEASE_MS);
-                if rt::monotonic().saturating_sub(self.pinged.get()) > lease {
+                if !self.holds_read_lease() {
                     return (h.reply(Status::Unavailable), None);
                 }
                 if self.pg_state(h.pg) != Some(PgState::Active) {

@@ -286,7 +286,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             info.objects = info.objects.split_off(&a);
             info.objects.remove(&a);
         }
-        let page = self.query_page.get().max(1);
+        let page = self.query_page.get();
         let more = info.objects.len() > page;
         if more {
             let cut = *info.objects.keys().nth(page).expect("more than a page");
