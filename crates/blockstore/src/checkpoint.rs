@@ -142,8 +142,7 @@ async fn fold_ahead<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<bool>
 pub(crate) fn encode_slot(
     g: &Geometry,
     seq: u64,
-    journal_start: u64,
-    gen: u64,
+    (journal_start, gen, lineage): (u64, u64, u32),
     obj: &[PageMeta],
     csum: &[PageMeta],
     pglog: &[LogSlotMeta],
@@ -172,7 +171,7 @@ pub(crate) fn encode_slot(
         pglog_slots: U32::new(g.pglog.slots),
         pagetab_crc: U32::new(nacre_types::crc32c(&buf[table_at..at])),
         crc: U32::new(0),
-        pad: U32::new(0),
+        lineage: U32::new(lineage),
     };
     h.crc = U32::new(nacre_types::crc32c(h.as_bytes()));
     buf[..std::mem::size_of::<CheckpointHeader>()].copy_from_slice(h.as_bytes());
@@ -281,11 +280,18 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     if !inner.opts.immediate_commit {
         inner.dev.sync().await?;
     }
-    let (slot, seq, gen) = {
+    let (slot, seq, gen, lineage) = {
         let st = inner.st.borrow();
-        (1 - st.ckpt_slot, st.ckpt_seq + 1, st.gen)
+        (1 - st.ckpt_slot, st.ckpt_seq + 1, st.gen, st.lineage)
     };
-    let buf = encode_slot(g, seq, j, gen, &obj_metas, &csum_metas, &pglog_metas);
+    let buf = encode_slot(
+        g,
+        seq,
+        (j, gen, lineage),
+        &obj_metas,
+        &csum_metas,
+        &pglog_metas,
+    );
     inner.dev.write_at(buf, g.slot_pos(slot)).await?;
     if !inner.opts.immediate_commit {
         inner.dev.sync().await?;

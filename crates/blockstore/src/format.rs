@@ -94,7 +94,9 @@ pub struct CheckpointHeader {
     pub pglog_slots: U32,
     pub pagetab_crc: U32,
     pub crc: U32,
-    pub pad: U32,
+    /// The store's lineage ([`crate::Store::lineage`]): 0 from format,
+    /// raised each time the store lost writes it had acknowledged.
+    pub lineage: U32,
 }
 const _: () = assert!(std::mem::size_of::<CheckpointHeader>() == 80);
 

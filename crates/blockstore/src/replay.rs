@@ -69,7 +69,7 @@ pub(crate) async fn format<D: BlockDev>(dev: &D, opts: &FormatOptions) -> Result
     let empty_csum = vec![PageMeta::default(); g.csumtab_pages as usize];
     let empty_logs = vec![LogSlotMeta::default(); g.pglog.slots as usize];
     dev.write_at(
-        encode_slot(&g, 1, 0, 1, &empty_obj, &empty_csum, &empty_logs),
+        encode_slot(&g, 1, (0, 1, 0), &empty_obj, &empty_csum, &empty_logs),
         g.slot_pos(0),
     )
     .await?;
@@ -126,6 +126,7 @@ struct Checkpoint {
     slot: u32,
     journal_start: u64,
     gen: u64,
+    lineage: u32,
     obj: Vec<PageMeta>,
     csum: Vec<PageMeta>,
     pglog: Vec<LogSlotMeta>,
@@ -184,6 +185,7 @@ async fn read_checkpoint<D: BlockDev>(dev: &D, g: &Geometry) -> Result<Checkpoin
             slot,
             journal_start: h.journal_start.get(),
             gen: h.gen.get(),
+            lineage: h.lineage.get(),
             obj: obj.to_vec(),
             csum: csum.to_vec(),
             pglog,
@@ -327,6 +329,8 @@ pub(crate) async fn open<D: BlockDev + 'static>(
     let mut gen = ck.gen;
     let max_batch = batch_bytes_max(g.block_bytes);
     let sector = g.sector_bytes;
+    // Where a batch of this store failed its checks, and why.
+    let mut stopped: Option<String> = None;
     while pos - ck.journal_start < g.journal_bytes {
         let phys = g.journal_offset + pos % g.journal_bytes;
         let first = dev.read_at(AlignedBuf::new(sector as usize), phys).await?;
@@ -340,7 +344,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
             Ok(s) => s,
             Err(BatchError::End(_)) => break,
             Err(BatchError::Damaged(why)) => {
-                report.replay_stopped = Some(why);
+                stopped = Some(why);
                 break;
             }
         };
@@ -351,7 +355,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
             continue;
         }
         if u64::from(start.total_bytes) > lap_left {
-            report.replay_stopped = Some(format!("batch at {pos} crosses the end of the ring"));
+            stopped = Some(format!("batch at {pos} crosses the end of the ring"));
             break;
         }
         let buf = dev
@@ -370,8 +374,33 @@ pub(crate) async fn open<D: BlockDev + 'static>(
                 pos += u64::from(start.total_bytes);
             }
             Err(BatchError::End(why)) | Err(BatchError::Damaged(why)) => {
-                report.replay_stopped = Some(why);
+                stopped = Some(why);
                 break;
+            }
+        }
+    }
+    // A batch that fails its checks is damage only if a later batch says
+    // it was durable; else it may be a write a crash cut, which nothing
+    // acknowledged (see `durable_per_later_batch`).
+    if let Some(why) = stopped {
+        let id = BatchId {
+            pos,
+            gen,
+            synced_upto: 0,
+            uuid_lo,
+        };
+        let end = ck.journal_start + g.journal_bytes;
+        match durable_per_later_batch(&dev, &g, id, end).await? {
+            Some(later) => {
+                report.replay_stopped = Some(format!(
+                "{why} (the batch at {later} says it was durable: writes it acknowledged are lost)"
+            ))
+            }
+            None => {
+                tracing::info!(
+                    "journal ends at {pos}: {why}; no later batch says it was durable (a write cut by a crash)"
+                );
+                report.torn_tail = Some(why);
             }
         }
     }
@@ -397,6 +426,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         written: VecDeque::new(),
         writer_done: false,
         ckpt_seq: ck.seq,
+        lineage: ck.lineage,
         ckpt_slot: ck.slot,
         ckpt_wanted: false,
         releasing: 0,
@@ -435,6 +465,10 @@ pub(crate) async fn open<D: BlockDev + 'static>(
     }
     if let Some(why) = &report.replay_stopped {
         tracing::warn!("journal replay stopped early: {why}");
+        // Acknowledged writes after the damage are lost: a new lineage
+        // (Store::lineage), recorded by the next checkpoint.
+        st.lineage = (st.lineage.checked_add(1))
+            .ok_or_else(|| Error::Corrupt("the store's lineage is at its end".into()))?;
     }
     for b in 0..g.nblocks {
         if st.index.blocks[b as usize].is_free() {
@@ -460,6 +494,56 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         epoch: Cell::new(0),
     };
     Ok((inner, report))
+}
+
+/// The position of a valid batch after the one at `at.pos` (which failed
+/// its checks) whose `synced_upto` passes `at.pos`: that batch was written
+/// once the failed one was durable, so the failure is damage to writes
+/// that may have been acknowledged. Without one, the failed batch may be
+/// the last one written before a crash, cut short, and never acknowledged
+/// (its writers wait for an fsync after it, and every batch written after
+/// that fsync records it). Damage to the very last batch with nothing
+/// written after it looks the same, and is taken as such a cut. Scans
+/// every sector of the journal after `at.pos` up to `end` (where replay
+/// would stop anyway), for batches of generation `at.gen` or later.
+async fn durable_per_later_batch<D: BlockDev>(
+    dev: &D,
+    g: &Geometry,
+    at: BatchId,
+    end: u64,
+) -> Result<Option<u64>> {
+    const CHUNK: u64 = 1 << 20;
+    let sector = u64::from(g.sector_bytes);
+    let max_batch = batch_bytes_max(g.block_bytes);
+    let mut pos = at.pos + sector;
+    while pos < end {
+        let phys = pos % g.journal_bytes;
+        let n = CHUNK.min(g.journal_bytes - phys).min(end - pos);
+        let buf = (dev.read_at(AlignedBuf::new(n as usize), g.journal_offset + phys)).await?;
+        for k in (0..n).step_by(sector as usize) {
+            let p = pos + k;
+            let id = BatchId { pos: p, ..at };
+            let first = &buf[k as usize..(k + sector) as usize];
+            let Ok(s) = journal::parse_start(first, id, at.gen, g.sector_bytes, max_batch) else {
+                continue;
+            };
+            let total = u64::from(s.total_bytes);
+            if s.wrap || s.synced_upto <= at.pos || total > g.journal_bytes - p % g.journal_bytes {
+                continue;
+            }
+            let whole = dev
+                .read_at(
+                    AlignedBuf::new(total as usize),
+                    g.journal_offset + p % g.journal_bytes,
+                )
+                .await?;
+            if journal::parse_batch(&whole, p, g.block_bytes, g.nblocks).is_ok() {
+                return Ok(Some(p));
+            }
+        }
+        pos += n;
+    }
+    Ok(None)
 }
 
 /// For full-block records whose fsync may not have happened: does each data

@@ -189,6 +189,19 @@ enum Admit {
     Full,
     Partial,
     Delete,
+    /// A whole-object rewrite at the stored version ([`Store::repair`]).
+    Repair,
+}
+
+/// Who a write is for: a client's (kept off the reserved blocks), or
+/// recovery's and repair's (which may take them, so a full store can
+/// still be brought up to date).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Client,
+    Recovery,
+    /// The same version again, whole, replacing damaged bytes.
+    Repair,
 }
 
 pub(crate) struct State {
@@ -222,6 +235,9 @@ pub(crate) struct State {
     /// The writer has stopped (the store is closing).
     pub writer_done: bool,
     pub ckpt_seq: u64,
+    /// What the checkpoints record as the store's lineage
+    /// ([`Store::lineage`]).
+    pub lineage: u32,
     pub ckpt_slot: u32,
     pub ckpt_wanted: bool,
     /// Blocks the running checkpoint will return to the allocator.
@@ -334,7 +350,19 @@ impl<D: BlockDev + 'static> Store<D> {
         // redo has not patched yet.
         crate::strict_assert!(inner.st.borrow().folds.is_empty());
         tasks.push(rt::spawn(crate::checkpoint::checkpoint_task(inner.clone())));
-        Ok((Store(inner, Rc::new(RefCell::new(tasks))), report))
+        let store = Store(inner, Rc::new(RefCell::new(tasks)));
+        if report.replay_stopped.is_some() {
+            // Replay raised the lineage; any checkpoint from now on, which
+            // starts the journal past the damage, records it. Take one
+            // before anyone relies on the store.
+            store.0.request_checkpoint_and_wait().await?;
+            tracing::error!(
+                "store {}: journal replay stopped before its end: writes it acknowledged may be lost; now lineage {}",
+                crate::replay::uuid_string(&store.0.g.uuid),
+                store.lineage()
+            );
+        }
+        Ok((store, report))
     }
 
     pub fn geometry(&self) -> &Geometry {
@@ -355,7 +383,7 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, true, None, false)
+            .write_inner(oid, version, offset, data, true, None, Mode::Client)
             .await
     }
 
@@ -364,15 +392,32 @@ impl<D: BlockDev + 'static> Store<D> {
     /// [`Store::recover_logged`], it may take the blocks kept back from
     /// client writes.
     pub async fn recover(&self, oid: ObjectId, version: u64, data: AlignedBuf) -> Result<()> {
+        self.check_whole("recovery", oid, &data)?;
+        (self.0)
+            .write_inner(oid, version, 0, data, true, None, Mode::Recovery)
+            .await
+    }
+
+    /// Repair: `oid`, stored at `version`, is written again whole as
+    /// `data` (that version's content, from another copy) to a new block,
+    /// replacing a copy whose checksums failed. No log entry: the version
+    /// and its history stay what they were. Fails (`Invalid`,
+    /// `StaleVersion`) if the store does not hold the object at `version`.
+    pub async fn repair(&self, oid: ObjectId, version: u64, data: AlignedBuf) -> Result<()> {
+        self.check_whole("repair", oid, &data)?;
+        (self.0)
+            .write_inner(oid, version, 0, data, true, None, Mode::Repair)
+            .await
+    }
+
+    fn check_whole(&self, what: &str, oid: ObjectId, data: &[u8]) -> Result<()> {
         if data.len() != self.block_bytes() as usize {
             return Err(Error::Invalid(format!(
-                "recovery of {oid} with {} bytes, not a whole object",
+                "{what} of {oid} with {} bytes, not a whole object",
                 data.len()
             )));
         }
-        (self.0)
-            .write_inner(oid, version, 0, data, true, None, true)
-            .await
+        Ok(())
     }
 
     /// Keeps `1 - ratio` of the data blocks (at least none, at most all)
@@ -415,7 +460,7 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, false, None, false)
+            .write_inner(oid, version, offset, data, false, None, Mode::Client)
             .await
     }
 
@@ -446,7 +491,7 @@ impl<D: BlockDev + 'static> Store<D> {
                 data,
                 true,
                 Some(entry),
-                false,
+                Mode::Client,
             )
             .await
     }
@@ -456,15 +501,17 @@ impl<D: BlockDev + 'static> Store<D> {
     /// whatever range it covered) logged in the same durable step.
     pub async fn recover_logged(&self, entry: LogEntry, data: AlignedBuf) -> Result<()> {
         self.0.check_entry(&entry, LogOp::Write)?;
-        if data.len() != self.block_bytes() as usize {
-            return Err(Error::Invalid(format!(
-                "recovery of {} with {} bytes, not a whole object",
-                entry.oid,
-                data.len()
-            )));
-        }
+        self.check_whole("recovery", entry.oid, &data)?;
         (self.0)
-            .write_inner(entry.oid, entry.version, 0, data, true, Some(entry), true)
+            .write_inner(
+                entry.oid,
+                entry.version,
+                0,
+                data,
+                true,
+                Some(entry),
+                Mode::Recovery,
+            )
             .await
     }
 
@@ -597,6 +644,19 @@ impl<D: BlockDev + 'static> Store<D> {
     pub fn journal_used_bytes(&self) -> u64 {
         let st = self.0.st.borrow();
         st.head - st.tail
+    }
+
+    /// The store's lineage: 0 from format, raised at each open whose
+    /// journal replay stopped at damage ([`OpenReport::replay_stopped`]):
+    /// such a store lost writes it had acknowledged, and must not be taken
+    /// for the store that acknowledged them. With the uuid it names the
+    /// history the store holds. [`Store::open`] returns once a checkpoint
+    /// recorded the new lineage; that checkpoint also starts the journal
+    /// where replay stopped, so the damage is not met again (a crash
+    /// before it finds the damage again, and raises the lineage from the
+    /// same number).
+    pub fn lineage(&self) -> u32 {
+        self.0.st.borrow().lineage
     }
 
     /// Takes a checkpoint now and waits for it.
@@ -746,16 +806,27 @@ impl<D: BlockDev + 'static> Inner<D> {
     async fn admit(&self, oid: ObjectId, version: u64, kind: Admit) -> Result<Option<bool>> {
         loop {
             self.check_writable()?;
-            // A delete at the version of the last write is still a delete.
-            if self.check_version(oid, version)? && !matches!(kind, Admit::Delete) {
-                return Ok(None);
+            let at = self.check_version(oid, version)?;
+            match kind {
+                // A delete at the version of the last write is still a delete.
+                Admit::Delete => {}
+                Admit::Repair if !at => {
+                    return Err(Error::Invalid(format!(
+                        "repair of {oid} at version {version}: the store does not hold it"
+                    )))
+                }
+                Admit::Repair => {}
+                Admit::Full | Admit::Partial if at => return Ok(None),
+                Admit::Full | Admit::Partial => {}
             }
             {
                 let mut st = self.st.borrow_mut();
                 let has_block = st.index.block_of(&oid).is_some();
                 let busy = st.inflight.get(&oid).is_some_and(|f| match kind {
                     // Everything before a delete must be applied first.
-                    Admit::Delete => true,
+                    // So must they before a repair, which writes the
+                    // version the index holds now.
+                    Admit::Delete | Admit::Repair => true,
                     // A partial write needs the object's block to be known.
                     Admit::Partial => f.preparing > 0 || !has_block,
                     Admit::Full => f.preparing > 0,
@@ -893,7 +964,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         data: AlignedBuf,
         durable: bool,
         entry: Option<LogEntry>,
-        recovery: bool,
+        mode: Mode,
     ) -> Result<()> {
         self.check_range(offset, data.len().min(u32::MAX as usize) as u32)?;
         let len = data.len() as u32;
@@ -907,7 +978,11 @@ impl<D: BlockDev + 'static> Inner<D> {
             return Ok(());
         };
         let full = offset == 0 && len == self.g.block_bytes;
-        let kind = if full { Admit::Full } else { Admit::Partial };
+        let kind = match mode {
+            Mode::Repair => Admit::Repair,
+            _ if full => Admit::Full,
+            _ => Admit::Partial,
+        };
         let has_block = loop {
             match self.admit(oid, version, kind).await? {
                 Some(has_block) => break has_block,
@@ -925,13 +1000,16 @@ impl<D: BlockDev + 'static> Inner<D> {
                 b
             };
             let csums = chunk_csums(&block_buf);
-            let block = match self.alloc_block(recovery).await {
+            let block = match self.alloc_block(mode != Mode::Client).await {
                 Ok(b) => {
                     self.st.borrow_mut().big_inflight += 1;
                     b
                 }
                 Err(e) => {
-                    self.withdraw(&oid, Some(version));
+                    // A repair withdrawn is no write withdrawn: a repeat
+                    // of that version's write is still done.
+                    let write = (mode != Mode::Repair).then_some(version);
+                    self.withdraw(&oid, write);
                     return Err(e);
                 }
             };

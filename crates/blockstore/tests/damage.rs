@@ -91,6 +91,61 @@ fn flipped_data_bit_is_reported_not_returned() {
 }
 
 #[test]
+fn a_damaged_object_is_repaired_at_its_version() {
+    block_on(async {
+        let dev = FaultDev::new(64 * MIB, 512);
+        let mut s = store_with_objects(&dev, 3).await;
+        // Version 2: the block plus a small write still in the journal.
+        s.write(oid(1), 2, 8192, fill(9, 4096)).await.unwrap();
+        let mut whole = fill(1, BLOCK as usize);
+        whole[8192..12288].copy_from_slice(&fill(9, 4096));
+        let g = s.geometry().clone();
+        let b = s.block_of(oid(1)).unwrap();
+        dev.flip(g.block_offset(b) + 40_000, 0x01);
+        assert!(matches!(
+            s.read(oid(1), 0, BLOCK).await,
+            Err(Error::Corrupt(_))
+        ));
+        // Only the version the store holds, only whole, only if held.
+        for (o, v, len) in [(1, 1, BLOCK), (1, 3, BLOCK), (1, 2, 4096), (7, 1, BLOCK)] {
+            let e = s
+                .repair(oid(o), v, fill(1, len as usize))
+                .await
+                .unwrap_err();
+            assert!(!matches!(e, Error::Corrupt(_)), "{o} v{v}: {e}");
+        }
+        assert_eq!(s.version(oid(1)), Some(2));
+        s.repair(oid(1), 2, AlignedBuf::from_slice(&whole))
+            .await
+            .unwrap();
+        assert_eq!(s.version(oid(1)), Some(2));
+        assert_ne!(s.block_of(oid(1)), Some(b), "written to a new block");
+        assert_eq!(&s.read(oid(1), 0, BLOCK).await.unwrap()[..], &whole[..]);
+        // A repeat of version 2's write is still a repeat, not a new write.
+        s.write(oid(1), 2, 8192, fill(9, 4096)).await.unwrap();
+        assert_eq!(&s.read(oid(1), 0, BLOCK).await.unwrap()[..], &whole[..]);
+        // The repair is durable: replayed from the journal, and after a
+        // checkpoint from the tables.
+        for checkpoint in [false, true] {
+            if checkpoint {
+                s.checkpoint().await.unwrap();
+            }
+            drop(s);
+            let (t, _) = Store::open(dev.clone(), StoreOptions::default())
+                .await
+                .unwrap();
+            assert_eq!(t.version(oid(1)), Some(2));
+            assert_eq!(&t.read(oid(1), 0, BLOCK).await.unwrap()[..], &whole[..]);
+            assert_eq!(
+                &t.read(oid(2), 0, BLOCK).await.unwrap()[..],
+                &fill(2, BLOCK as usize)[..]
+            );
+            s = t;
+        }
+    });
+}
+
+#[test]
 fn partial_overwrite_of_a_damaged_chunk_keeps_it_unreadable() {
     block_on(async {
         let dev = FaultDev::new(64 * MIB, 512);
@@ -154,13 +209,24 @@ fn damaged_journal_stops_replay_there() {
             None,
             "a batch after the damage was applied"
         );
-        // The store goes on: new writes land where the damage was.
-        s.write(oid(2), 1, 0, fill(4, 4096)).await.unwrap();
-        drop(s);
-        let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
-            .await
-            .unwrap();
-        assert_eq!(rep.replay_stopped, None);
+        // It lost acknowledged writes: a new lineage, durably; and the
+        // damage is behind the journal's start now. The store goes on:
+        // new writes land where the damage was.
+        assert_eq!(s.lineage(), 1);
+        let mut s = s;
+        for write in [true, false] {
+            drop(s);
+            let (t, rep) = Store::open(dev.clone(), StoreOptions::default())
+                .await
+                .unwrap();
+            assert_eq!(rep.replay_stopped, None);
+            assert_eq!(t.lineage(), 1);
+            assert_eq!(t.version(oid(0)), Some(1));
+            if write {
+                t.write(oid(2), 1, 0, fill(4, 4096)).await.unwrap();
+            }
+            s = t;
+        }
         assert_eq!(
             &s.read(oid(2), 0, 4096).await.unwrap()[..],
             &fill(4, 4096)[..]
@@ -185,7 +251,12 @@ fn damaged_journal_header_stops_replay_there() {
         s.write(oid(1), 1, 0, fill(1, BLOCK as usize))
             .await
             .unwrap();
+        let last = s.journal_used_bytes();
+        s.write(oid(2), 1, 0, fill(2, BLOCK as usize))
+            .await
+            .unwrap();
         drop(s);
+        let copy = dev.fork();
         dev.flip(g.journal_offset + at + 70, 0x20); // inside a record header
         let (s, rep) = Store::open(dev.clone(), StoreOptions::default())
             .await
@@ -193,6 +264,20 @@ fn damaged_journal_header_stops_replay_there() {
         assert!(rep.replay_stopped.unwrap().contains("header checksum"));
         assert!(s.version(oid(0)).is_some());
         assert_eq!(s.version(oid(1)), None);
+        assert_eq!(s.version(oid(2)), None);
+        assert_eq!(s.lineage(), 1);
+        // The same damage in the last batch, with nothing written after
+        // it that says it was durable: the end of the journal (what a
+        // crash cutting that batch leaves), not damage.
+        copy.flip(g.journal_offset + last + 70, 0x20);
+        let (s, rep) = Store::open(copy.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(rep.replay_stopped, None);
+        assert!(rep.torn_tail.unwrap().contains("header checksum"));
+        assert!(s.version(oid(1)).is_some());
+        assert_eq!(s.version(oid(2)), None);
+        assert_eq!(s.lineage(), 0);
     });
 }
 

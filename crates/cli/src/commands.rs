@@ -120,6 +120,9 @@ pub struct UpArgs {
 
 /// `nacre up --osd-size` when it is not given.
 const OSD_SIZE_DEFAULT: u64 = 4 << 30;
+/// Repairs of damaged copies on one OSD since it started from which
+/// `nacre status` warns that its disk may be failing (Ceph warns at 10 too).
+const REPAIRS_WARN: u64 = 10;
 
 pub fn up(a: UpArgs) -> anyhow::Result<()> {
     // Absolute, so that what it prints (attach URIs, sockets) works from
@@ -628,20 +631,30 @@ fn space_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::V
 }
 
 /// Health checks for OSDs that hold damaged data: reads that failed their
-/// checksum, or a journal whose replay stopped before its end. Until
-/// replicas repair each other, the operator must be told which OSD it is.
+/// checksum and were not repaired from another copy, or a journal whose
+/// replay stopped before its end; and for OSDs whose copies needed
+/// [`REPAIRS_WARN`] repairs or more since they started (a failing disk).
 fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     for (id, v) in stats {
         let Some(v) = v else { continue };
         let n = v["damaged_reads"].as_u64().unwrap_or(0);
-        if n > 0 {
-            let last = v["last_damage"].as_str().unwrap_or("?");
+        let repaired = v["repaired"].as_u64().unwrap_or(0);
+        let last = v["last_damage"].as_str().unwrap_or("?");
+        if n > repaired {
             out.push(serde_json::json!({
                 "code": "OSD_DAMAGED",
                 "severity": "HEALTH_ERR",
                 "osd": id,
-                "message": format!("osd.{id} holds damaged data: {n} reads failed their checksum since it started and were refused with EIO (last: {last})")
+                "message": format!("osd.{id} holds damaged data: {} reads failed their checksum since it started and no other copy repaired them (last: {last})", n - repaired)
+            }));
+        }
+        if repaired >= REPAIRS_WARN {
+            out.push(serde_json::json!({
+                "code": "OSD_TOO_MANY_REPAIRS",
+                "severity": "HEALTH_WARN",
+                "osd": id,
+                "message": format!("osd.{id}: {repaired} damaged copies repaired from other copies since it started: its disk may be failing (last: {last})")
             }));
         }
         if let Some(why) = v["replay_stopped"].as_str() {

@@ -334,6 +334,7 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
             let mem = s.memory();
             let info = serde_json::json!({
                 "uuid": uuid_string(&g.uuid),
+                "lineage": s.lineage(),
                 "block_bytes": g.block_bytes,
                 "blocks": g.nblocks,
                 "journal_bytes": g.journal_bytes,
@@ -362,7 +363,11 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
             match format {
                 Format::Json => println!("{}", serde_json::to_string_pretty(&info)?),
                 Format::Table => {
-                    println!("store        {}", uuid_string(&g.uuid));
+                    println!(
+                        "store        {} (lineage {})",
+                        uuid_string(&g.uuid),
+                        info["lineage"]
+                    );
                     println!("blocks       {} × {} KiB", g.nblocks, g.block_bytes >> 10);
                     println!("journal      {} MiB", g.journal_bytes >> 20);
                     println!("objects      {}", info["objects"]);

@@ -125,6 +125,15 @@ impl FaultDev {
         d
     }
 
+    /// A second device holding what this one holds (durable or not), to
+    /// try two fates of one disk; this one goes on untouched.
+    pub fn fork(&self) -> FaultDev {
+        let d = FaultDev::from_image(self.0.now.borrow().clone(), self.0.align);
+        *d.0.durable.borrow_mut() = self.0.durable.borrow().clone();
+        *d.0.unsynced.borrow_mut() = self.0.unsynced.borrow().clone();
+        d
+    }
+
     /// Fails reads and/or writes that touch `[offset, offset + len)` with EIO.
     pub fn fail_range(&self, offset: u64, len: u64, reads: bool, writes: bool) {
         self.0.eio.borrow_mut().push(EioRange {

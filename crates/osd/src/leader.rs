@@ -83,6 +83,23 @@ fn refusal(h: &Header, r: Result<(), String>) -> (Header, Option<AlignedBuf>) {
     }
 }
 
+/// A store id as an OSD boots with ([`crate::Osd::store_id`]): 32
+/// lowercase hex digits, then `.N` for a lineage N > 0.
+fn is_store_id(s: &str) -> bool {
+    let (uuid, lineage) = match s.split_once('.') {
+        Some((u, l)) => (u, Some(l)),
+        None => (s, None),
+    };
+    uuid.len() == 32
+        && (uuid.bytes()).all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && lineage.is_none_or(|l| {
+            l.len() <= 10
+                && !l.starts_with('0')
+                && l.parse::<u32>().is_ok_and(|n| n > 0)
+                && l.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
 fn json_reply(h: &Header, body: Vec<u8>) -> (Header, Option<AlignedBuf>) {
     (
         h.reply(Status::Ok).with_payload(&body),
@@ -429,12 +446,7 @@ impl<T: Transport> Leader<T> {
 
     fn boot(self: &Rc<Self>, id: u32, body: &[u8]) -> Result<(), Status> {
         let store = std::str::from_utf8(body).map_err(|_| Status::Invalid)?;
-        if !self.map.borrow().addrs.contains_key(&id)
-            || store.len() != 32
-            || !store
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
+        if !self.map.borrow().addrs.contains_key(&id) || !is_store_id(store) {
             return Err(Status::Invalid);
         }
         let stranger = {
@@ -641,5 +653,34 @@ mod tests {
         m.up_from.insert(1, 10);
         m.stores.insert(1, store(7));
         assert!(temp_members(&m, &old).is_empty());
+        // A new lineage of the same store is another store too.
+        m.stores.insert(1, format!("{}.1", store(1)));
+        assert!(temp_members(&m, &old).is_empty());
+    }
+
+    #[test]
+    fn store_ids_are_a_uuid_and_a_lineage() {
+        let uuid = "0123456789abcdef0123456789abcdef";
+        for ok in [
+            uuid.to_string(),
+            format!("{uuid}.1"),
+            format!("{uuid}.4294967295"),
+        ] {
+            assert!(is_store_id(&ok), "{ok}");
+        }
+        for bad in [
+            String::new(),
+            uuid[1..].to_string(),
+            uuid.to_uppercase(),
+            format!("{uuid}."),
+            format!("{uuid}.0"),
+            format!("{uuid}.01"),
+            format!("{uuid}.+1"),
+            format!("{uuid}.4294967296"),
+            format!("{uuid}.1.1"),
+            format!("{uuid}x"),
+        ] {
+            assert!(!is_store_id(&bad), "{bad}");
+        }
     }
 }

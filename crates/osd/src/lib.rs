@@ -391,7 +391,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         transport: T,
     ) -> Rc<Self> {
         if let Some(why) = &report.replay_stopped {
-            tracing::error!("osd.{id}: journal replay stopped before its end: {why}");
+            tracing::error!(
+                "osd.{id}: journal replay stopped before its end: {why}; it boots as store {}.{}, holding none of its PGs' earlier history",
+                nacre_blockstore::uuid_string(&store.geometry().uuid),
+                store.lineage()
+            );
         }
         let stats = OsdStats::default();
         stats.set_replay_stopped(report.replay_stopped.clone());
@@ -573,11 +577,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         r
     }
 
-    /// The store's id as the leader knows it: its uuid, in hex.
+    /// The store's id as the leader knows it: its uuid in hex, then
+    /// `.N` for lineage N > 0 ([`Store::lineage`]): a store that lost
+    /// acknowledged writes is another store to the cluster, holding none
+    /// of the history of the intervals it was in (replication.md §8.4).
     pub fn store_id(&self) -> String {
-        (self.store.geometry().uuid.iter())
+        let uuid: String = (self.store.geometry().uuid.iter())
             .map(|b| format!("{b:02x}"))
-            .collect()
+            .collect();
+        match self.store.lineage() {
+            0 => uuid,
+            n => format!("{uuid}.{n}"),
+        }
     }
 
     /// Registers this incarnation with the leader, which marks it up in a
@@ -1163,9 +1174,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// The bytes read `h` asks for, from another member of the acting set
     /// holding the object at the version this copy has (one version
-    /// names one content), for a read this copy's checksums refused.
-    /// This copy stays damaged (`OSD_DAMAGED` names it); `None` if no
-    /// other copy has it whole.
+    /// names one content), for a read this copy's checksums refused; this
+    /// copy is then rewritten with that content ([`Store::repair`]).
+    /// `None` if no other copy has it whole (`OSD_DAMAGED` then names
+    /// this OSD).
     async fn read_elsewhere(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
         // Under the object's lock: no write of it starts meanwhile, so the
         // version read here is the one every member holds (a write in
@@ -1199,12 +1211,23 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         for o in others {
             match self.fetch(o, h.pg, h.epoch, h.oid, version).await {
                 Ok(d) if d.len() >= range.end => {
-                    tracing::warn!(
-                        "osd.{}: {} v{version:#x} read from osd.{o} instead",
-                        self.id,
-                        h.oid
-                    );
-                    return Some(AlignedBuf::from_slice(&d[range]));
+                    let part = AlignedBuf::from_slice(&d[range]);
+                    match self.store.repair(h.oid, version, d).await {
+                        Ok(()) => {
+                            self.stats.repaired();
+                            tracing::warn!(
+                                "osd.{}: {} v{version:#x} repaired from osd.{o}'s copy",
+                                self.id,
+                                h.oid
+                            );
+                        }
+                        Err(e) => tracing::warn!(
+                            "osd.{}: {} v{version:#x} read from osd.{o}, not repaired: {e}",
+                            self.id,
+                            h.oid
+                        ),
+                    }
+                    return Some(part);
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("osd.{}: {}: {e}", self.id, h.oid),

@@ -25,6 +25,8 @@ pub struct OsdStats {
     /// Reads that failed their checksum, and what the last one said.
     damaged_reads: Cell<u64>,
     last_damage: RefCell<Option<String>>,
+    /// Damaged copies rewritten from another copy.
+    repaired: Cell<u64>,
     /// Why the store's journal replay stopped before its end at open.
     replay_stopped: RefCell<Option<String>>,
     /// Object copies this OSD recovered as primary, and their bytes.
@@ -59,6 +61,10 @@ pub struct OsdReport {
     pub damaged_reads: u64,
     #[serde(default)]
     pub last_damage: Option<String>,
+    /// Of those, the copies rewritten from another copy's (the rest were
+    /// refused with EIO, or served from another copy but not rewritten).
+    #[serde(default)]
+    pub repaired: u64,
     /// Replay of the store's journal stopped before its end at open
     /// (damage in the journal, not a torn tail).
     #[serde(default)]
@@ -156,6 +162,10 @@ impl OsdStats {
         *self.last_damage.borrow_mut() = Some(what);
     }
 
+    pub fn repaired(&self) {
+        add(&self.repaired, 1);
+    }
+
     pub fn set_replay_stopped(&self, why: Option<String>) {
         *self.replay_stopped.borrow_mut() = why;
     }
@@ -235,6 +245,7 @@ impl OsdStats {
             objects: store.object_count() as u64,
             damaged_reads: self.damaged_reads.get(),
             last_damage: self.last_damage.borrow().clone(),
+            repaired: self.repaired.get(),
             replay_stopped: self.replay_stopped.borrow().clone(),
             recovered_objects: self.recovered_objects.get(),
             recovered_bytes: self.recovered_bytes.get(),

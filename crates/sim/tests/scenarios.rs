@@ -133,7 +133,7 @@ fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
     rt::block_on_virtual(async {
         let c = cluster(2).await;
         let oid = ObjectId::new(1, 9);
-        let (pg, acting) = c.route(oid);
+        let (_, acting) = c.route(oid);
         let (x, y, z) = (acting[0], acting[1], acting[2]);
         put(&c, oid, 1, 0x11).await;
         // An interval of x and y alone, with a write in it.
@@ -146,29 +146,88 @@ fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
         c.replace_disk(x).await;
         c.start(x).await;
         c.start(z).await;
-        rt::sleep(Duration::from_secs(10)).await;
-        let primary = c.route(oid).1[0];
-        assert_ne!(
-            c.osd(primary).unwrap().pg_state(pg),
-            Some(PgState::Active),
-            "PG {pg} went active with none of its last active copies"
-        );
-        let mut h = Header::request(Op::Read, 0, oid);
-        h.length = OBJECT_BYTES;
-        // Refused, or not answered within the network's deadline while
-        // the primary waits for the PG: never data, never NotFound.
-        if let Ok(f) = c.call(h, None).await {
-            assert_eq!(f.h.status, Status::Unavailable);
-        }
-        // y is back: the PG peers from it and fills the new disk.
-        c.start(y).await;
+        waits_for_the_copy_that_holds_it(&c, oid, y, 0x22).await;
+        c.stop();
+    });
+}
+
+/// `oid`'s PG, whose last active interval has no member up but `holder`
+/// (its other members are back holding none of its history), serves
+/// nothing for 10 s; once `holder` is back, it reads as the acknowledged
+/// write of `byte` and every copy is at one version.
+async fn waits_for_the_copy_that_holds_it(c: &Cluster, oid: ObjectId, holder: u32, byte: u8) {
+    let (pg, acting) = c.route(oid);
+    rt::sleep(Duration::from_secs(10)).await;
+    let primary = acting[0];
+    assert_ne!(
+        c.osd(primary).unwrap().pg_state(pg),
+        Some(PgState::Active),
+        "PG {pg} went active with none of its last active copies"
+    );
+    let mut h = Header::request(Op::Read, 0, oid);
+    h.length = OBJECT_BYTES;
+    // Refused, or not answered within the network's deadline while
+    // the primary waits for the PG: never data, never NotFound.
+    if let Ok(f) = c.call(h, None).await {
+        assert_eq!(f.h.status, Status::Unavailable);
+    }
+    // The holder is back: the PG peers from it and fills the others.
+    c.start(holder).await;
+    c.settle(SETTLE).await.unwrap();
+    let got = read(c, oid).await.expect("the acknowledged write");
+    assert_eq!(&got[..4096], &[byte; 4096][..]);
+    let v = c.osd(holder).unwrap().store().version(oid);
+    for id in c.route(oid).1 {
+        assert_eq!(c.osd(id).unwrap().store().version(oid), v, "osd.{id}");
+    }
+}
+
+/// An OSD whose journal was damaged lost, at its restart, the
+/// acknowledged writes replay did not reach. It boots as a new lineage of
+/// its store: while it is the only member of the PG's last active
+/// interval that is up, the PG waits (rather than taking the rolled-back
+/// copy as the authority and undoing the lost write everywhere); once
+/// another member is back, the write is there on every copy.
+#[test]
+fn a_store_whose_journal_lost_writes_is_not_taken_for_its_copy() {
+    rt::block_on_virtual(async {
+        let c = cluster(2).await;
+        let oid = ObjectId::new(1, 9);
+        let (_, acting) = c.route(oid);
+        let (x, y, z) = (acting[0], acting[1], acting[2]);
+        put(&c, oid, 1, 0x11).await;
+        // An interval of x and y alone, with a write in it (a small one:
+        // its data is in the journal).
+        c.crash(z, 1);
         c.settle(SETTLE).await.unwrap();
-        let got = read(&c, oid).await.expect("the acknowledged write");
-        assert_eq!(&got[..4096], &[0x22u8; 4096][..]);
-        let v = c.osd(y).unwrap().store().version(oid);
-        for id in [x, y, z] {
-            assert_eq!(c.osd(id).unwrap().store().version(oid), v, "osd.{id}");
-        }
+        put(&c, oid, 2, 0x22).await;
+        // And one after it (a batch after it in x's journal says it was
+        // durable: damage to it is damage, not a write a crash cut).
+        put(&c, ObjectId::new(1, 10), 3, 0x33).await;
+        let g = c.osd(x).unwrap().store().geometry().clone();
+        let was = c.osd(x).unwrap().store_id();
+        c.crash(y, 2);
+        c.crash(x, 3);
+        // One bit of that write's data in x's journal flips.
+        let dev = c.nodes.borrow()[x as usize].dev.clone();
+        let journal = nacre_io::BlockDev::read_at(
+            &dev,
+            AlignedBuf::new(g.journal_bytes as usize),
+            g.journal_offset,
+        )
+        .await
+        .unwrap();
+        let at = (journal
+            .chunks(512)
+            .position(|s| s.iter().all(|&b| b == 0x22)))
+        .expect("the write's data in the journal");
+        dev.flip(g.journal_offset + at as u64 * 512 + 100, 0x04);
+        c.start(x).await;
+        c.start(z).await;
+        let xo = c.osd(x).unwrap();
+        assert!(xo.stat_report().replay_stopped.is_some());
+        assert_eq!(xo.store_id(), format!("{was}.1"));
+        waits_for_the_copy_that_holds_it(&c, oid, y, 0x22).await;
         c.stop();
     });
 }
@@ -488,9 +547,9 @@ fn degraded_pgs_recover_before_moving_ones() {
 
 /// A read that the primary's own checksums refuse is answered from
 /// another copy at the same version: the client gets its bytes, not an
-/// I/O error, and the primary counts the damage.
+/// I/O error, the primary counts the damage and rewrites its copy.
 #[test]
-fn a_damaged_primary_copy_is_read_from_another() {
+fn a_damaged_primary_copy_is_read_from_another_and_repaired() {
     rt::block_on_virtual(async {
         let c = cluster(12).await;
         let oid = ObjectId::new(1, 5);
@@ -516,7 +575,17 @@ fn a_damaged_primary_copy_is_read_from_another() {
             "the flipped bit went unnoticed"
         );
         assert_eq!(read(&c, oid).await.as_deref(), Some(&data[..]));
-        assert!(primary.stat_report().damaged_reads > 0);
+        let r = primary.stat_report();
+        assert_eq!((r.damaged_reads, r.repaired), (1, 1));
+        // The copy was rewritten at the same version: read again, the
+        // primary finds no damage.
+        assert_ne!(primary.store().block_of(oid), Some(block));
+        assert_eq!(
+            &primary.store().read(oid, 0, OBJECT_BYTES).await.unwrap()[..],
+            &data[..]
+        );
+        assert_eq!(read(&c, oid).await.as_deref(), Some(&data[..]));
+        assert_eq!(primary.stat_report().damaged_reads, 1);
         c.stop();
     });
 }
