@@ -115,13 +115,11 @@ fn pg_count_for(osds: u32, replicas: u8) -> u32 {
 
 /// The record of OSD `id` of the cluster in `dir`, on a store of `bytes`.
 pub fn osd_record(dir: &Path, id: u32, bytes: u64) -> OsdRecord {
-    OsdRecord {
+    OsdRecord::local(
         id,
-        addr: Addr::Unix(dir.join(format!("osd.{id}.sock"))).to_string(),
-        host: format!("osd{id}"),
-        rack: "local".into(),
-        weight: (bytes >> 30).max(1) as u32,
-    }
+        Addr::Unix(dir.join(format!("osd.{id}.sock"))).to_string(),
+        (bytes >> 30).max(1) as u32,
+    )
 }
 
 /// The size of the stores of the cluster in `dir` (its first OSD file's),
@@ -158,15 +156,12 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
         let osds: Vec<OsdRecord> = (0..n)
             .map(|id| osd_record(&o.dir, id, o.osd_size_bytes))
             .collect();
-        let pool = PoolRecord {
-            id: 1,
-            name: "rbd".into(),
-            size: o.replicas,
-            min_size: o.replicas / 2 + 1,
-            pg_count: o.pgs.unwrap_or_else(|| pg_count_for(n, o.replicas)),
-            failure_domain: "osd".into(),
-            object_bytes: OBJECT_BYTES,
-        };
+        let pool = PoolRecord::rbd(
+            o.replicas,
+            o.replicas / 2 + 1,
+            o.pgs.unwrap_or_else(|| pg_count_for(n, o.replicas)),
+            OBJECT_BYTES,
+        );
         map::init(meta, &osds, &pool)?;
         return Ok(());
     }

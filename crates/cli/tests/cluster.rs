@@ -1530,6 +1530,7 @@ impl Held {
 /// shrink reads zeros, nothing of a deleted volume survives on any OSD
 /// (copies on an OSD that was down are found and reclaimed), volumes show
 /// what they hold, and provisioning more than the cluster holds warns.
+/// Issue 8: a killed client's waiting requests end with it.
 #[test]
 fn volumes_in_use_are_not_pulled_from_under_their_clients() {
     let d = tempfile::tempdir().unwrap();
@@ -1666,6 +1667,54 @@ fn volumes_in_use_are_not_pulled_from_under_their_clients() {
         )),
         "{table}"
     );
+
+    // A client killed while its write waits (two OSDs down: every PG is
+    // below min_size) takes its requests with it: the gateway stops
+    // retrying them, so the connection is gone long before the write's
+    // CLIENT_OP_TIMEOUT_MS (2 min), and the volume is free again.
+    up.volume(&["create", "w", "--size", "16M"]);
+    for id in [0, 1] {
+        let pid = osd_pid(&up, id).unwrap();
+        // SAFETY: signalling a child process of the cluster.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    status_until(&up, "one OSD up", |st| st["osds"]["up"] == 1);
+    let connections = || {
+        let info: serde_json::Value =
+            serde_json::from_str(&up.volume(&["info", "w", "--format", "json"])).unwrap();
+        info["open_connections"].as_array().unwrap().len()
+    };
+    let mut vm = tool("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x5a 0 64k", &up.uri("w")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while connections() == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "qemu-io never connected"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(vm.try_wait().unwrap().is_none(), "the write did not wait");
+    vm.kill().unwrap();
+    vm.wait().unwrap();
+    let t0 = Instant::now();
+    while connections() > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the gateway still serves a client killed a minute ago"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for id in ["0", "1"] {
+        ok(nacre(&["osd", "start", id, "--dir", up.dir()]));
+    }
+    status_until(&up, "HEALTH_OK", |st| st["health"] == "HEALTH_OK");
+    up.volume(&["rm", "w"]);
 }
 
 /// Issue 8: `nacre osd add` under FUA writers gives the new OSD its share

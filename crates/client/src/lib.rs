@@ -6,7 +6,8 @@
 //! A lost connection, a `StaleEpoch` or `NotPrimary` answer (the map is
 //! reloaded) and an `Unavailable` one (a PG peering, or below `min_size`)
 //! are retried with the same request id, which the primary uses to apply
-//! a write at most once, for up to `CLIENT_OP_TIMEOUT_MS`.
+//! a write at most once, for up to `CLIENT_OP_TIMEOUT_MS`, or until the
+//! volume is abandoned ([`Volume::abandon`]: the gateway's client is gone).
 //!
 //! [`Volume`] stripes a thin block device over objects: byte `x` lives in
 //! object `x / object_bytes` at offset `x % object_bytes`. An object that
@@ -56,6 +57,10 @@ pub enum ClientError {
     InUse(String),
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
+    /// The volume was abandoned ([`Volume::abandon`]) before the op was
+    /// done: it may or may not have been applied.
+    #[error("abandoned: the volume's client is gone")]
+    Abandoned,
     #[error(transparent)]
     Meta(#[from] MetaError),
 }
@@ -143,12 +148,14 @@ impl Cluster {
         Ok(c)
     }
 
-    /// Sends `h` (for an object of `pool`) to the primary, with retries.
+    /// Sends `h` (for an object of `pool`) to the primary, with retries;
+    /// none once `gone` is set (an attempt in flight runs to its end).
     async fn object_op(
         &self,
         pool: u32,
         mut h: Header,
         payload: Option<&AlignedBuf>,
+        gone: &Cell<bool>,
     ) -> Result<Frame> {
         h.client = self.client_id;
         // One id for all attempts: the primary applies a write once.
@@ -160,6 +167,9 @@ impl Cluster {
         while rt::monotonic() < until {
             if !delay.is_zero() {
                 rt::sleep(delay).await;
+            }
+            if gone.get() {
+                return Err(ClientError::Abandoned);
             }
             delay = (delay * 2).clamp(RETRY_DELAY, RETRY_DELAY_MAX);
             let (primary, epoch, pg) = {
@@ -259,6 +269,8 @@ pub struct Volume {
     generation: Cell<u64>,
     running: RefCell<BTreeMap<u64, usize>>,
     settled: Notify,
+    /// Set by [`Volume::abandon`].
+    gone: Cell<bool>,
 }
 
 /// An I/O a gateway admitted: it keeps its volume's size generation busy
@@ -304,6 +316,7 @@ impl Volume {
             generation: Cell::new(0),
             running: RefCell::new(BTreeMap::new()),
             settled: Notify::new(),
+            gone: Cell::new(false),
         }
     }
 
@@ -324,6 +337,16 @@ impl Volume {
             vol: self.clone(),
             generation,
         }
+    }
+
+    /// The client this volume serves is gone (its connection closed
+    /// without a goodbye): the ops of every I/O still running start no
+    /// new attempt and fail `Abandoned` (an attempt in flight runs to its
+    /// end or its deadline), instead of retrying for
+    /// `CLIENT_OP_TIMEOUT_MS` for no one. Each I/O still ends only when
+    /// all its parts have, so its [`Admitted`] guard outlives them.
+    pub fn abandon(&self) {
+        self.gone.set(true);
     }
 
     /// Enforces `bytes` as the size from now on; returns the new size
@@ -374,7 +397,9 @@ impl Volume {
         let mut h = Header::request(Op::Read, 0, self.oid(p.block));
         h.offset = p.offset;
         h.length = p.len;
-        let f = self.cluster.object_op(self.rec.pool, h, None).await?;
+        let f = (self.cluster)
+            .object_op(self.rec.pool, h, None, &self.gone)
+            .await?;
         match f.h.status {
             Status::Ok => Ok(f.payload),
             Status::NotFound => Ok(None),
@@ -399,15 +424,20 @@ impl Volume {
             })
             .collect();
         let mut out = AlignedBuf::new(len as usize);
+        let mut first_err = None;
+        // Every part ends before the read does (none outlives the I/O).
         for t in tasks {
             let (p, r) = t.await;
             let dst = &mut out[p.at..p.at + p.len as usize];
-            match r? {
-                Some(b) => dst.copy_from_slice(&b),
-                None => dst.fill(0),
+            match r {
+                Ok(Some(b)) => dst.copy_from_slice(&b),
+                Ok(None) => dst.fill(0),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
-        Ok(out)
+        first_err.map_or(Ok(out), Err)
     }
 
     async fn write_piece(&self, p: Piece, data: AlignedBuf) -> Result<()> {
@@ -416,7 +446,7 @@ impl Volume {
         h.length = p.len;
         let f = self
             .cluster
-            .object_op(self.rec.pool, h, Some(&data))
+            .object_op(self.rec.pool, h, Some(&data), &self.gone)
             .await?;
         match f.h.status {
             Status::Ok => Ok(()),
@@ -449,7 +479,9 @@ impl Volume {
 
     async fn delete_object(&self, block: u64) -> Result<()> {
         let h = Header::request(Op::Delete, 0, self.oid(block));
-        let f = self.cluster.object_op(self.rec.pool, h, None).await?;
+        let f = (self.cluster)
+            .object_op(self.rec.pool, h, None, &self.gone)
+            .await?;
         match f.h.status {
             Status::Ok | Status::NotFound => Ok(()),
             s => Err(status_err(s, &format!("delete {}", self.oid(block)))),
@@ -476,8 +508,17 @@ impl Volume {
                     })
                 })
                 .collect();
+            // Every part ends before the I/O does: one left running after
+            // an error could land past the end of a shrink that waited
+            // for this I/O.
+            let mut first_err = None;
             for t in tasks {
-                t.await?;
+                if let Err(e) = t.await {
+                    first_err.get_or_insert(e);
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
             }
         }
         Ok(())
@@ -801,6 +842,55 @@ fn check_size(size_bytes: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nacre_meta::map::OsdRecord;
+
+    /// A cluster map of three OSDs that no one answers for, and a volume
+    /// of 1 MiB on it: every op retries until it times out.
+    fn unreachable(dir: &std::path::Path) -> Rc<Volume> {
+        let meta = nacre_meta::embedded::Embedded::open(dir).unwrap();
+        let osds: Vec<OsdRecord> = (0..3)
+            .map(|id| {
+                let addr = format!("unix:{}", dir.join(format!("none.{id}.sock")).display());
+                OsdRecord::local(id, addr, 1)
+            })
+            .collect();
+        let pool = PoolRecord::rbd(3, 2, 8, 128 << 10);
+        map::init(&*meta, &osds, &pool).unwrap();
+        map::create_volume(&*meta, "v", &pool, 1 << 20).unwrap();
+        let cluster = Cluster::connect(meta).unwrap();
+        Rc::new(Volume::open(&cluster, "v").unwrap())
+    }
+
+    /// An abandoned volume's I/O stops retrying: reads, writes and zeroing
+    /// over several objects end `Abandoned` instead of retrying for
+    /// `CLIENT_OP_TIMEOUT_MS` (then they would end `Unavailable`).
+    #[test]
+    fn an_abandoned_volume_stops_retrying() {
+        let d = tempfile::tempdir().unwrap();
+        let vol = unreachable(d.path());
+        rt::block_on(async {
+            let ios: Vec<rt::JoinHandle<Result<()>>> = vec![
+                {
+                    let v = vol.clone();
+                    rt::spawn(async move { v.write(64 << 10, AlignedBuf::zeroed(256 << 10)).await })
+                },
+                {
+                    let v = vol.clone();
+                    rt::spawn(async move { v.read(0, 512 << 10).await.map(drop) })
+                },
+                {
+                    let v = vol.clone();
+                    rt::spawn(async move { v.zero(4096, 1 << 19).await })
+                },
+            ];
+            rt::sleep(Duration::from_millis(300)).await;
+            vol.abandon();
+            for io in ios {
+                let r = io.await;
+                assert!(matches!(r, Err(ClientError::Abandoned)), "{r:?}");
+            }
+        });
+    }
 
     #[test]
     fn pieces_cover_the_range() {

@@ -53,6 +53,36 @@ pub struct PoolRecord {
     pub object_bytes: u32,
 }
 
+impl OsdRecord {
+    /// OSD `id` at `addr` on a host of its own (`osd{id}`, rack `local`),
+    /// as one machine's OSDs are.
+    pub fn local(id: u32, addr: String, weight: u32) -> OsdRecord {
+        OsdRecord {
+            id,
+            addr,
+            host: format!("osd{id}"),
+            rack: "local".into(),
+            weight,
+        }
+    }
+}
+
+impl PoolRecord {
+    /// The pool `nacre up` makes: pool 1, `rbd`, `size` copies of each
+    /// object, `min_size`, `pg_count` PGs, failure domain osd.
+    pub fn rbd(size: u8, min_size: u8, pg_count: u32, object_bytes: u32) -> PoolRecord {
+        PoolRecord {
+            id: 1,
+            name: "rbd".into(),
+            size,
+            min_size,
+            pg_count,
+            failure_domain: "osd".into(),
+            object_bytes,
+        }
+    }
+}
+
 /// A pool's PG → OSD table at one epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgMap {

@@ -276,6 +276,8 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
     let tx = FrameSender::start(stream);
     let inflight = Inflight::new(INFLIGHT_MAX);
     let name = vol.record().name.clone();
+    // Whether the client said goodbye (then its requests still finish).
+    let mut disc = false;
     loop {
         inflight.slot().await;
         match rd.ready(REQUEST_HEADER_BYTES).await {
@@ -296,7 +298,10 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
         rd.consume(REQUEST_HEADER_BYTES);
         let mut data = None;
         match req.kind {
-            CMD_DISC => break,
+            CMD_DISC => {
+                disc = true;
+                break;
+            }
             CMD_WRITE if req.len > DISCARD_MAX_BYTES => {
                 tracing::warn!("nbd {name}: closing connection: write of {} bytes", req.len);
                 break;
@@ -328,6 +333,11 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
             let _ = tx.send_raw(&simple_reply(err, req.cookie), payload).await;
         });
     }
+    if !disc {
+        // The client is gone (or the gateway cut it off): its requests
+        // stop retrying; each ends once its attempts in flight have.
+        vol.abandon();
+    }
     inflight.drain(&tx).await;
 }
 
@@ -335,6 +345,8 @@ fn errno(e: ClientError) -> u32 {
     match e {
         ClientError::NoSpace => ENOSPC,
         ClientError::Invalid(_) => EINVAL,
+        // No one is there to read it.
+        ClientError::Abandoned => EIO,
         other => {
             tracing::warn!("nbd: I/O error: {other}");
             EIO

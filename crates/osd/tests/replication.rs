@@ -35,23 +35,12 @@ struct Setup {
 
 fn setup(d: &std::path::Path) -> Setup {
     let osds: Vec<OsdRecord> = (0..3)
-        .map(|id| OsdRecord {
-            id,
-            addr: format!("unix:{}", d.join(format!("osd.{id}.sock")).display()),
-            host: format!("h{id}"),
-            rack: "r".into(),
-            weight: 1,
+        .map(|id| {
+            let addr = format!("unix:{}", d.join(format!("osd.{id}.sock")).display());
+            OsdRecord::local(id, addr, 1)
         })
         .collect();
-    let pool = PoolRecord {
-        id: 1,
-        name: "rbd".into(),
-        size: 3,
-        min_size: 2,
-        pg_count: 8,
-        failure_domain: "osd".into(),
-        object_bytes: 64 << 10,
-    };
+    let pool = PoolRecord::rbd(3, 2, 8, 64 << 10);
     let meta = Embedded::open(&d.join("meta")).unwrap();
     let pgmap = map::init(&*meta, &osds, &pool).unwrap();
     let addrs = osds
