@@ -186,6 +186,12 @@ pub enum RecordKind {
     /// Drops the one entry of PG `volume` at `version`: an op that peering
     /// undid (its write never reached the authoritative copy).
     PgForget = 8,
+    /// Sets (`version` 1) or clears (0) PG `volume`'s *recovering* mark
+    /// ([`crate::PgLog::recovering`]).
+    PgMark = 9,
+    /// Drops PG `volume`'s entries at or below `version` and raises its
+    /// tail to it (durably, unlike a trim).
+    PgTail = 10,
 }
 
 impl RecordKind {
@@ -204,7 +210,11 @@ impl RecordKind {
     pub fn is_pg_op(self) -> bool {
         matches!(
             self,
-            RecordKind::PgRewind | RecordKind::PgRemove | RecordKind::PgForget
+            RecordKind::PgRewind
+                | RecordKind::PgRemove
+                | RecordKind::PgForget
+                | RecordKind::PgMark
+                | RecordKind::PgTail
         )
     }
 
@@ -218,6 +228,8 @@ impl RecordKind {
             6 => Some(RecordKind::PgRewind),
             7 => Some(RecordKind::PgRemove),
             8 => Some(RecordKind::PgForget),
+            9 => Some(RecordKind::PgMark),
+            10 => Some(RecordKind::PgTail),
             _ => None,
         }
     }
@@ -270,7 +282,8 @@ pub struct LogSlotHeader {
     /// Versions at or below this were trimmed.
     pub tail: U64,
     pub count: U32,
-    pub pad: U32,
+    /// Bit 0: the log is marked recovering ([`crate::PgLog::recovering`]).
+    pub flags: U32,
     /// Kept for per-PG state of the OSD (zero today).
     pub reserved: [u8; 96],
 }

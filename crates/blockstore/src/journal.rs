@@ -62,8 +62,8 @@ pub struct Record {
     /// Small: logical journal position of the data (set when encoded or parsed).
     pub data_pos: u64,
     /// The PG log entry of a Small, Big, Delete or Log record (for
-    /// PgRewind, PgRemove and PgForget, the PG is `oid.volume` and the
-    /// version the record's).
+    /// the kinds that change only a PG log, the PG is `oid.volume` and
+    /// the version the record's).
     pub entry: Option<LogEntry>,
 }
 
@@ -144,7 +144,9 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
             | RecordKind::Log
             | RecordKind::PgRewind
             | RecordKind::PgRemove
-            | RecordKind::PgForget => 0,
+            | RecordKind::PgForget
+            | RecordKind::PgMark
+            | RecordKind::PgTail => 0,
         };
         let rh = RecordHeader {
             kind: U32::new(r.kind as u32),
@@ -360,7 +362,9 @@ pub fn parse_batch(
             | RecordKind::Log
             | RecordKind::PgRewind
             | RecordKind::PgRemove
-            | RecordKind::PgForget => len == 0 && ncsum == 0 && offset == 0 && loc == 0,
+            | RecordKind::PgForget
+            | RecordKind::PgMark
+            | RecordKind::PgTail => len == 0 && ncsum == 0 && offset == 0 && loc == 0,
             RecordKind::Fold => {
                 len == 0
                     && offset == 0
@@ -391,8 +395,11 @@ pub fn parse_batch(
             (k, None) if k.is_pg_op() => rh.obj_block.get() == 0,
             _ => false,
         };
-        let version_ok =
-            rh.version.get() != 0 || matches!(kind, RecordKind::PgRewind | RecordKind::PgRemove);
+        let version_ok = match kind {
+            RecordKind::PgRewind | RecordKind::PgRemove => true,
+            RecordKind::PgMark => rh.version.get() <= 1,
+            _ => rh.version.get() != 0,
+        };
         if !valid || !logged_ok || !version_ok {
             return Err(damaged("record fields out of range"));
         }

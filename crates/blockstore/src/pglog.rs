@@ -115,6 +115,14 @@ pub struct PgLog {
     pub entries: BTreeMap<u64, LogEntry>,
     /// Versions at or below this were trimmed (0: nothing was).
     pub tail: u64,
+    /// The copy is being recovered: objects were written to it out of the
+    /// log's order (whole objects of the authoritative copy, some with
+    /// their entry, some without), so its objects are not its log's ops
+    /// applied, until the authoritative log is made its own
+    /// (`Store::pg_mark_recovering`; the OSD sets it before the first
+    /// object recovery brings and clears it with the log sync after the
+    /// last). Peering compares such a copy object by object.
+    pub recovering: bool,
 }
 
 impl PgLog {
@@ -126,7 +134,7 @@ impl PgLog {
     }
 
     fn is_blank(&self) -> bool {
-        self.entries.is_empty() && self.tail == 0
+        self.entries.is_empty() && self.tail == 0 && !self.recovering
     }
 }
 
@@ -344,6 +352,31 @@ impl PgLogs {
         })
     }
 
+    /// Whether `pg_mark_recovering(pg, ..)` or `pg_raise_tail` may run:
+    /// they may make a log, and a store holds at most as many logs as it
+    /// has slots.
+    pub fn check_new(&self, pg: u64) -> Result<()> {
+        if !self.pgs.contains_key(&pg) && self.pgs.len() >= self.region.slots as usize {
+            return Err(Error::PgLogsFull {
+                slots: self.region.slots,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets or clears PG `pg`'s recovering mark; a log left blank and
+    /// unheld is forgotten.
+    pub fn mark(&mut self, pg: u64, recovering: bool) {
+        let s = self.state(pg);
+        if s.log.recovering != recovering {
+            s.log.recovering = recovering;
+            s.dirty = true;
+        }
+        if s.holds == 0 && s.log.is_blank() {
+            self.remove(pg);
+        }
+    }
+
     /// Drops the entry at `version`, if there is one.
     pub fn forget(&mut self, pg: u64, version: u64) {
         if let Some(s) = self.pgs.get_mut(&pg) {
@@ -356,15 +389,22 @@ impl PgLogs {
     /// Trims the entries at or below `upto` (in memory; the next
     /// checkpoint persists it, a crash before it only keeps more history).
     pub fn trim(&mut self, pg: u64, upto: u64) {
-        if let Some(s) = self.pgs.get_mut(&pg) {
-            if upto > s.log.tail {
-                s.log.tail = upto;
-                s.log.entries = match upto.checked_add(1) {
-                    Some(above) => s.log.entries.split_off(&above),
-                    None => BTreeMap::new(),
-                };
-                s.dirty = true;
-            }
+        if self.pgs.contains_key(&pg) {
+            self.raise_tail(pg, upto);
+        }
+    }
+
+    /// Raises PG `pg`'s tail to `upto`, dropping the entries at or below
+    /// it (a `PgTail` record); on a PG without a log, makes one.
+    pub fn raise_tail(&mut self, pg: u64, upto: u64) {
+        let s = self.state(pg);
+        if upto > s.log.tail {
+            s.log.tail = upto;
+            s.log.entries = match upto.checked_add(1) {
+                Some(above) => s.log.entries.split_off(&above),
+                None => BTreeMap::new(),
+            };
+            s.dirty = true;
         }
     }
 
@@ -470,7 +510,7 @@ fn encode_slot(pg: u64, log: &PgLog) -> AlignedBuf {
         pg: U64::new(pg),
         tail: U64::new(log.tail),
         count: U32::new(log.entries.len() as u32),
-        pad: U32::new(0),
+        flags: U32::new(u32::from(log.recovering)),
         reserved: [0; 96],
     };
     buf[..hdr].copy_from_slice(h.as_bytes());
@@ -497,9 +537,13 @@ pub(crate) fn decode_slot(
     if count > region.entries_per_slot() || hdr + count * esz > buf.len() {
         return Err(format!("{count} entries do not fit the slot"));
     }
+    if h.flags.get() > 1 {
+        return Err(format!("unknown flags {:#x}", h.flags.get()));
+    }
     let mut log = PgLog {
         entries: BTreeMap::new(),
         tail: h.tail.get(),
+        recovering: h.flags.get() == 1,
     };
     let mut last = log.tail;
     for i in 0..count {

@@ -561,6 +561,26 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.pg_op(RecordKind::PgForget, pg, version, None).await
     }
 
+    /// Sets or clears PG `pg`'s recovering mark (durably;
+    /// [`PgLog::recovering`]); on a PG without a log, makes one.
+    pub async fn pg_mark_recovering(&self, pg: u64, recovering: bool) -> Result<()> {
+        (self.0)
+            .pg_op(RecordKind::PgMark, pg, u64::from(recovering), None)
+            .await
+    }
+
+    /// Raises PG `pg`'s tail to `upto` (durably), dropping the entries at
+    /// or below it: a copy that took another's log takes its tail too, so
+    /// that its log names every op above its tail.
+    pub async fn pg_raise_tail(&self, pg: u64, upto: u64) -> Result<()> {
+        self.0.pg_op(RecordKind::PgTail, pg, upto, None).await
+    }
+
+    /// Whether PG `pg`'s log is marked recovering.
+    pub fn pg_recovering(&self, pg: u64) -> bool {
+        (self.0.st.borrow().pglogs.get(pg)).is_some_and(|l| l.recovering)
+    }
+
     /// Forgets PG `pg`'s log (durably): the PG left this OSD.
     pub async fn pg_remove(&self, pg: u64) -> Result<()> {
         self.0.pg_op(RecordKind::PgRemove, pg, 0, None).await
@@ -931,6 +951,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         match kind {
             RecordKind::PgRewind => self.st.borrow().pglogs.check_rewind(pg, version)?,
             RecordKind::PgForget => self.st.borrow().pglogs.check_forget(pg, version)?,
+            RecordKind::PgMark | RecordKind::PgTail => self.st.borrow().pglogs.check_new(pg)?,
             _ => {}
         }
         let Some(_hold) = self.hold_pg(entry.as_ref())? else {

@@ -40,6 +40,8 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         RecordKind::PgRewind => return st.pglogs.rewind(rec.oid.volume.0, rec.version),
         RecordKind::PgRemove => return st.pglogs.remove(rec.oid.volume.0),
         RecordKind::PgForget => return st.pglogs.forget(rec.oid.volume.0, rec.version),
+        RecordKind::PgMark => return st.pglogs.mark(rec.oid.volume.0, rec.version != 0),
+        RecordKind::PgTail => return st.pglogs.raise_tail(rec.oid.volume.0, rec.version),
         _ => {}
     }
     if rec.kind == RecordKind::Fold {
@@ -116,7 +118,9 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         | RecordKind::Log
         | RecordKind::PgRewind
         | RecordKind::PgRemove
-        | RecordKind::PgForget => unreachable!("handled above"),
+        | RecordKind::PgForget
+        | RecordKind::PgMark
+        | RecordKind::PgTail => unreachable!("handled above"),
         RecordKind::Delete => {
             if cur.is_none() {
                 return;

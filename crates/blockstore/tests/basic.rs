@@ -1,5 +1,7 @@
 //! Behaviour of one store on the in-memory and fault devices.
 
+mod common;
+
 use nacre_blockstore::{Error, FormatOptions, LogEntry, LogOp, LogRegion, Store, StoreOptions};
 use nacre_io::rt::block_on;
 use nacre_io::{AlignedBuf, BlockDev, FaultDev, MemDev};
@@ -759,6 +761,53 @@ fn pg_logs_survive_replay_checkpoints_and_close() {
             &s.read(ObjectId::new(3, 1), 0, 4096).await.unwrap()[..],
             &pattern(9, 4096)[..]
         );
+    });
+}
+
+/// A PG's recovering mark and a raised tail are durable: through the
+/// journal and checkpoints; the mark goes with the log; either makes a
+/// log for a PG without one (counted against the slots), and a log that
+/// holds nothing but the mark is not forgotten.
+#[test]
+fn the_recovering_mark_and_a_raised_tail_survive_replay_and_checkpoints() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 16 << 10).await;
+        s.write_logged(entry(1, 1, 1, LogOp::Write, 1), 0, pattern(1, 4096))
+            .await
+            .unwrap();
+        s.pg_mark_recovering(1, true).await.unwrap();
+        s.pg_mark_recovering(2, true).await.unwrap();
+        assert!(s.pg_recovering(1) && s.pg_recovering(2) && !s.pg_recovering(3));
+        assert_eq!(s.pg_logs(), vec![1, 2]);
+        let mut s = s;
+        for checkpoint in [false, true] {
+            let (t, rep) = common::reopen(s, &dev, checkpoint).await;
+            assert_eq!(rep.replay_stopped, None);
+            assert!(t.pg_recovering(1) && t.pg_recovering(2), "{checkpoint}");
+            assert_eq!(t.pg_log(1).unwrap().head(), 1);
+            s = t;
+        }
+        s.pg_mark_recovering(1, false).await.unwrap();
+        s.pg_raise_tail(5, 40).await.unwrap();
+        s.pg_remove(2).await.unwrap();
+        s.pg_mark_recovering(3, true).await.unwrap();
+        s.pg_mark_recovering(3, false).await.unwrap();
+        for checkpoint in [false, true] {
+            let (t, _) = common::reopen(s, &dev, checkpoint).await;
+            assert!(!t.pg_recovering(1) && !t.pg_recovering(2) && !t.pg_recovering(3));
+            assert_eq!(t.pg_log(1).unwrap().entries.len(), 1);
+            // A raised tail makes a log, durably.
+            assert_eq!(t.pg_log(5).unwrap().tail, 40);
+            s = t;
+        }
+        // 16 slots: a mark that would make a 17th log is refused.
+        for pg in 10..24 {
+            s.log_only(entry(pg, 1, 1, LogOp::Write, 1)).await.unwrap();
+        }
+        let r = s.pg_mark_recovering(99, true).await;
+        assert!(matches!(r, Err(Error::PgLogsFull { slots: 16 })), "{r:?}");
+        s.pg_mark_recovering(10, true).await.unwrap();
     });
 }
 

@@ -3,6 +3,8 @@
 //! gives a typed error or a clean recovery — never wrong bytes, never a
 //! panic.
 
+mod common;
+
 use nacre_blockstore::format::PAGE_BYTES;
 use nacre_blockstore::{Error, FormatOptions, Store, StoreOptions};
 use nacre_io::rt::block_on;
@@ -127,13 +129,7 @@ fn a_damaged_object_is_repaired_at_its_version() {
         // The repair is durable: replayed from the journal, and after a
         // checkpoint from the tables.
         for checkpoint in [false, true] {
-            if checkpoint {
-                s.checkpoint().await.unwrap();
-            }
-            drop(s);
-            let (t, _) = Store::open(dev.clone(), StoreOptions::default())
-                .await
-                .unwrap();
+            let (t, _) = common::reopen(s, &dev, checkpoint).await;
             assert_eq!(t.version(oid(1)), Some(2));
             assert_eq!(&t.read(oid(1), 0, BLOCK).await.unwrap()[..], &whole[..]);
             assert_eq!(

@@ -1417,7 +1417,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                     }
                 }
             }
-            Op::PgQuery => self.answer_query(&h).await,
+            Op::PgQuery => self.answer_query(&h, f.payload).await,
             Op::Pull => self.answer_pull(&h).await,
             Op::Push => {
                 let s = self.answer_push(&h, f.payload).await;

@@ -27,16 +27,16 @@
 //!   whole object at its authoritative version and leaves the plan once
 //!   applied, so none lands twice and the copies never hold a mix.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use nacre_blockstore::{LogEntry, LogOp};
+use nacre_blockstore::{LogEntry, LogOp, PgLog};
 use nacre_io::{rt, BlockDev};
 use nacre_net::Transport;
 use nacre_types::ObjectId;
 
-use crate::peering::{LogSync, PeerError, PgInfo};
+use crate::peering::{LogSync, PeerError};
 use crate::{Osd, PgEvent, PgState};
 
 /// The recovery rate of a new OSD, in bytes per second (pushes of whole
@@ -87,25 +87,29 @@ impl Recovery {
     }
 }
 
-/// What peering found: per object, what the copies of `acting` other than
-/// `auth` lack of `auth`'s copy; and the objects a copy holds at a version
-/// the authoritative history does not know (divergent: never
+/// What peering found: per object, what the copies other than the
+/// authoritative one lack of its copy; and the objects a copy holds at a
+/// version the authoritative history does not know (divergent: never
 /// acknowledged), which must be rewritten on every member at a new version
 /// since a store never goes back to an older one.
-pub(crate) fn plan(
-    auth: u32,
-    infos: &HashMap<u32, PgInfo>,
-    acting: &[u32],
-) -> (BTreeMap<ObjectId, Want>, Vec<ObjectId>) {
-    let a = &infos[&auth];
-    let mut wants: BTreeMap<ObjectId, Want> = BTreeMap::new();
-    let mut rewrite: Vec<ObjectId> = Vec::new();
-    let mut want = |oid: ObjectId, w: Want, c: u32| {
-        wants.entry(oid).or_insert(w).to.push(c);
-    };
-    for &c in acting.iter().filter(|&&c| c != auth) {
-        let ci = &infos[&c];
-        let (mut x, mut y) = (a.objects.iter().peekable(), ci.objects.iter().peekable());
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    wants: BTreeMap<ObjectId, Want>,
+    rewrite: Vec<ObjectId>,
+}
+
+impl Plan {
+    /// Adds what copy `c`, holding `copy` (all its objects, or those
+    /// compared), lacks of the authority's: `auth` (its versions of the
+    /// same objects) and `log`.
+    pub(crate) fn compare(
+        &mut self,
+        log: &PgLog,
+        auth: &BTreeMap<ObjectId, u64>,
+        c: u32,
+        copy: &BTreeMap<ObjectId, u64>,
+    ) {
+        let (mut x, mut y) = (auth.iter().peekable(), copy.iter().peekable());
         // Both lists are sorted: walk them together.
         loop {
             let (oid, va, vc) = match (x.peek(), y.peek()) {
@@ -132,43 +136,59 @@ pub(crate) fn plan(
                     }
                 }
             };
-            match (va, vc) {
-                (Some(va), Some(vc)) if vc == va => {}
-                (Some(va), vc) if vc.is_none_or(|vc| vc < va) => {
-                    let entry = (a.log.entries.get(&va).copied())
-                        .filter(|e| e.oid == oid && e.op == LogOp::Write);
-                    let w = Want {
-                        version: va,
-                        entry,
-                        delete: false,
-                        to: Vec::new(),
-                    };
-                    want(oid, w, c);
-                }
-                (None, Some(vc)) => match a.last_entry(oid) {
+            let want = match (va, vc) {
+                (Some(va), Some(vc)) if vc == va => continue,
+                (Some(va), vc) if vc.is_none_or(|vc| vc < va) => Want {
+                    version: va,
+                    entry: (log.entries.get(&va).copied())
+                        .filter(|e| e.oid == oid && e.op == LogOp::Write),
+                    delete: false,
+                    to: Vec::new(),
+                },
+                (None, Some(vc)) => match log_last_entry(log, oid) {
                     // Deleted on the authoritative copy after the version
                     // this copy holds: a tombstone.
-                    Some(e) if e.op == LogOp::Delete && e.version > vc => {
-                        let w = Want {
-                            version: e.version,
-                            entry: Some(*e),
-                            delete: true,
-                            to: Vec::new(),
-                        };
-                        want(oid, w, c);
+                    Some(e) if e.op == LogOp::Delete && e.version > vc => Want {
+                        version: e.version,
+                        entry: Some(*e),
+                        delete: true,
+                        to: Vec::new(),
+                    },
+                    _ => {
+                        self.rewrite.push(oid);
+                        continue;
                     }
-                    _ => rewrite.push(oid),
                 },
-                _ => rewrite.push(oid),
-            }
+                _ => {
+                    self.rewrite.push(oid);
+                    continue;
+                }
+            };
+            let w = self.wants.entry(oid).or_insert(want.clone());
+            // Every copy is compared with the same authoritative copy.
+            assert!(
+                !nacre_blockstore::strict()
+                    || (w.version, w.entry, w.delete) == (want.version, want.entry, want.delete),
+                "{oid}: {w:?} and {want:?} for one authoritative copy"
+            );
+            w.to.push(c);
         }
     }
-    rewrite.sort_unstable();
-    rewrite.dedup();
-    for oid in &rewrite {
-        wants.remove(oid);
+
+    /// What each copy lacks, without the objects to rewrite; and those.
+    pub(crate) fn finish(mut self) -> (BTreeMap<ObjectId, Want>, Vec<ObjectId>) {
+        self.rewrite.sort_unstable();
+        self.rewrite.dedup();
+        for oid in &self.rewrite {
+            self.wants.remove(oid);
+        }
+        (self.wants, self.rewrite)
     }
-    (wants, rewrite)
+}
+
+/// The newest entry of `oid` in `log`.
+fn log_last_entry(log: &PgLog, oid: ObjectId) -> Option<&LogEntry> {
+    log.entries.values().rev().find(|e| e.oid == oid)
 }
 
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
@@ -331,9 +351,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let Some((to, sync)) = next else {
                 return Ok(());
             };
-            if !sync.is_empty() {
-                self.log_sync(to, pg, epoch, &sync).await?;
-            }
+            // Never empty: it clears the recovering mark.
+            self.log_sync(to, pg, epoch, &sync).await?;
             let removed = (self.recovery.borrow_mut().get_mut(&pg))
                 .filter(|r| r.epoch == epoch)
                 .and_then(|r| r.left.remove(&to));
@@ -523,29 +542,25 @@ mod tests {
     #[test]
     fn the_plan_names_what_each_copy_lacks_and_what_diverged() {
         let o = |b: u64| ObjectId::new(1, b);
-        let info = |objects: &[(u64, u64)], entries: &[LogEntry]| PgInfo {
-            log: PgLog {
-                entries: entries.iter().map(|e| (e.version, *e)).collect(),
-                tail: 0,
-            },
-            objects: objects.iter().map(|&(b, v)| (o(b), v)).collect(),
+        let objects = |v: &[(u64, u64)]| -> BTreeMap<ObjectId, u64> {
+            v.iter().map(|&(b, v)| (o(b), v)).collect()
         };
-        let infos: HashMap<u32, PgInfo> = [
-            (
-                0,
-                info(
-                    &[(1, 5), (2, 3), (3, 9), (5, 4)],
-                    &[entry(5, o(1), LogOp::Write), entry(8, o(4), LogOp::Delete)],
-                ),
-            ),
-            // Lacks 1 at v5, has 2, lacks 3, has 4 (deleted later), has 5
-            // at a version the authority does not know (diverged).
-            (1, info(&[(1, 2), (2, 3), (4, 6), (5, 7)], &[])),
-            // Lacks everything; holds 6, which the authority never had.
-            (2, info(&[(6, 1)], &[])),
-        ]
-        .into();
-        let (wants, rewrite) = plan(0, &infos, &[0, 1, 2]);
+        let log = PgLog {
+            entries: [entry(5, o(1), LogOp::Write), entry(8, o(4), LogOp::Delete)]
+                .into_iter()
+                .map(|e| (e.version, e))
+                .collect(),
+            tail: 0,
+            recovering: false,
+        };
+        let auth = objects(&[(1, 5), (2, 3), (3, 9), (5, 4)]);
+        let mut plan = Plan::default();
+        // Lacks 1 at v5, has 2, lacks 3, has 4 (deleted later), has 5
+        // at a version the authority does not know (diverged).
+        plan.compare(&log, &auth, 1, &objects(&[(1, 2), (2, 3), (4, 6), (5, 7)]));
+        // Lacks everything; holds 6, which the authority never had.
+        plan.compare(&log, &auth, 2, &objects(&[(6, 1)]));
+        let (wants, rewrite) = plan.finish();
         assert_eq!(rewrite, vec![o(5), o(6)]);
         assert_eq!(
             wants[&o(1)],

@@ -34,6 +34,16 @@ pub struct OsdStats {
     recovered_bytes: Cell<u64>,
     /// Objects of stray copies (PGs placement moved away) deleted here.
     stray_removed: Cell<u64>,
+    /// PG queries this OSD answered with a listing of the PG's objects
+    /// (backfill), not from its log.
+    pg_listings: Cell<u64>,
+    /// Objects whose copies differed where their PG logs said nothing
+    /// (checked under `strict` only).
+    log_delta_misses: Cell<u64>,
+    /// Copies this OSD, as primary, compared with the authoritative one
+    /// from their logs, and on listings of their objects.
+    compared_by_log: Cell<u64>,
+    compared_by_listing: Cell<u64>,
 }
 
 /// What `Op::Stat` answers (JSON).
@@ -91,6 +101,21 @@ pub struct OsdReport {
     /// OSD has deleted since it started, once those PGs were clean.
     #[serde(default)]
     pub stray_objects_removed: u64,
+    /// PG queries answered with a listing of the PG's objects (backfill)
+    /// since the OSD started; the others were answered from the log.
+    #[serde(default)]
+    pub pg_listings: u64,
+    /// Under `strict`: objects whose copies differed where their PG logs
+    /// said nothing (a peering compared from the logs would miss them).
+    #[serde(default)]
+    pub log_delta_misses: u64,
+    /// Copies this OSD, as primary, compared with the authoritative one
+    /// from their PG logs (a few object versions) and on listings of
+    /// every object of the PG (backfill), since it started.
+    #[serde(default)]
+    pub compared_by_log: u64,
+    #[serde(default)]
+    pub compared_by_listing: u64,
     /// The used fractions at which this OSD is near full and full.
     #[serde(default = "one")]
     pub nearfull_ratio: f64,
@@ -164,6 +189,19 @@ impl OsdStats {
 
     pub fn repaired(&self) {
         add(&self.repaired, 1);
+    }
+
+    pub fn pg_listed(&self) {
+        add(&self.pg_listings, 1);
+    }
+
+    pub fn compared(&self, by_log: u64, by_listing: u64) {
+        add(&self.compared_by_log, by_log);
+        add(&self.compared_by_listing, by_listing);
+    }
+
+    pub fn log_delta_missed(&self) {
+        add(&self.log_delta_misses, 1);
     }
 
     pub fn set_replay_stopped(&self, why: Option<String>) {
@@ -250,6 +288,10 @@ impl OsdStats {
             recovered_objects: self.recovered_objects.get(),
             recovered_bytes: self.recovered_bytes.get(),
             stray_objects_removed: self.stray_removed.get(),
+            pg_listings: self.pg_listings.get(),
+            log_delta_misses: self.log_delta_misses.get(),
+            compared_by_log: self.compared_by_log.get(),
+            compared_by_listing: self.compared_by_listing.get(),
             ..OsdReport::default()
         }
     }

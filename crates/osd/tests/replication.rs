@@ -269,8 +269,8 @@ impl Handler for Silent {
         match f.h.op {
             Op::RepWrite | Op::RepDelete => std::future::pending().await,
             Op::PgQuery => {
-                // An empty PG: no tail, no entries, no objects.
-                let body = [0u8; 16];
+                // An empty PG: no tail, no entries, no objects, no flag.
+                let body = [0u8; 24];
                 (
                     f.h.reply(Status::Ok).with_payload(&body),
                     Some(AlignedBuf::from_slice(&body)),

@@ -339,6 +339,8 @@ pub struct Cluster {
     pub net: Net,
     pub leader: Rc<Leader<Net>>,
     pub nodes: RefCell<Vec<Node>>,
+    /// `log_delta_misses` of OSD instances that crashed.
+    misses: Cell<u64>,
 }
 
 fn leader_addr() -> Addr {
@@ -444,6 +446,7 @@ impl Cluster {
             net,
             leader,
             nodes: RefCell::new(nodes),
+            misses: Cell::new(0),
         });
         for id in 0..osds {
             c.start(id).await;
@@ -532,6 +535,7 @@ impl Cluster {
         let n = &mut nodes[id as usize];
         self.net.detach(&n.addr);
         if let Some(o) = n.osd.take() {
+            (self.misses).set(self.misses.get() + o.stat_report().log_delta_misses);
             o.halt();
         }
         let (dev, _) = n.dev.power_cut(seed);
@@ -546,6 +550,17 @@ impl Cluster {
         assert!(!self.is_up(id), "osd.{id} is running");
         let dev = blank_disk(&self.net).await;
         self.nodes.borrow_mut()[id as usize].dev = dev;
+    }
+
+    /// Objects whose copies differed where their PG logs said nothing, as
+    /// every OSD instance of the run found them when it peered (checked
+    /// under `strict`): a peering from the logs alone would miss them.
+    pub fn log_delta_misses(&self) -> u64 {
+        let live: u64 = (self.nodes.borrow().iter())
+            .filter_map(|n| n.osd.as_ref())
+            .map(|o| o.stat_report().log_delta_misses)
+            .sum();
+        self.misses.get() + live
     }
 
     pub fn is_up(&self, id: u32) -> bool {

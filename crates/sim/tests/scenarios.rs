@@ -386,7 +386,8 @@ async fn returning_copy(seed: u64) -> (Rc<Cluster>, Vec<ObjectId>, nacre_osd::Os
 /// background: its PGs serve at once (reads and writes of objects it
 /// lacks, which are recovered first), the leader records it as an
 /// incomplete member until it holds everything, and recovery, paced, ends
-/// with every copy of every object the same.
+/// with every copy of every object the same. What it lacks comes from the
+/// PG logs, not from listings of every object.
 #[test]
 fn a_returning_copy_is_recovered_while_its_pgs_serve() {
     rt::block_on_virtual(async {
@@ -425,6 +426,10 @@ fn a_returning_copy_is_recovered_while_its_pgs_serve() {
             (m.last_active.values()).all(|i| i.incomplete.is_empty()),
             "{m:?}"
         );
+        // Its logs told what it lacked: no PG listed its objects.
+        let reports: Vec<_> = (0..3).map(|id| c.osd(id).unwrap().stat_report()).collect();
+        assert!(reports.iter().all(|r| r.compared_by_listing == 0));
+        assert!(reports.iter().map(|r| r.compared_by_log).sum::<u64>() >= 4);
         for (k, &oid) in oids.iter().enumerate() {
             let copies: Vec<_> = (0..3).map(|id| c.osd(id).unwrap()).collect();
             let v = copies[0].store().version(oid);
@@ -440,6 +445,89 @@ fn a_returning_copy_is_recovered_while_its_pgs_serve() {
                 );
             }
         }
+        c.stop();
+    });
+}
+
+/// A copy whose recovery was cut short is compared object by object at
+/// the next peering, not from its log. It missed so many writes of a PG
+/// that the authoritative log no longer holds the older ones (objects
+/// `a` are named by no log any more), and recovery brought it the newest
+/// object first, with that object's entry: its log then overlaps the
+/// authority's, but its objects are not its log's ops applied. Its
+/// recovering mark says so; without the mark peering would take the logs'
+/// word and leave it without the objects `a` for good.
+#[test]
+fn a_copy_whose_recovery_was_cut_short_is_not_compared_by_its_log() {
+    rt::block_on_virtual(async {
+        let c = cluster(9).await;
+        let pgs = c.leader.map().pgmap.pg_count();
+        let in_pg: Vec<ObjectId> = (0..)
+            .map(|b| ObjectId::new(1, b))
+            .filter(|&o| nacre_types::pg_of(o, pgs) == 0)
+            .take(6)
+            .collect();
+        let (b, a) = (in_pg[0], &in_pg[1..]);
+        let (_, acting) = c.route(b);
+        let (p, z) = (acting[0], acting[2]);
+        c.crash(z, 1);
+        c.settle(SETTLE).await.unwrap();
+        let mut req = 1;
+        for (k, &o) in a.iter().enumerate() {
+            put(&c, o, req, k as u8 + 1).await;
+            req += 1;
+        }
+        // More writes of `b` than a PG log holds: the entries of `a` go.
+        for _ in 0..140 {
+            put(&c, b, req, 0xbb).await;
+            req += 1;
+        }
+        let auth_log = c.osd(p).unwrap().store().pg_log(pg_key(1, 0)).unwrap();
+        assert!(a
+            .iter()
+            .all(|o| auth_log.entries.values().all(|e| e.oid != *o)));
+        // z comes back and recovers one object a second, `b` first.
+        for id in 0..3 {
+            if let Some(o) = c.osd(id) {
+                o.set_recovery_rate(u64::from(OBJECT_BYTES));
+            }
+        }
+        c.start(z).await;
+        c.osd(z).unwrap().set_recovery_rate(u64::from(OBJECT_BYTES));
+        let zo = c.osd(z).unwrap();
+        for _ in 0..600 {
+            if zo.store().version(b).is_some() {
+                break;
+            }
+            rt::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(zo.store().version(b).is_some(), "b never recovered");
+        assert!(a.iter().any(|&o| zo.store().version(o).is_none()));
+        assert!(zo.store().pg_recovering(pg_key(1, 0)));
+        // A new epoch mid-way: the next peering must list z's objects.
+        let listed_before: u64 = (0..3)
+            .filter_map(|id| c.osd(id))
+            .map(|o| o.stat_report().compared_by_listing)
+            .sum();
+        let other = acting[1];
+        c.crash(other, 2);
+        c.settle(SETTLE).await.unwrap();
+        let listed: u64 = (0..3)
+            .filter_map(|id| c.osd(id))
+            .map(|o| o.stat_report().compared_by_listing)
+            .sum();
+        assert!(listed > listed_before, "z's copy was not listed again");
+        c.start(other).await;
+        c.settle(SETTLE).await.unwrap();
+        assert!(!zo.store().pg_recovering(pg_key(1, 0)));
+        for (k, &o) in a.iter().enumerate() {
+            assert_eq!(
+                zo.store().read(o, 0, 4096).await.map(|d| d[0]).ok(),
+                Some(k as u8 + 1),
+                "{o} on osd.{z}"
+            );
+        }
+        assert_eq!(c.log_delta_misses(), 0);
         c.stop();
     });
 }

@@ -294,6 +294,11 @@ fn run_on(seed: u64, osds: u32, paged: bool) {
             check_read(seed, obj, attempts, got.as_deref());
         }
         check_copies(&c, seed, &model).await;
+        assert_eq!(
+            c.log_delta_misses(),
+            0,
+            "seed {seed}: copies differed where their PG logs said nothing"
+        );
         c.stop();
     });
 }

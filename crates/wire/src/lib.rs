@@ -406,8 +406,11 @@ impl Header {
             }
             // Maps, PG events and logs, whole objects of recovery: sized
             // by their payload (bounded above), parsed by the receiver.
+            // (A PG query may name the objects it asks about.)
             (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull | Op::VolumeUsage, true)
-            | (Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::LogSync, false) => return Ok(()),
+            | (Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::LogSync | Op::PgQuery, false) => {
+                return Ok(())
+            }
             _ => false,
         };
         match (carries_data, len == self.length) {
