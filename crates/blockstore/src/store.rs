@@ -548,10 +548,17 @@ impl<D: BlockDev + 'static> Store<D> {
     /// what the log keeps (at or below its tail, or before every entry of
     /// a full log) is skipped.
     pub async fn adopt_entry(&self, entry: LogEntry) -> Result<()> {
-        if self.0.st.borrow().pglogs.too_old(&entry) {
+        if self.entry_too_old(&entry) {
             return Ok(());
         }
         self.log_only(entry).await
+    }
+
+    /// Whether `entry` is older than what its PG's log keeps (at or below
+    /// its tail, or before every entry of a full log): a logged op with
+    /// it is refused.
+    pub fn entry_too_old(&self, entry: &LogEntry) -> bool {
+        self.0.st.borrow().pglogs.too_old(entry)
     }
 
     /// Drops PG `pg`'s entry at `version` (durably), if the log has it: an

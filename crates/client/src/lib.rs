@@ -580,6 +580,14 @@ impl Cluster {
             self.wait_sessions(&rec, |s| s.size_bytes <= size_bytes, "shrink")
                 .await?;
             self.drop_stale(&rec).await?;
+        } else if size_bytes > old.size_bytes {
+            // A grow: the open connections see it once their gateway
+            // heard of it; waited for (bounded), so that they do when this
+            // returns. The grow stands either way.
+            let seen = self.wait_sessions(&rec, |s| s.size_bytes >= size_bytes, "grow");
+            if let Err(e) = seen.await {
+                tracing::warn!("{e}");
+            }
         }
         Ok(map::get_volume(&*self.meta, name)?.unwrap_or(rec))
     }

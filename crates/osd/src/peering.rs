@@ -78,6 +78,10 @@ pub(crate) struct LogSync {
     /// The tail to raise the copy's to (0: none).
     pub tail: u64,
     pub unmark: bool,
+    /// Instead: mark the copy recovering (before its PG goes active with
+    /// it still to recover: it takes the interval's writes, logged, before
+    /// recovery brings it anything).
+    pub mark: bool,
 }
 
 impl LogSync {
@@ -88,6 +92,7 @@ impl LogSync {
         LogSync {
             tail: if auth.tail > copy.tail { auth.tail } else { 0 },
             unmark: copy.recovering,
+            mark: false,
             forget: (copy.entries.values())
                 .filter(|e| e.version > auth.tail && auth.entries.get(&e.version) != Some(*e))
                 .map(|e| e.version)
@@ -100,13 +105,26 @@ impl LogSync {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.forget.is_empty() && self.adopt.is_empty() && self.tail == 0 && !self.unmark
+        self.forget.is_empty()
+            && self.adopt.is_empty()
+            && self.tail == 0
+            && !self.unmark
+            && !self.mark
+    }
+
+    /// Only marks the copy recovering.
+    pub(crate) fn mark() -> LogSync {
+        LogSync {
+            mark: true,
+            ..LogSync::default()
+        }
     }
 
     fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(20 + self.forget.len() * 8 + self.adopt.len() * 64);
         b.extend_from_slice(&self.tail.to_le_bytes());
-        b.extend_from_slice(&u32::from(self.unmark).to_le_bytes());
+        let flags = u32::from(self.unmark) | (u32::from(self.mark) << 1);
+        b.extend_from_slice(&flags.to_le_bytes());
         b.extend_from_slice(&(self.forget.len() as u32).to_le_bytes());
         b.extend_from_slice(&(self.adopt.len() as u32).to_le_bytes());
         for v in &self.forget {
@@ -126,9 +144,10 @@ impl LogSync {
             return Err(format!("log sync of {} bytes", b.len()));
         }
         let tail = u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
-        let unmark = match u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")) {
-            0 => false,
-            1 => true,
+        let (unmark, mark) = match u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")) {
+            0 => (false, false),
+            1 => (true, false),
+            2 => (false, true),
             f => return Err(format!("log sync flags {f}")),
         };
         let b = &b[12..];
@@ -161,11 +180,15 @@ impl LogSync {
             }
             adopt.push(e);
         }
+        if mark && (tail != 0 || n != 0 || m != 0) {
+            return Err("a mark with a log sync".into());
+        }
         Ok(LogSync {
             forget,
             adopt,
             tail,
             unmark,
+            mark,
         })
     }
 }
@@ -258,6 +281,18 @@ pub(crate) fn log_delta(
     auth: &PgLog,
 ) -> Option<std::collections::BTreeSet<ObjectId>> {
     if copy.recovering || auth.recovering || copy.head() < auth.tail {
+        return None;
+    }
+    // A copy applies the sub-ops of an epoch out of order, so it may lack
+    // an op below its newest (a crash took it while a later one landed);
+    // only in its newest epoch, as every earlier one ended with a peering
+    // that compared it. Such a hole at or below the authority's tail is
+    // named by neither log: the copy's ops of that epoch must then be
+    // whole (one per sequence number) up to the authority's tail.
+    let newest = copy.head() >> 32;
+    let from = copy.tail.max(newest << 32);
+    let upto = auth.tail.min(copy.head());
+    if upto > from && copy.entries.range(from + 1..=upto).count() as u64 != upto - from {
         return None;
     }
     let only = |a: &PgLog, b: &PgLog| -> Vec<ObjectId> {
@@ -567,6 +602,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 return status_of(&e);
             }
         }
+        if sync.mark && !self.store.pg_recovering(key) {
+            if let Err(e) = self.store.pg_mark_recovering(key, true).await {
+                tracing::warn!("osd.{}: marking PG {pg} recovering: {e}", self.id);
+                return status_of(&e);
+            }
+        }
         if sync.unmark && self.store.pg_recovering(key) {
             if let Err(e) = self.store.pg_mark_recovering(key, false).await {
                 tracing::warn!("osd.{}: unmarking PG {pg}: {e}", self.id);
@@ -622,6 +663,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // Marked recovering before the first object lands: from here until
         // the log sync after the last, this copy's objects are not its
         // log's ops applied, and peering must not compare it by its log.
+        let entry_given = entry.is_some();
         let key = pg_key(self.map.borrow().pgmap.pool, pg);
         if !self.store.pg_recovering(key) {
             if let Err(e) = self.store.pg_mark_recovering(key, true).await {
@@ -629,10 +671,20 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 return status_of(&e);
             }
         }
+        // An entry older than what this copy's log keeps would be refused
+        // (a store whose log slots hold fewer entries than the authority's,
+        // which took more of the interval's writes than it keeps before
+        // recovery came to this object): the object comes without it (the
+        // copy is marked, and its log sync skips such entries too).
+        let entry = entry.filter(|e| !self.store.entry_too_old(e));
         let r = match (entry, data) {
             (Some(e), Some(d)) => self.store.recover_logged(e, d).await,
             (None, Some(d)) => self.store.recover(oid, version, d).await,
             (Some(e), None) => self.store.delete_logged(e).await,
+            (None, None) if entry_given => match self.store.delete(oid, version).await {
+                Err(nacre_blockstore::Error::NotFound(_)) => Ok(()),
+                r => r,
+            },
             (None, None) => return Status::Invalid,
         };
         match r {
@@ -896,6 +948,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
         }
         wants.retain(|_, w| !w.to.is_empty());
+        // The copies left to background recovery take the interval's
+        // writes, logged, before recovery brings them anything: marked
+        // first, their logs cannot pass for whole at a later peering.
+        for &c in left.keys() {
+            self.log_sync(c, pg, epoch, &LogSync::mark()).await?;
+        }
         assert!(
             !nacre_blockstore::strict() || (complete(&left) >= min_size && !left.contains_key(&source)),
             "PG {pg} goes active with {} complete copies (min_size {min_size}), source osd.{source}",
@@ -1331,6 +1389,15 @@ mod tests {
             ..LogSync::default()
         };
         assert!(LogSync::decode(&late.encode(), key, 3, count, 2).is_err());
+        // A mark goes alone.
+        let mark = LogSync::mark();
+        assert!(!mark.is_empty());
+        assert_eq!(LogSync::decode(&mark.encode(), key, 3, count, 2), Ok(mark));
+        let mixed = LogSync {
+            mark: true,
+            ..sync.clone()
+        };
+        assert!(LogSync::decode(&mixed.encode(), key, 3, count, 2).is_err());
         assert!(LogSync::decode(&b[..b.len() - 1], key, 3, count, 2).is_err());
         assert!(LogSync::decode(&b, key, 3, count, 1).is_err());
         assert!(LogSync::decode(&b, pg_key(1, 4), 3, count, 2).is_err());
@@ -1373,34 +1440,42 @@ mod tests {
 
     /// The objects two logs may disagree on: those of every entry one
     /// holds and the other does not (below the authority's tail too);
-    /// none to say when a copy is marked recovering or the authority's
-    /// log starts after the copy's newest entry.
+    /// none to say when a copy is marked recovering, the authority's log
+    /// starts after the copy's newest entry, or the copy lacks an op of
+    /// its newest epoch at or below the authority's tail.
     #[test]
     fn log_delta_names_what_two_logs_disagree_on() {
         let o = |b: u64| ObjectId::new(1, b);
-        let e = |v: u64, b: u64| entry(1, v, o(b));
+        let v = |s: u64| (2 << 32) | s;
+        let e = |s: u64, b: u64| entry(1, v(s), o(b));
         let log = |tail: u64, es: &[LogEntry]| PgLog {
             entries: es.iter().map(|e| (e.version, *e)).collect(),
             tail,
             recovering: false,
         };
-        let auth = log(10, &[e(11, 1), e(12, 2), e(14, 4), e(15, 1)]);
-        // Down after 12; 13 diverged; 9 (below the authority's tail) is
-        // divergent too for all the authority can tell.
-        let copy = log(5, &[e(9, 9), e(11, 1), e(12, 2), e(13, 3)]);
+        let auth = log(v(10), &[e(11, 1), e(12, 2), e(14, 4), e(15, 1)]);
+        // Down after 12; 13 diverged; 9 and 10 (below the authority's
+        // tail) may have diverged for all the authority can tell.
+        let copy = log(v(8), &[e(9, 9), e(10, 8), e(11, 1), e(12, 2), e(13, 3)]);
         let d = log_delta(&copy, &auth).unwrap();
         assert_eq!(
             d.into_iter().collect::<Vec<_>>(),
-            vec![o(1), o(3), o(4), o(9)]
+            vec![o(1), o(3), o(4), o(8), o(9)]
         );
         assert!(log_delta(&auth, &auth).unwrap().is_empty());
         // Another op at a shared version.
-        let other = log(5, &[e(11, 1), e(12, 7)]);
+        let other = log(v(10), &[e(11, 1), e(12, 7)]);
         assert!(log_delta(&other, &auth).unwrap().contains(&o(7)));
         // The authority trimmed past the copy's newest: no overlap.
-        assert_eq!(log_delta(&log(0, &[e(8, 8)]), &auth), None);
+        assert_eq!(log_delta(&log(v(7), &[e(8, 8)]), &auth), None);
         // A copy at the authority's tail still overlaps (nothing between).
-        assert!(log_delta(&log(0, &[e(10, 8)]), &auth).is_some());
+        assert!(log_delta(&log(v(9), &[e(10, 8)]), &auth).is_some());
+        // A hole at or below the authority's tail: no one names its op.
+        let holed = log(v(8), &[e(9, 9), e(11, 1), e(12, 2)]);
+        assert_eq!(log_delta(&holed, &auth), None);
+        // One above it is named by the authority's log.
+        let above = log(v(9), &[e(10, 8), e(12, 2)]);
+        assert!(log_delta(&above, &auth).unwrap().contains(&o(1)));
         // Marked recovering: its objects are not its log's ops applied.
         let mut marked = copy.clone();
         marked.recovering = true;

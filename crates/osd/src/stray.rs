@@ -126,13 +126,20 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let pool = self.map.borrow().pgmap.pool;
         let n = objects.len();
+        let key = pg_key(pool, pg);
         let done = async {
-            if self.store.pg_log(pg_key(pool, pg)).is_some() {
-                self.store
-                    .pg_remove(pg_key(pool, pg))
-                    .await
-                    .map_err(|e| e.to_string())?;
+            // The log goes first: a copy being emptied must not look like
+            // the newest history to a peering that asks it. Then marked
+            // recovering while its objects go (they go unlogged): if the PG
+            // comes back here meanwhile, peering lists this copy instead of
+            // reading it from a blank log that would say it holds nothing.
+            if self.store.pg_log(key).is_some() {
+                self.store.pg_remove(key).await.map_err(|e| e.to_string())?;
             }
+            self.store
+                .pg_mark_recovering(key, true)
+                .await
+                .map_err(|e| e.to_string())?;
             for chunk in objects.chunks(STRAY_PARALLEL_MAX) {
                 if self.member(pg) {
                     return Err("this OSD is a member again".to_string());
@@ -155,7 +162,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     t.await.map_err(|e| e.to_string())?;
                 }
             }
-            Ok::<(), String>(())
+            if self.member(pg) {
+                return Err("this OSD is a member again".to_string());
+            }
+            self.store.pg_remove(key).await.map_err(|e| e.to_string())
         }
         .await;
         self.removing.borrow_mut().remove(&pg);

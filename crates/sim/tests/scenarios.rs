@@ -449,49 +449,107 @@ fn a_returning_copy_is_recovered_while_its_pgs_serve() {
     });
 }
 
+/// Objects of PG 0 (the first `b`, five more `a`); the acting set's third
+/// OSD `z` misses writes of each `a` (byte k + 1 in the k-th) and then so
+/// many of `b` that the others' PG logs no longer name the `a`; every OSD
+/// then recovers one object a second. Returns `b`, the `a` and the acting
+/// set, with `z` down.
+async fn a_copy_far_behind(c: &Cluster) -> (ObjectId, Vec<ObjectId>, Vec<u32>) {
+    let pgs = c.leader.map().pgmap.pg_count();
+    let in_pg: Vec<ObjectId> = (0..)
+        .map(|b| ObjectId::new(1, b))
+        .filter(|&o| nacre_types::pg_of(o, pgs) == 0)
+        .take(6)
+        .collect();
+    let (b, a) = (in_pg[0], in_pg[1..].to_vec());
+    let (_, acting) = c.route(b);
+    c.crash(acting[2], 1);
+    c.settle(SETTLE).await.unwrap();
+    let mut req = 1;
+    for (k, &o) in a.iter().enumerate() {
+        put(c, o, req, k as u8 + 1).await;
+        req += 1;
+    }
+    // More writes of `b` than a PG log holds: the entries of `a` go.
+    for _ in 0..140 {
+        put(c, b, req, 0xbb).await;
+        req += 1;
+    }
+    let auth_log = c
+        .osd(acting[0])
+        .unwrap()
+        .store()
+        .pg_log(pg_key(1, 0))
+        .unwrap();
+    assert!(a
+        .iter()
+        .all(|o| auth_log.entries.values().all(|e| e.oid != *o)));
+    for id in 0..3 {
+        if let Some(o) = c.osd(id) {
+            o.set_recovery_rate(u64::from(OBJECT_BYTES));
+        }
+    }
+    (b, a, acting)
+}
+
+/// Copies listed (compared on every object) by the running OSDs so far.
+fn listings(c: &Cluster) -> u64 {
+    (0..3)
+        .filter_map(|id| c.osd(id))
+        .map(|o| o.stat_report().compared_by_listing)
+        .sum()
+}
+
+/// The acting set's second OSD `other` crashes: once PG 0 is active in
+/// the epoch without it, copy `z` must have been listed again.
+async fn listed_in_a_new_epoch(c: &Cluster, z: u32, other: u32) {
+    let before = listings(c);
+    c.crash(other, 2);
+    for _ in 0..600 {
+        let m = c.leader.map();
+        let primary = m.primary(0).and_then(|p| c.osd(p));
+        if !m.is_up(other)
+            && primary
+                .is_some_and(|o| o.epoch() == m.epoch() && o.pg_state(0) == Some(PgState::Active))
+        {
+            break;
+        }
+        rt::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(listings(c) > before, "osd.{z}'s copy was not listed again");
+}
+
+/// `other` comes back; in the end copy `z` holds every `a`.
+async fn whole_in_the_end(c: &Cluster, z: u32, other: u32, a: &[ObjectId]) {
+    c.settle(SETTLE).await.unwrap();
+    c.start(other).await;
+    c.settle(SETTLE).await.unwrap();
+    let zo = c.osd(z).unwrap();
+    assert!(!zo.store().pg_recovering(pg_key(1, 0)));
+    for (k, &o) in a.iter().enumerate() {
+        assert_eq!(
+            zo.store().read(o, 0, 4096).await.map(|d| d[0]).ok(),
+            Some(k as u8 + 1),
+            "{o} on osd.{z}"
+        );
+    }
+    assert_eq!(c.log_delta_misses(), 0);
+}
+
 /// A copy whose recovery was cut short is compared object by object at
 /// the next peering, not from its log. It missed so many writes of a PG
-/// that the authoritative log no longer holds the older ones (objects
-/// `a` are named by no log any more), and recovery brought it the newest
-/// object first, with that object's entry: its log then overlaps the
-/// authority's, but its objects are not its log's ops applied. Its
-/// recovering mark says so; without the mark peering would take the logs'
-/// word and leave it without the objects `a` for good.
+/// that the authoritative log no longer names some objects it lacks, and
+/// recovery brought it the newest object first, with that object's
+/// entry: its log then overlaps the authority's, but its objects are not
+/// its log's ops applied. Its recovering mark says so; without the mark
+/// peering would take the logs' word and leave it without those objects
+/// for good.
 #[test]
 fn a_copy_whose_recovery_was_cut_short_is_not_compared_by_its_log() {
     rt::block_on_virtual(async {
         let c = cluster(9).await;
-        let pgs = c.leader.map().pgmap.pg_count();
-        let in_pg: Vec<ObjectId> = (0..)
-            .map(|b| ObjectId::new(1, b))
-            .filter(|&o| nacre_types::pg_of(o, pgs) == 0)
-            .take(6)
-            .collect();
-        let (b, a) = (in_pg[0], &in_pg[1..]);
-        let (_, acting) = c.route(b);
-        let (p, z) = (acting[0], acting[2]);
-        c.crash(z, 1);
-        c.settle(SETTLE).await.unwrap();
-        let mut req = 1;
-        for (k, &o) in a.iter().enumerate() {
-            put(&c, o, req, k as u8 + 1).await;
-            req += 1;
-        }
-        // More writes of `b` than a PG log holds: the entries of `a` go.
-        for _ in 0..140 {
-            put(&c, b, req, 0xbb).await;
-            req += 1;
-        }
-        let auth_log = c.osd(p).unwrap().store().pg_log(pg_key(1, 0)).unwrap();
-        assert!(a
-            .iter()
-            .all(|o| auth_log.entries.values().all(|e| e.oid != *o)));
-        // z comes back and recovers one object a second, `b` first.
-        for id in 0..3 {
-            if let Some(o) = c.osd(id) {
-                o.set_recovery_rate(u64::from(OBJECT_BYTES));
-            }
-        }
+        let (b, a, acting) = a_copy_far_behind(&c).await;
+        let z = acting[2];
         c.start(z).await;
         c.osd(z).unwrap().set_recovery_rate(u64::from(OBJECT_BYTES));
         let zo = c.osd(z).unwrap();
@@ -504,30 +562,38 @@ fn a_copy_whose_recovery_was_cut_short_is_not_compared_by_its_log() {
         assert!(zo.store().version(b).is_some(), "b never recovered");
         assert!(a.iter().any(|&o| zo.store().version(o).is_none()));
         assert!(zo.store().pg_recovering(pg_key(1, 0)));
-        // A new epoch mid-way: the next peering must list z's objects.
-        let listed_before: u64 = (0..3)
-            .filter_map(|id| c.osd(id))
-            .map(|o| o.stat_report().compared_by_listing)
-            .sum();
-        let other = acting[1];
-        c.crash(other, 2);
-        c.settle(SETTLE).await.unwrap();
-        let listed: u64 = (0..3)
-            .filter_map(|id| c.osd(id))
-            .map(|o| o.stat_report().compared_by_listing)
-            .sum();
-        assert!(listed > listed_before, "z's copy was not listed again");
-        c.start(other).await;
-        c.settle(SETTLE).await.unwrap();
-        assert!(!zo.store().pg_recovering(pg_key(1, 0)));
-        for (k, &o) in a.iter().enumerate() {
-            assert_eq!(
-                zo.store().read(o, 0, 4096).await.map(|d| d[0]).ok(),
-                Some(k as u8 + 1),
-                "{o} on osd.{z}"
-            );
-        }
-        assert_eq!(c.log_delta_misses(), 0);
+        listed_in_a_new_epoch(&c, z, acting[1]).await;
+        whole_in_the_end(&c, z, acting[1], &a).await;
+        c.stop();
+    });
+}
+
+/// A copy left to background recovery takes the interval's writes at
+/// once, logged, before recovery brings it anything: a new object of the
+/// PG makes its log overlap the authority's. It is marked recovering
+/// before the PG goes active, so the next peering still lists it.
+#[test]
+fn a_copy_left_to_recover_is_marked_before_it_takes_writes() {
+    rt::block_on_virtual(async {
+        let c = cluster(10).await;
+        let (b, a, acting) = a_copy_far_behind(&c).await;
+        let z = acting[2];
+        // Nothing recovery sends reaches z before the new epoch.
+        let to_z = c.nodes.borrow()[z as usize].addr.to_string();
+        c.net
+            .set_filter(move |to, h| h.op == Op::Push && to == to_z);
+        c.start(z).await;
+        let zo = c.osd(z).unwrap();
+        let new = (0..)
+            .map(|k| ObjectId::new(2, k))
+            .find(|&o| nacre_types::pg_of(o, c.leader.map().pgmap.pg_count()) == 0)
+            .unwrap();
+        put(&c, new, 1000, 0xcc).await;
+        assert!(zo.store().version(new).is_some() && zo.store().version(b).is_none());
+        assert!(zo.store().pg_recovering(pg_key(1, 0)));
+        listed_in_a_new_epoch(&c, z, acting[1]).await;
+        c.net.clear_filter();
+        whole_in_the_end(&c, z, acting[1], &a).await;
         c.stop();
     });
 }
