@@ -127,6 +127,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let pool = self.map.borrow().pgmap.pool;
         let n = objects.len();
         let key = pg_key(pool, pg);
+        // In flight for the PG, like an op of this epoch: if the PG comes
+        // back here, its peering waits for the deletes under way before it
+        // lists this copy (one landing after the listing would leave the
+        // copy taken for whole without the object).
+        let _inflight = self.track(pg, self.epoch());
         let done = async {
             // The log goes first: a copy being emptied must not look like
             // the newest history to a peering that asks it. Then marked
@@ -158,8 +163,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                         })
                     })
                     .collect();
+                // Every delete ends before this does (and before the
+                // in-flight guard above drops): none may land after a
+                // peering that waited for them.
+                let mut first_err = None;
                 for t in tasks {
-                    t.await.map_err(|e| e.to_string())?;
+                    if let Err(e) = t.await {
+                        first_err.get_or_insert(e.to_string());
+                    }
+                }
+                if let Some(e) = first_err {
+                    return Err(e);
                 }
             }
             if self.member(pg) {
