@@ -424,20 +424,15 @@ impl Volume {
             })
             .collect();
         let mut out = AlignedBuf::new(len as usize);
-        let mut first_err = None;
         // Every part ends before the read does (none outlives the I/O).
-        for t in tasks {
-            let (p, r) = t.await;
+        for (p, r) in rt::join_all(tasks).await {
             let dst = &mut out[p.at..p.at + p.len as usize];
-            match r {
-                Ok(Some(b)) => dst.copy_from_slice(&b),
-                Ok(None) => dst.fill(0),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
+            match r? {
+                Some(b) => dst.copy_from_slice(&b),
+                None => dst.fill(0),
             }
         }
-        first_err.map_or(Ok(out), Err)
+        Ok(out)
     }
 
     async fn write_piece(&self, p: Piece, data: AlignedBuf) -> Result<()> {
@@ -468,13 +463,7 @@ impl Volume {
                 rt::spawn(async move { me.write_piece(p, part).await })
             })
             .collect();
-        let mut first_err = None;
-        for t in tasks {
-            if let Err(e) = t.await {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        rt::join_all(tasks).await.into_iter().collect()
     }
 
     async fn delete_object(&self, block: u64) -> Result<()> {
@@ -511,15 +500,10 @@ impl Volume {
             // Every part ends before the I/O does: one left running after
             // an error could land past the end of a shrink that waited
             // for this I/O.
-            let mut first_err = None;
-            for t in tasks {
-                if let Err(e) = t.await {
-                    first_err.get_or_insert(e);
-                }
-            }
-            if let Some(e) = first_err {
-                return Err(e);
-            }
+            rt::join_all(tasks)
+                .await
+                .into_iter()
+                .collect::<Result<()>>()?;
         }
         Ok(())
     }

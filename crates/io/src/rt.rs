@@ -338,6 +338,17 @@ impl<T> Future for JoinHandle<T> {
     }
 }
 
+/// Awaits every task of `tasks` (each runs to its end, whatever the
+/// others gave); their results, in order. To stop at an error without
+/// leaving tasks running, collect the results into a `Result`.
+pub async fn join_all<T>(tasks: Vec<JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await);
+    }
+    out
+}
+
 /// Runs `f` as a task on this thread's runtime.
 pub fn spawn<F: Future + 'static>(f: F) -> JoinHandle<F::Output> {
     let core = core();

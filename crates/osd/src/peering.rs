@@ -260,10 +260,11 @@ impl Ask {
 /// authoritative copy, from their logs alone (replication.md §8.5): those
 /// of every entry one log holds and the other does not. `None` when the
 /// logs cannot tell: either copy is marked recovering (its objects are
-/// not its log's ops applied), or the authoritative log no longer holds
+/// not its log's ops applied), the authoritative log no longer holds
 /// every op after the copy's newest (its tail is above the copy's head),
-/// so objects no log names may differ; then the copies are compared
-/// object by object (backfill).
+/// or the copy lacks an op of its newest epoch at or below that tail, so
+/// objects no log names may differ; then the copies are compared object
+/// by object (backfill).
 ///
 /// Why the logs suffice otherwise. A log names every op of the PG's
 /// history above its tail: ops are logged with the data they change, a
@@ -602,19 +603,26 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 return status_of(&e);
             }
         }
-        if sync.mark && !self.store.pg_recovering(key) {
-            if let Err(e) = self.store.pg_mark_recovering(key, true).await {
-                tracing::warn!("osd.{}: marking PG {pg} recovering: {e}", self.id);
-                return status_of(&e);
-            }
-        }
-        if sync.unmark && self.store.pg_recovering(key) {
-            if let Err(e) = self.store.pg_mark_recovering(key, false).await {
-                tracing::warn!("osd.{}: unmarking PG {pg}: {e}", self.id);
-                return status_of(&e);
+        if sync.mark || sync.unmark {
+            if let Err(s) = self.set_recovering(pg, sync.mark).await {
+                return s;
             }
         }
         Status::Ok
+    }
+
+    /// Sets (`on`) or clears this copy's recovering mark of PG `pg`
+    /// ([`nacre_blockstore::PgLog::recovering`]), if it is not so already.
+    async fn set_recovering(&self, pg: u32, on: bool) -> Result<(), Status> {
+        let key = pg_key(self.map.borrow().pgmap.pool, pg);
+        if self.store.pg_recovering(key) == on {
+            return Ok(());
+        }
+        self.store.pg_mark_recovering(key, on).await.map_err(|e| {
+            let what = if on { "marking" } else { "unmarking" };
+            tracing::warn!("osd.{}: {what} PG {pg} recovering: {e}", self.id);
+            status_of(&e)
+        })
     }
 
     /// Makes OSD `to`'s log of PG `pg` the authoritative one (`sync`).
@@ -664,12 +672,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // the log sync after the last, this copy's objects are not its
         // log's ops applied, and peering must not compare it by its log.
         let entry_given = entry.is_some();
-        let key = pg_key(self.map.borrow().pgmap.pool, pg);
-        if !self.store.pg_recovering(key) {
-            if let Err(e) = self.store.pg_mark_recovering(key, true).await {
-                tracing::warn!("osd.{}: marking PG {pg} recovering: {e}", self.id);
-                return status_of(&e);
-            }
+        if let Err(s) = self.set_recovering(pg, true).await {
+            return s;
         }
         // An entry older than what this copy's log keeps would be refused
         // (a store whose log slots hold fewer entries than the authority's,
@@ -844,7 +848,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // can be compared on the objects they name.
         let asks: Vec<(u32, Ask)> = asked.iter().map(|&id| (id, Ask::Log)).collect();
         let mut infos = HashMap::new();
-        for (id, r) in self.query_each(pg, epoch, asks).await {
+        for (id, _, r) in self.query_each(pg, epoch, asks).await {
             match r {
                 Ok(i) => {
                     infos.insert(id, i);
@@ -1000,24 +1004,23 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Asks each OSD for its log of PG `pg` and what its [`Ask`] says, at
-    /// once; the answers.
+    /// once; the answers, with what was asked.
     async fn query_each(
         self: &Rc<Self>,
         pg: u32,
         epoch: u64,
         asks: Vec<(u32, Ask)>,
-    ) -> Vec<(u32, Result<PgInfo, String>)> {
+    ) -> Vec<(u32, Ask, Result<PgInfo, String>)> {
         let queries: Vec<_> = (asks.into_iter())
             .map(|(id, ask)| {
                 let me = self.clone();
-                rt::spawn(async move { (id, me.query(id, pg, epoch, &ask).await) })
+                rt::spawn(async move {
+                    let r = me.query(id, pg, epoch, &ask).await;
+                    (id, ask, r)
+                })
             })
             .collect();
-        let mut out = Vec::with_capacity(queries.len());
-        for q in queries {
-            out.push(q.await);
-        }
-        out
+        rt::join_all(queries).await
     }
 
     /// What each copy of `acting` lacks of `auth`'s, and what diverged
@@ -1068,21 +1071,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         for (c, s) in by_log.iter().filter(|(_, s)| !s.is_empty()) {
             asks.push((*c, Ask::Versions(s.clone())));
         }
-        let kinds: Vec<(u32, bool)> = (asks.iter())
-            .map(|(c, a)| (*c, matches!(a, Ask::Versions(_)) && *c != auth))
-            .collect();
-        for ((id, r), (_, copy_versions)) in self
-            .query_each(pg, epoch, asks)
-            .await
-            .into_iter()
-            .zip(kinds)
-        {
+        for (id, ask, r) in self.query_each(pg, epoch, asks).await {
             let got = r.map_err(Retry)?;
             // Nothing lands in a PG while its primary peers it.
             if got.log != infos[&id].log {
                 return Err(Retry(format!("osd.{id}: PG {pg} changed while it peered")));
             }
-            if copy_versions {
+            if matches!(ask, Ask::Versions(_)) && id != auth {
                 versions.insert(id, got.objects);
             } else {
                 infos.get_mut(&id).expect("asked for its log").objects = got.objects;

@@ -166,15 +166,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 // Every delete ends before this does (and before the
                 // in-flight guard above drops): none may land after a
                 // peering that waited for them.
-                let mut first_err = None;
-                for t in tasks {
-                    if let Err(e) = t.await {
-                        first_err.get_or_insert(e.to_string());
-                    }
-                }
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
+                (rt::join_all(tasks).await.into_iter())
+                    .collect::<Result<(), _>>()
+                    .map_err(|e| e.to_string())?;
             }
             if self.member(pg) {
                 return Err("this OSD is a member again".to_string());

@@ -122,6 +122,18 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
     });
 }
 
+/// Object 1.9 written (0x11) on its acting set `[x, y, z]`, then, in an
+/// interval of x and y alone (z crashed), written again (0x22, 4 KiB).
+async fn a_write_z_missed(c: &Cluster) -> (ObjectId, [u32; 3]) {
+    let oid = ObjectId::new(1, 9);
+    let (_, acting) = c.route(oid);
+    put(c, oid, 1, 0x11).await;
+    c.crash(acting[2], 1);
+    c.settle(SETTLE).await.unwrap();
+    put(c, oid, 2, 0x22).await;
+    (oid, [acting[0], acting[1], acting[2]])
+}
+
 /// An OSD whose disk was replaced (a blank store under the same id) holds
 /// none of the writes of the intervals it was in. While it is the only
 /// member of the PG's last active interval that is up, the PG waits for
@@ -132,14 +144,7 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
 fn a_replaced_disk_is_not_taken_for_the_copy_it_replaced() {
     rt::block_on_virtual(async {
         let c = cluster(2).await;
-        let oid = ObjectId::new(1, 9);
-        let (_, acting) = c.route(oid);
-        let (x, y, z) = (acting[0], acting[1], acting[2]);
-        put(&c, oid, 1, 0x11).await;
-        // An interval of x and y alone, with a write in it.
-        c.crash(z, 1);
-        c.settle(SETTLE).await.unwrap();
-        put(&c, oid, 2, 0x22).await;
+        let (oid, [x, y, z]) = a_write_z_missed(&c).await;
         // y goes; x's disk is replaced; x (blank) and z come back.
         c.crash(y, 2);
         c.crash(x, 3);
@@ -192,15 +197,8 @@ async fn waits_for_the_copy_that_holds_it(c: &Cluster, oid: ObjectId, holder: u3
 fn a_store_whose_journal_lost_writes_is_not_taken_for_its_copy() {
     rt::block_on_virtual(async {
         let c = cluster(2).await;
-        let oid = ObjectId::new(1, 9);
-        let (_, acting) = c.route(oid);
-        let (x, y, z) = (acting[0], acting[1], acting[2]);
-        put(&c, oid, 1, 0x11).await;
-        // An interval of x and y alone, with a write in it (a small one:
-        // its data is in the journal).
-        c.crash(z, 1);
-        c.settle(SETTLE).await.unwrap();
-        put(&c, oid, 2, 0x22).await;
+        // (The write z misses is a small one: its data is in the journal.)
+        let (oid, [x, y, z]) = a_write_z_missed(&c).await;
         // And one after it (a batch after it in x's journal says it was
         // durable: damage to it is damage, not a write a crash cut).
         put(&c, ObjectId::new(1, 10), 3, 0x33).await;
