@@ -553,11 +553,28 @@ mod logged {
             (recs[3].kind, recs[3].oid.volume.0, recs[3].version),
             (RecordKind::PgForget, 9, 4)
         );
+        // A mark set and cleared, a raised tail.
+        let mut set = Record::pg_op(RecordKind::PgMark, 9, 1, None);
+        let mut clear = Record::pg_op(RecordKind::PgMark, 9, 0, None);
+        let mut tail = Record::pg_op(RecordKind::PgTail, 9, 7, None);
+        let (hdr, _) = encode_batch(&mut [&mut set, &mut clear, &mut tail], id, 512);
+        let recs = parse_batch(&hdr, 0, 16 << 10, 10).unwrap();
+        assert_eq!(
+            recs.iter().map(|r| (r.kind, r.version)).collect::<Vec<_>>(),
+            [
+                (RecordKind::PgMark, 1),
+                (RecordKind::PgMark, 0),
+                (RecordKind::PgTail, 7)
+            ]
+        );
         // An entry for another version, a Log without an entry, a Fold
-        // with one: refused.
+        // with one, a mark that is neither set nor clear, a tail of 0:
+        // refused.
         for bad in [
             mk(RecordKind::Delete, Some(LogEntry { version: 3, ..e })),
             mk(RecordKind::Log, None),
+            Record::pg_op(RecordKind::PgMark, 9, 2, None),
+            Record::pg_op(RecordKind::PgTail, 9, 0, None),
             Record {
                 block: 1,
                 csums: vec![0, 1],

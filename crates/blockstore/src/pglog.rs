@@ -603,6 +603,16 @@ mod tests {
         let mut bad = buf.to_vec();
         bad[24] = 200; // count
         assert!(decode_slot(&bad, REGION).is_err());
+        // The recovering flag round-trips; other flags are refused.
+        let mut marked = log.clone();
+        marked.recovering = true;
+        assert_eq!(
+            decode_slot(&encode_slot(5, &marked), REGION).unwrap(),
+            (5, marked)
+        );
+        let mut bad = buf.to_vec();
+        bad[28] = 2; // flags
+        assert!(decode_slot(&bad, REGION).is_err());
     }
 
     #[test]
