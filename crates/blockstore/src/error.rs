@@ -19,6 +19,10 @@ pub enum Error {
     NoSpace,
     #[error("checksum mismatch: {0}")]
     Corrupt(String),
+    /// A read whose data maintenance kept moving while it ran, every time
+    /// it was tried: nothing says the data is damaged; try again.
+    #[error("busy: {0}")]
+    Busy(String),
     #[error("not a Nacre store: {0}")]
     NotAStore(String),
     #[error("store format version {found} is not supported (this build reads {supported})")]

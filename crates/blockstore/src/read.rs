@@ -4,8 +4,9 @@
 //! reads each piece from where it lives, and verifies every byte it returns
 //! against its crc32c (the 4 KiB chunks of the block, the chunks of each
 //! overlay's journal data). A read whose data was moved by maintenance while
-//! it ran (the epoch changed) is retried; a mismatch with no such move is
-//! `Corrupt` — wrong bytes are never returned.
+//! it ran (the epoch changed) is retried (`Busy` if it kept moving); a
+//! mismatch with no such move is `Corrupt` — wrong bytes are never
+//! returned.
 
 use nacre_io::{AlignedBuf, BlockDev};
 use nacre_types::{ObjectId, CSUM_CHUNK_BYTES, SECTOR_BYTES};
@@ -28,7 +29,6 @@ fn chunk_ceil(v: u32) -> u32 {
 impl<D: BlockDev + 'static> Inner<D> {
     pub(crate) async fn read(&self, oid: ObjectId, offset: u32, len: u32) -> Result<AlignedBuf> {
         self.check_range(offset, len)?;
-        let mut last = None;
         for _ in 0..READ_RETRY_MAX {
             let epoch = self.epoch.get();
             let plan = {
@@ -61,12 +61,13 @@ impl<D: BlockDev + 'static> Inner<D> {
             if self.epoch.get() == epoch {
                 return r;
             }
+            // What it read (or failed to: a checksum over moved data) says
+            // nothing.
             self.st.borrow_mut().stats.read_retries += 1;
-            last = r.err();
         }
-        Err(last.unwrap_or_else(|| {
-            Error::Corrupt(format!("object {oid}: data kept moving under the read"))
-        }))
+        Err(Error::Busy(format!(
+            "object {oid}: data kept moving under the read"
+        )))
     }
 
     async fn read_pieces(

@@ -633,7 +633,8 @@ fn space_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::V
 /// Health checks for OSDs that hold damaged data: reads that failed their
 /// checksum and were not repaired from another copy, or a journal whose
 /// replay stopped before its end; and for OSDs whose copies needed
-/// [`REPAIRS_WARN`] repairs or more since they started (a failing disk).
+/// [`REPAIRS_WARN`] repairs or more since they started, or that found
+/// [`nacre_types::DAMAGED_OBJECTS_OUT`] objects damaged (a failing disk).
 fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     for (id, v) in stats {
@@ -646,7 +647,7 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
                 "code": "OSD_DAMAGED",
                 "severity": "HEALTH_ERR",
                 "osd": id,
-                "message": format!("osd.{id} holds damaged data: {} reads failed their checksum since it started and no other copy repaired them (last: {last})", n - repaired)
+                "message": format!("osd.{id} holds damaged data: {} reads found it damaged (a checksum that failed, a read error) since it started and no other copy repaired it (last: {last})", n - repaired)
             }));
         }
         if repaired >= REPAIRS_WARN {
@@ -655,6 +656,15 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
                 "severity": "HEALTH_WARN",
                 "osd": id,
                 "message": format!("osd.{id}: {repaired} damaged copies repaired from other copies since it started: its disk may be failing (last: {last})")
+            }));
+        }
+        let objects = v["damaged_objects"].as_u64().unwrap_or(0);
+        if objects >= nacre_types::DAMAGED_OBJECTS_OUT {
+            out.push(serde_json::json!({
+                "code": "OSD_DISK_FAILING",
+                "severity": "HEALTH_WARN",
+                "osd": id,
+                "message": format!("osd.{id}: reads found {objects} of its objects damaged since it started: it has asked to be marked out, so that its PGs move to other OSDs (last: {last})")
             }));
         }
         if let Some(why) = v["replay_stopped"].as_str() {
@@ -1351,7 +1361,51 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{overcommit_check, pg_summary, signal_name, usable_bytes};
+    use super::{damage_checks, overcommit_check, pg_summary, signal_name, usable_bytes};
+
+    /// Damage no copy repaired is an error, many repairs a warning, and
+    /// the OSD that found `DAMAGED_OBJECTS_OUT` objects damaged is named as
+    /// failing; an OSD that did not report raises nothing.
+    #[test]
+    fn damage_raises_checks_per_osd() {
+        let osd = |damaged_reads: u64, repaired: u64| {
+            let r = nacre_osd::OsdReport {
+                damaged_reads,
+                damaged_objects: damaged_reads,
+                repaired,
+                last_damage: Some("object 1.2: chunk 3".into()),
+                ..Default::default()
+            };
+            Some(serde_json::to_value(r).unwrap())
+        };
+        let out = nacre_types::DAMAGED_OBJECTS_OUT;
+        let stats = vec![
+            (0, osd(0, 0)),
+            (1, osd(3, 1)),
+            (2, osd(out, out)),
+            (3, None),
+        ];
+        let checks: Vec<(u64, String)> = (damage_checks(&stats).iter())
+            .map(|c| {
+                (
+                    c["osd"].as_u64().unwrap(),
+                    c["code"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let want = [
+            (1, "OSD_DAMAGED"),
+            (2, "OSD_TOO_MANY_REPAIRS"),
+            (2, "OSD_DISK_FAILING"),
+        ];
+        let want: Vec<(u64, String)> = want.iter().map(|(o, c)| (*o, c.to_string())).collect();
+        assert_eq!(checks, want);
+        let msg = damage_checks(&stats)[0]["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(msg.contains("osd.1 holds damaged data: 2 reads"), "{msg}");
+    }
 
     /// What the cluster holds is the in OSDs' capacity up to the full
     /// ratio over the replicas; provisioning more than the factor warns,

@@ -922,7 +922,7 @@ fn damaged_data_is_refused_and_reported() {
             && c["message"]
                 .as_str()
                 .unwrap()
-                .contains("failed their checksum")),
+                .contains("reads found it damaged")),
         "{checks:?}"
     );
     let table = ok(nacre(&["status", "--dir", up.dir()]));

@@ -56,7 +56,7 @@ use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
 use nacre_meta::map::PgMap;
 use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
-use nacre_types::{pg_of, ObjectId, PG_WAIT_MS};
+use nacre_types::{pg_of, ObjectId, DAMAGED_OBJECTS_OUT, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use map::{OsdMap, PgEvent};
@@ -181,6 +181,9 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     strays_none: Cell<(u64, Duration)>,
     /// Whether the last heartbeat said the store is full.
     said_full: Cell<bool>,
+    /// Asking the leader to mark this OSD out for its damaged reads
+    /// ([`Osd::note_damage`]) is under way.
+    asking_out: Cell<bool>,
     pub stats: OsdStats,
 }
 
@@ -219,6 +222,17 @@ pub fn pg_log_region(pgs: u32) -> nacre_blockstore::LogRegion {
 /// The key of a PG in the store's PG logs.
 pub fn pg_key(pool: u32, pg: u32) -> u64 {
     (u64::from(pool) << 32) | u64::from(pg)
+}
+
+/// What a failed read says of the copy it read, if it found it damaged
+/// (a checksum that failed, an error from the device) rather than absent,
+/// busy or refused.
+fn damage_of(e: &StoreError) -> Option<String> {
+    match e {
+        StoreError::Corrupt(why) => Some(why.clone()),
+        StoreError::Io(e) => Some(format!("read error: {e}")),
+        _ => None,
+    }
 }
 
 fn status_of(e: &StoreError) -> Status {
@@ -436,6 +450,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             removing: RefCell::new(HashSet::new()),
             strays_none: Cell::new((0, Duration::ZERO)),
             said_full: Cell::new(false),
+            asking_out: Cell::new(false),
             stats,
         })
     }
@@ -1176,9 +1191,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// holding the object at the version this copy has (one version
     /// names one content), for a read this copy's checksums refused; this
     /// copy is then rewritten with that content ([`Store::repair`]).
-    /// `None` if no other copy has it whole (`OSD_DAMAGED` then names
-    /// this OSD).
-    async fn read_elsewhere(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
+    /// `Corrupt` if no other copy has it whole (`OSD_DAMAGED` then names
+    /// this OSD), `Unavailable` if this OSD may no longer serve the read.
+    async fn read_elsewhere(self: &Rc<Self>, h: &Header) -> Result<AlignedBuf, Status> {
         // Under the object's lock: no write of it starts meanwhile, so the
         // version read here is the one every member holds (a write in
         // flight would be on some copies only), and a member answering
@@ -1191,7 +1206,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let serving = self.epoch() == h.epoch
             && self.pg_state(h.pg) == Some(PgState::Active)
             && self.holds_read_lease();
-        r.filter(|_| serving)
+        match (r, serving) {
+            (_, false) => Err(Status::Unavailable),
+            (Some(d), true) => Ok(d),
+            (None, true) => Err(Status::Corrupt),
+        }
     }
 
     /// The read lease: not heard from the leader for `READ_LEASE_MS`,
@@ -1204,36 +1223,68 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     async fn read_elsewhere_locked(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
         let version = self.store.version(h.oid)?;
-        let others: Vec<u32> = (self.map.borrow().acting(h.pg).into_iter())
-            .filter(|&o| o != self.id)
-            .collect();
+        let d = (self.fetch_elsewhere(h.pg, h.epoch, h.oid, version, self.id, true)).await?;
         let range = h.offset as usize..(h.offset + h.length) as usize;
-        for o in others {
-            match self.fetch(o, h.pg, h.epoch, h.oid, version).await {
-                Ok(d) if d.len() >= range.end => {
-                    let part = AlignedBuf::from_slice(&d[range]);
-                    match self.store.repair(h.oid, version, d).await {
-                        Ok(()) => {
-                            self.stats.repaired();
-                            tracing::warn!(
-                                "osd.{}: {} v{version:#x} repaired from osd.{o}'s copy",
-                                self.id,
-                                h.oid
-                            );
-                        }
-                        Err(e) => tracing::warn!(
-                            "osd.{}: {} v{version:#x} read from osd.{o}, not repaired: {e}",
-                            self.id,
-                            h.oid
-                        ),
-                    }
-                    return Some(part);
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!("osd.{}: {}: {e}", self.id, h.oid),
+        (d.len() >= range.end).then(|| AlignedBuf::from_slice(&d[range]))
+    }
+
+    /// Rewrites this OSD's damaged copy of `oid` at `version` with `data`,
+    /// read from OSD `from`'s copy at that version ([`Store::repair`]).
+    async fn repair(&self, oid: ObjectId, version: u64, data: AlignedBuf, from: u32) {
+        match self.store.repair(oid, version, data).await {
+            Ok(()) => {
+                self.stats.repaired();
+                tracing::warn!(
+                    "osd.{}: {oid} v{version:#x} repaired from osd.{from}'s copy",
+                    self.id
+                );
             }
+            Err(e) => tracing::warn!(
+                "osd.{}: {oid} v{version:#x} read from osd.{from}, not repaired: {e}",
+                self.id
+            ),
         }
-        None
+    }
+
+    /// Counts a read that found this OSD's copy of `oid` damaged. At
+    /// [`DAMAGED_OBJECTS_OUT`] objects found damaged since it started, the
+    /// OSD asks the leader to mark it out: its disk has shown that it does
+    /// not keep data. Its PGs move to other OSDs, its copies the sources
+    /// of their recovery until the new ones are complete, each damaged
+    /// object pulled from another copy (replication.md §7).
+    fn note_damage(self: &Rc<Self>, oid: ObjectId, why: &str) {
+        tracing::error!("osd.{}: object {oid} holds damaged data: {why}", self.id);
+        let n = self.stats.damaged(oid, format!("object {oid}: {why}"));
+        let out = self.map.borrow().pgmap.out.contains(&self.id);
+        if n >= DAMAGED_OBJECTS_OUT && !out && !self.asking_out.replace(true) {
+            let me = self.clone();
+            rt::spawn(async move {
+                me.ask_out(n).await;
+                me.asking_out.set(false);
+            });
+        }
+    }
+
+    async fn ask_out(&self, n: u64) {
+        let mut h = Header::request(Op::MarkOut, 0, ObjectId::new(0, 0));
+        h.sender = self.id;
+        h.obj_version = 1;
+        match self.leader_call(h, None).await {
+            Ok(f) if f.h.status == Status::Ok => tracing::error!(
+                "osd.{}: {n} objects found damaged since it started: marked out, its PGs move to other OSDs",
+                self.id
+            ),
+            Ok(f) => tracing::error!(
+                "osd.{}: {n} objects found damaged since it started, but the leader did not mark it out: {:?} {}",
+                self.id,
+                f.h.status,
+                String::from_utf8_lossy(f.payload.as_deref().unwrap_or(&[]))
+            ),
+            Err(e) => tracing::error!(
+                "osd.{}: {n} objects found damaged since it started; asking to be marked out: {e}",
+                self.id
+            ),
+        }
     }
 
     /// The objects this OSD holds per volume, and those of them in PGs it
@@ -1352,17 +1403,15 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                         (h.reply(Status::Ok).with_payload(&buf), Some(buf))
                     }
                     Err(e) => {
-                        if let StoreError::Corrupt(why) = &e {
-                            tracing::error!(
-                                "osd.{}: object {} holds damaged data: {why}",
-                                self.id,
-                                h.oid
-                            );
-                            self.stats.damaged(format!("object {}: {why}", h.oid));
-                            if let Some(buf) = self.read_elsewhere(&h).await {
-                                self.stats.read_done(t, buf.len());
-                                return (h.reply(Status::Ok).with_payload(&buf), Some(buf));
-                            }
+                        if let Some(why) = damage_of(&e) {
+                            self.note_damage(h.oid, &why);
+                            return match self.read_elsewhere(&h).await {
+                                Ok(buf) => {
+                                    self.stats.read_done(t, buf.len());
+                                    (h.reply(Status::Ok).with_payload(&buf), Some(buf))
+                                }
+                                Err(s) => (h.reply(s), None),
+                            };
                         }
                         (h.reply(status_of(&e)), None)
                     }

@@ -51,7 +51,7 @@ use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status, PAYLOAD_MAX_BYTES};
 
 use crate::recovery::{self, Recovery};
-use crate::{pg_key, status_of, Osd, PgEvent, PgState, ReqCache};
+use crate::{damage_of, pg_key, status_of, Osd, PgEvent, PgState, ReqCache};
 
 /// Pause between two peering attempts of one PG in one epoch.
 const PEER_RETRY: Duration = Duration::from_millis(300);
@@ -504,12 +504,21 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return (h.reply(Status::NotFound), None);
         };
         match self.store.read(h.oid, 0, self.store.block_bytes()).await {
+            // The version the bytes are of: it may have changed during the
+            // read (the puller's lock covers its own copy only).
+            Ok(_) if self.store.version(h.oid) != Some(v) => (h.reply(Status::Unavailable), None),
             Ok(buf) => {
                 let mut r = h.reply(Status::Ok).with_payload(&buf);
                 r.obj_version = v;
                 (r, Some(buf))
             }
-            Err(e) => (h.reply(status_of(&e)), None),
+            Err(e) => {
+                // The primary pulls it from another copy.
+                if let Some(why) = damage_of(&e) {
+                    self.note_damage(h.oid, &why);
+                }
+                (h.reply(status_of(&e)), None)
+            }
         }
     }
 
@@ -1131,7 +1140,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// The whole of `oid` at `version` from OSD `from`.
+    /// The whole of `oid` at `version` from OSD `from`, else from another
+    /// member of the acting set that holds that version: one version names
+    /// one content, so a damaged copy at `from` stalls neither peering nor
+    /// recovery. A damaged copy here is repaired with what was found.
     pub(crate) async fn fetch(
         self: &Rc<Self>,
         from: u32,
@@ -1140,24 +1152,85 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         oid: ObjectId,
         version: u64,
     ) -> Result<AlignedBuf, PeerError> {
+        match self.fetch_copy(from, pg, epoch, oid, version).await {
+            Ok(d) => Ok(d),
+            Err((e, damaged_here)) => {
+                let found = self.fetch_elsewhere(pg, epoch, oid, version, from, damaged_here);
+                found.await.ok_or(e)
+            }
+        }
+    }
+
+    /// `oid` at `version` from a member of PG `pg`'s acting set other than
+    /// OSD `but`, the first that has it whole; with `repair` (a read
+    /// found this OSD's copy at that version damaged), this OSD's copy is
+    /// rewritten with it.
+    pub(crate) async fn fetch_elsewhere(
+        self: &Rc<Self>,
+        pg: u32,
+        epoch: u64,
+        oid: ObjectId,
+        version: u64,
+        but: u32,
+        repair: bool,
+    ) -> Option<AlignedBuf> {
+        let others: Vec<u32> = (self.map.borrow().acting(pg).into_iter())
+            .filter(|&o| o != but)
+            .collect();
+        for o in others {
+            match self.fetch_copy(o, pg, epoch, oid, version).await {
+                Ok(d) => {
+                    if repair {
+                        self.repair(oid, version, AlignedBuf::from_slice(&d), o)
+                            .await;
+                    }
+                    return Some(d);
+                }
+                Err((e, _)) => tracing::warn!("osd.{}: PG {pg}: {e}", self.id),
+            }
+        }
+        None
+    }
+
+    /// The whole of `oid` at `version` from OSD `from`'s copy; failing,
+    /// also whether `from` is this OSD and the read found its copy damaged.
+    async fn fetch_copy(
+        self: &Rc<Self>,
+        from: u32,
+        pg: u32,
+        epoch: u64,
+        oid: ObjectId,
+        version: u64,
+    ) -> Result<AlignedBuf, (PeerError, bool)> {
         if from == self.id {
             if self.store.version(oid) != Some(version) {
-                return Err(Retry(format!("{oid} changed here during peering")));
+                return Err((Retry(format!("{oid} changed here during peering")), false));
             }
-            return (self.store.read(oid, 0, self.store.block_bytes()).await)
-                .map_err(|e| Retry(format!("reading {oid}: {e}")));
+            return match self.store.read(oid, 0, self.store.block_bytes()).await {
+                Ok(d) => Ok(d),
+                Err(e) => {
+                    let damage = damage_of(&e);
+                    if let Some(why) = &damage {
+                        self.note_damage(oid, why);
+                    }
+                    Err((Retry(format!("reading {oid}: {e}")), damage.is_some()))
+                }
+            };
         }
         let mut h = Header::request(Op::Pull, 0, oid);
         h.pg = pg;
         h.epoch = epoch;
         h.sender = self.id;
-        let f = self.call_osd(from, h, None).await.map_err(Retry)?;
+        let f = (self.call_osd(from, h, None).await).map_err(|e| (Retry(e), false))?;
         match (f.h.status, f.payload) {
             (Status::Ok, Some(d)) if f.h.obj_version == version => Ok(d),
-            (s, _) => Err(Retry(format!(
-                "pulling {oid} v{version:#x} from osd.{from}: {s:?} v{:#x}",
-                f.h.obj_version
-            ))),
+            (s, _) => Err((
+                Retry(format!(
+                    "pulling {oid} v{version:#x} from osd.{from}: {s:?} v{:#x}",
+                    f.h.obj_version
+                )),
+                false,
+            )),
         }
     }
 

@@ -7,7 +7,12 @@ use std::time::Instant;
 
 use nacre_blockstore::Store;
 use nacre_io::BlockDev;
+use nacre_types::ObjectId;
 use serde::{Deserialize, Serialize};
+
+/// Damaged objects an OSD remembers by name (counts past it stay there:
+/// the threshold that matters is far lower).
+const DAMAGED_OBJECTS_KEPT: usize = 1024;
 
 #[derive(Default)]
 pub struct OsdStats {
@@ -22,9 +27,12 @@ pub struct OsdStats {
     /// rates of the last complete one.
     window: Cell<Option<(Instant, [u64; 4])>>,
     rates: Cell<[f64; 4]>,
-    /// Reads that failed their checksum, and what the last one said.
+    /// Reads that found this OSD's copy damaged, and what the last one
+    /// said.
     damaged_reads: Cell<u64>,
     last_damage: RefCell<Option<String>>,
+    /// The objects of those reads (up to [`DAMAGED_OBJECTS_KEPT`]).
+    damaged_objects: RefCell<std::collections::HashSet<ObjectId>>,
     /// Damaged copies rewritten from another copy.
     repaired: Cell<u64>,
     /// Why the store's journal replay stopped before its end at open.
@@ -64,11 +72,14 @@ pub struct OsdReport {
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     pub objects: u64,
-    /// Reads that failed their checksum here since the OSD started: this
-    /// OSD holds damaged data (until replicas repair each other, the
-    /// operator must know).
+    /// Reads that found this OSD's copy damaged since it started (a
+    /// checksum that failed, an error from the device): this OSD holds
+    /// damaged data, the operator must know.
     #[serde(default)]
     pub damaged_reads: u64,
+    /// The objects those reads found damaged (distinct, up to 1 024).
+    #[serde(default)]
+    pub damaged_objects: u64,
     #[serde(default)]
     pub last_damage: Option<String>,
     /// Of those, the copies rewritten from another copy's (the rest were
@@ -181,10 +192,16 @@ impl OsdStats {
         self.tick();
     }
 
-    /// A read found data that failed its checksum.
-    pub fn damaged(&self, what: String) {
+    /// A read found this OSD's copy of `oid` damaged; the objects found
+    /// damaged so far.
+    pub fn damaged(&self, oid: ObjectId, what: String) -> u64 {
         add(&self.damaged_reads, 1);
         *self.last_damage.borrow_mut() = Some(what);
+        let mut objects = self.damaged_objects.borrow_mut();
+        if objects.len() < DAMAGED_OBJECTS_KEPT {
+            objects.insert(oid);
+        }
+        objects.len() as u64
     }
 
     pub fn repaired(&self) {
@@ -282,6 +299,7 @@ impl OsdStats {
             used_bytes: sp.used_bytes,
             objects: store.object_count() as u64,
             damaged_reads: self.damaged_reads.get(),
+            damaged_objects: self.damaged_objects.borrow().len() as u64,
             last_damage: self.last_damage.borrow().clone(),
             repaired: self.repaired.get(),
             replay_stopped: self.replay_stopped.borrow().clone(),

@@ -697,6 +697,158 @@ fn degraded_pgs_recover_before_moving_ones() {
     });
 }
 
+/// Writes the whole of `oid` (so that it lives in a block of its own on
+/// every copy) with bytes that depend on `request`, which must be
+/// acknowledged; the bytes.
+async fn put_whole(c: &Cluster, oid: ObjectId, request: u64) -> Vec<u8> {
+    let data: Vec<u8> = (0..OBJECT_BYTES)
+        .map(|i| ((u64::from(i) + request * 7) % 251) as u8)
+        .collect();
+    let mut h = Header::request(Op::Write, request, oid).with_payload(&data);
+    h.length = OBJECT_BYTES;
+    h.client = CLIENT;
+    let f = c
+        .call(h, Some(AlignedBuf::from_slice(&data)))
+        .await
+        .unwrap();
+    assert_eq!(f.h.status, Status::Ok, "write {request}");
+    data
+}
+
+/// Flips a bit in OSD `id`'s copy of `oid`, which must be a whole object
+/// in a block, and checks that its store now refuses to read it; the
+/// block.
+async fn damage(c: &Cluster, id: u32, oid: ObjectId) -> u32 {
+    let osd = c.osd(id).unwrap();
+    let block = (osd.store().block_of(oid)).expect("a whole object has a block");
+    let at = osd.store().geometry().block_offset(block) + 8192 + 17;
+    c.nodes.borrow()[id as usize].dev.flip(at, 0x10);
+    assert!(
+        osd.store().read(oid, 0, OBJECT_BYTES).await.is_err(),
+        "the flipped bit went unnoticed"
+    );
+    block
+}
+
+/// Once the cluster settles: `primary` still leads `oid`'s PG, found its
+/// copy damaged once and repaired it, and its copy and `to`'s hold `data`.
+async fn recovered_around_the_damage(
+    c: &Cluster,
+    oid: ObjectId,
+    primary: u32,
+    to: u32,
+    data: &[u8],
+) {
+    c.settle(SETTLE).await.unwrap();
+    assert_eq!(c.route(oid).1[0], primary, "the primary changed");
+    let r = c.osd(primary).unwrap().stat_report();
+    assert_eq!((r.damaged_reads, r.repaired), (1, 1));
+    for id in [primary, to] {
+        let got = c.osd(id).unwrap().store().read(oid, 0, OBJECT_BYTES).await;
+        assert_eq!(&got.expect("a whole copy")[..], data, "osd.{id}");
+    }
+    c.stop();
+}
+
+/// A copy that comes back behind is recovered in the background from the
+/// primary's copy; when that is damaged, from another copy at the same
+/// version (one version names one content), and the primary's copy is
+/// repaired with it. Recovery does not stall on the damaged source.
+#[test]
+fn recovery_from_a_damaged_source_takes_another_copy() {
+    rt::block_on_virtual(async {
+        let c = cluster(13).await;
+        let oid = ObjectId::new(1, 6);
+        put_whole(&c, oid, 1).await;
+        let (_, acting) = c.route(oid);
+        let (primary, behind) = (acting[0], acting[2]);
+        c.crash(behind, 1);
+        c.settle(SETTLE).await.unwrap();
+        let data = put_whole(&c, oid, 2).await;
+        damage(&c, primary, oid).await;
+        c.start(behind).await;
+        recovered_around_the_damage(&c, oid, primary, behind, &data).await;
+    });
+}
+
+/// The same when peering itself recovers the copy (below `min_size`
+/// without it): a replaced disk in a PG of 3 copies with `min_size` 3.
+#[test]
+fn peering_from_a_damaged_source_takes_another_copy() {
+    rt::block_on_virtual(async {
+        let c = Cluster::new(Net::new(15, Duration::from_millis(500)), 3, 3, 3, 4).await;
+        c.settle(SETTLE).await.unwrap();
+        let oid = ObjectId::new(1, 6);
+        let data = put_whole(&c, oid, 1).await;
+        let (_, acting) = c.route(oid);
+        let (primary, replaced) = (acting[0], acting[2]);
+        c.crash(replaced, 1);
+        c.replace_disk(replaced).await;
+        damage(&c, primary, oid).await;
+        c.start(replaced).await;
+        recovered_around_the_damage(&c, oid, primary, replaced, &data).await;
+    });
+}
+
+/// An OSD whose reads found `DAMAGED_OBJECTS_OUT` objects damaged asks to be
+/// marked out: its PGs move to the other OSDs, recovered from copies that
+/// are whole (its own damaged copies, still sources while the PGs move,
+/// are pulled from others), and every object reads back.
+#[test]
+fn an_osd_whose_reads_keep_finding_damage_is_marked_out() {
+    rt::block_on_virtual(async {
+        let c = Cluster::new(Net::new(14, Duration::from_millis(500)), 4, 3, 2, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        let oids: Vec<ObjectId> = (0..160).map(|b| ObjectId::new(1, b)).collect();
+        let mut data = Vec::new();
+        for (k, &oid) in oids.iter().enumerate() {
+            data.push(put_whole(&c, oid, k as u64 + 1).await);
+        }
+        let bad = 0;
+        for &oid in oids.iter().filter(|&&o| c.route(o).1.contains(&bad)) {
+            damage(&c, bad, oid).await;
+        }
+        let led: Vec<usize> = (0..oids.len())
+            .filter(|&k| c.route(oids[k]).1[0] == bad)
+            .collect();
+        assert!(led.len() as u64 >= nacre_types::DAMAGED_OBJECTS_OUT);
+        // Each read finds the damage, is answered from another copy, and
+        // repairs the primary's; from the last one on, the PGs are moving.
+        for &k in &led {
+            let mut h = Header::request(Op::Read, 0, oids[k]);
+            h.length = OBJECT_BYTES;
+            let f = c.call(h, None).await.expect("a read");
+            match f.h.status {
+                Status::Ok => assert_eq!(f.payload.as_deref(), Some(&data[k][..])),
+                // Retried by a client: the PGs are moving.
+                s @ (Status::Unavailable | Status::NotPrimary | Status::StaleEpoch) => assert!(
+                    c.leader.map().pgmap.out.contains(&bad),
+                    "read of {}: {s:?}",
+                    oids[k]
+                ),
+                s => panic!("read of {}: {s:?}", oids[k]),
+            }
+        }
+        let mut waited = 0;
+        while !c.leader.map().pgmap.out.contains(&bad) {
+            waited += 1;
+            assert!(waited < 100, "osd.{bad} was not marked out");
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        c.settle(SETTLE).await.unwrap();
+        let m = c.leader.map();
+        for pg in 0..m.pgmap.pg_count() {
+            assert!(!m.acting(pg).contains(&bad), "PG {pg} still on osd.{bad}");
+        }
+        for (k, &oid) in oids.iter().enumerate() {
+            assert_eq!(read(&c, oid).await.as_ref(), Some(&data[k]), "{oid}");
+        }
+        let r = c.osd(bad).unwrap().stat_report();
+        assert!(r.damaged_objects >= nacre_types::DAMAGED_OBJECTS_OUT);
+        c.stop();
+    });
+}
+
 /// A read that the primary's own checksums refuse is answered from
 /// another copy at the same version: the client gets its bytes, not an
 /// I/O error, the primary counts the damage and rewrites its copy.
@@ -705,27 +857,10 @@ fn a_damaged_primary_copy_is_read_from_another_and_repaired() {
     rt::block_on_virtual(async {
         let c = cluster(12).await;
         let oid = ObjectId::new(1, 5);
-        let data: Vec<u8> = (0..OBJECT_BYTES).map(|i| (i % 251) as u8).collect();
-        let mut h = Header::request(Op::Write, 1, oid).with_payload(&data);
-        h.length = OBJECT_BYTES;
-        h.client = CLIENT;
-        let f = c
-            .call(h, Some(AlignedBuf::from_slice(&data)))
-            .await
-            .unwrap();
-        assert_eq!(f.h.status, Status::Ok);
+        let data = put_whole(&c, oid, 1).await;
         let (_, acting) = c.route(oid);
         let primary = c.osd(acting[0]).unwrap();
-        let block = primary
-            .store()
-            .block_of(oid)
-            .expect("a whole object has a block");
-        let at = primary.store().geometry().block_offset(block) + 8192 + 17;
-        c.nodes.borrow()[acting[0] as usize].dev.flip(at, 0x10);
-        assert!(
-            primary.store().read(oid, 0, OBJECT_BYTES).await.is_err(),
-            "the flipped bit went unnoticed"
-        );
+        let block = damage(&c, acting[0], oid).await;
         assert_eq!(read(&c, oid).await.as_deref(), Some(&data[..]));
         let r = primary.stat_report();
         assert_eq!((r.damaged_reads, r.repaired), (1, 1));

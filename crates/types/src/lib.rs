@@ -57,6 +57,12 @@ pub const HEARTBEAT_GRACE_MS: u64 = 3_000;
 /// it down and let another primary take writes.
 pub const READ_LEASE_MS: u64 = 2_000;
 const _: () = assert!(READ_LEASE_MS + 1_000 <= HEARTBEAT_GRACE_MS);
+/// Objects whose copy on an OSD a read found damaged (a checksum that
+/// failed, an error from the device) since it started, at which it asks
+/// the leader to mark it out: its disk has shown that it does not keep
+/// data, and its PGs move to other OSDs (docs/internals/replication.md
+/// §7). Distinct objects, not reads: retries of one read count once.
+pub const DAMAGED_OBJECTS_OUT: u64 = 32;
 /// An OSD down this long is marked out by the leader (its PGs move to the
 /// others), and in again when it comes back; 0 never (`nacre up
 /// --out-delay`).
