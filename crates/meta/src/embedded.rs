@@ -5,7 +5,10 @@
 //! Crash argument: a change is visible (to readers, watchers, the caller)
 //! only after its log record is durable, so a restart replays every change
 //! anyone saw. A torn record can only be the last one, never acknowledged;
-//! replay stops there and truncates it. The log is compacted into a
+//! replay stops there and truncates it. An append or sync that fails while
+//! the store runs is cut back off the log before the change is refused, so
+//! no later, acknowledged record ever follows a torn one; if the cut fails
+//! too, the store refuses every change until it is reopened. The log is compacted into a
 //! snapshot written to a temporary file, fsync'd and renamed over the old
 //! one before the log is cut; records at or below the snapshot's revision
 //! are skipped, so a crash between the rename and the cut is harmless. The
@@ -86,9 +89,37 @@ struct State {
     history_from: Revision,
     watchers: Vec<Watcher>,
     next_watcher: u64,
-    log: File,
+    log: Box<dyn LogFile>,
     log_bytes: u64,
+    /// Why the log could not be cut back after a failed append: no record
+    /// may follow the torn one, so every later change is refused until a
+    /// restart replays the log (and drops the torn tail).
+    failed: Option<String>,
     dir: PathBuf,
+}
+
+/// The log file as the store writes it (a trait so that tests can make
+/// appends, syncs and cuts fail).
+trait LogFile: Send {
+    /// Writes `bytes` at the end of the file.
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+    /// Makes what was appended durable.
+    fn sync(&mut self) -> std::io::Result<()>;
+    /// Cuts the file to `len` bytes, durably.
+    fn cut(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl LogFile for File {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.write_all(bytes)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.sync_data()
+    }
+    fn cut(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)?;
+        self.sync_all()
+    }
 }
 
 pub struct Embedded {
@@ -158,6 +189,11 @@ fn parse_log(bytes: &[u8]) -> (Vec<Record>, usize) {
 impl Embedded {
     /// Opens (or creates) the store in `dir`, replaying its log.
     pub fn open(dir: &Path) -> Result<Arc<Embedded>> {
+        Self::open_with(dir, |f| Box::new(f))
+    }
+
+    /// [`Embedded::open`], the log file wrapped by `wrap`.
+    fn open_with(dir: &Path, wrap: impl FnOnce(File) -> Box<dyn LogFile>) -> Result<Arc<Embedded>> {
         std::fs::create_dir_all(dir).map_err(|e| storage("create dir", e))?;
         let lock = lock_dir(dir)?;
         let snap: Snapshot = match std::fs::read(dir.join("snapshot")) {
@@ -227,8 +263,9 @@ impl Embedded {
             history_from: 0,
             watchers: Vec::new(),
             next_watcher: 0,
-            log,
+            log: wrap(log),
             log_bytes: valid as u64,
+            failed: None,
             dir: dir.to_path_buf(),
         };
         for mut r in recs {
@@ -363,17 +400,37 @@ impl State {
         }
     }
 
-    /// Makes `r` durable, then applies it.
+    /// Makes `r` durable, then applies it. A record that fails to append
+    /// or to sync is cut from the log before the error returns: a torn
+    /// record followed by acknowledged ones would make replay stop at it
+    /// and drop them (a counter rolled back, an id given out twice). If
+    /// the cut fails too, the store takes no more changes.
     fn commit(&mut self, r: Record) -> Result<()> {
+        if let Some(why) = &self.failed {
+            return Err(storage(
+                "meta log",
+                format!("failed earlier and takes no more changes until a restart: {why}"),
+            ));
+        }
         let bytes = frame(&r);
-        self.log
-            .write_all(&bytes)
-            .map_err(|e| storage("append log", e))?;
-        self.log.sync_data().map_err(|e| storage("sync log", e))?;
+        let written = self.log.append(&bytes).map_err(|e| ("append", e));
+        if let Err((what, e)) = written.and_then(|()| self.log.sync().map_err(|e| ("sync", e))) {
+            if let Err(cut) = self.log.cut(self.log_bytes) {
+                tracing::error!(
+                    "meta log: a failed {what} ({e}) could not be cut back ({cut}): no more changes until a restart"
+                );
+                self.failed = Some(format!("{what}: {e}; cutting it back: {cut}"));
+            }
+            return Err(storage(&format!("{what} log"), e));
+        }
         self.log_bytes += bytes.len() as u64;
         self.apply(r, Instant::now());
+        // The change is durable and applied: a compaction that fails
+        // leaves a longer log, tried again at the next change.
         if self.log_bytes > LOG_COMPACT_BYTES {
-            self.compact()?;
+            if let Err(e) = self.compact() {
+                tracing::warn!("meta log: compaction: {e}");
+            }
         }
         Ok(())
     }
@@ -392,10 +449,20 @@ impl State {
         f.sync_all().map_err(|e| storage("snapshot", e))?;
         std::fs::rename(&tmp, self.dir.join("snapshot")).map_err(|e| storage("snapshot", e))?;
         sync_dir(&self.dir)?;
-        self.log.set_len(0).map_err(|e| storage("cut log", e))?;
-        self.log.sync_all().map_err(|e| storage("cut log", e))?;
-        self.log_bytes = 0;
-        Ok(())
+        // Every record of the log is in the snapshot (replay skips those a
+        // failed cut leaves).
+        match self.log.cut(0) {
+            Ok(()) => {
+                self.log_bytes = 0;
+                Ok(())
+            }
+            Err(e) => {
+                // Its length is unknown now: no record may be appended
+                // where a later cut back could open a hole.
+                self.failed = Some(format!("cutting the log after a compaction: {e}"));
+                Err(storage("cut log", e))
+            }
+        }
     }
 
     fn range(&self, r: &Range) -> Vec<KeyValue> {
