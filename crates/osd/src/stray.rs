@@ -134,7 +134,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let _inflight = self.track(pg, self.epoch());
         let done = async {
             // The log goes first: a copy being emptied must not look like
-            // the newest history to a peering that asks it. Then marked
+            // the newest history to a peering that asks it, and a log that
+            // names ops whose objects are gone would make their recovery
+            // pushes pass for repeats and write nothing (replication.md
+            // §8.2, simulator seed 978). Then marked
             // recovering while its objects go (they go unlogged): if the PG
             // comes back here meanwhile, peering lists this copy instead of
             // reading it from a blank log that would say it holds nothing.
