@@ -2,8 +2,9 @@
 # Nacre's test command: formatting, lints, and every test in the workspace.
 # Installs what it needs: rustfmt and clippy through rustup, and the real
 # NBD clients the cluster tests drive (Debian: libnbd-bin for nbdinfo and
-# nbdcopy, qemu-utils for qemu-img, fio for its nbd engine). Run from
-# anywhere inside the checkout.
+# nbdcopy, qemu-utils for qemu-img, fio for its nbd engine), and etcd
+# (etcd-server) for the etcd meta store's tests, which start their own
+# members on free loopback ports. Run from anywhere inside the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +19,7 @@ command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
 command -v nbdcopy >/dev/null 2>&1 || need+=(libnbd-bin)
 command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
 command -v fio >/dev/null 2>&1 || need+=(fio)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     sudo=""

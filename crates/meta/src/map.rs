@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::*;
 
-const ROOT: &str = "/nacre/";
+/// Every key of the cluster state starts with this (a backend may keep
+/// them under another prefix: `nacre_etcd`'s `--prefix`).
+pub const ROOT: &str = "/nacre/";
 /// Retries of a compare-and-swap that lost a race.
 const CAS_RETRY_MAX: u32 = 32;
 pub const VOLUME_NAME_MAX_BYTES: usize = 128;

@@ -192,6 +192,15 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// A watch whose batches arrive on `rx`; `cancel` runs when it is
+    /// dropped (for backends outside this crate).
+    pub fn new(
+        rx: std::sync::mpsc::Receiver<Result<Vec<Event>>>,
+        cancel: Option<Box<dyn FnOnce() + Send>>,
+    ) -> Watch {
+        Watch { rx, cancel }
+    }
+
     /// The next batch of events (one revision's worth or more), waiting at
     /// most `timeout`; `Ok(None)` on timeout.
     pub fn next(&self, timeout: std::time::Duration) -> Result<Option<Vec<Event>>> {

@@ -1,0 +1,637 @@
+//! The cluster-state store on etcd v3 (docs/internals/cluster.md *Meta
+//! store*): [`Etcd`] implements [`MetaStore`] over etcd's JSON gateway
+//! (`/v3/kv/range`, `/v3/kv/txn`, `/v3/watch`, `/v3/lease/*`), which every
+//! etcd since 3.4 serves on its client URLs beside gRPC.
+//!
+//! Why not the `etcd-client` crate (gRPC through tonic): its build needs
+//! `protoc`, which a machine with only the Rust toolchain lacks (the
+//! README's first command must build there), and tokio, tonic, prost and
+//! hyper add minutes to a build on two cores. The JSON gateway is the same
+//! API with the same semantics (revisions, compare-and-swap, watches from
+//! a revision, leases), and the calls are blocking like the trait: this is
+//! the control plane, never the data path.
+//!
+//! - Keys: every key of the cluster state starts with
+//!   [`nacre_meta::map::ROOT`] (`/nacre/`); here it is kept under
+//!   `prefix` instead (`--prefix`, default `/nacre/`), so two clusters can
+//!   share one etcd. Keys outside the root are refused.
+//! - Endpoints: a call goes to the endpoint that answered last; one that
+//!   cannot be connected to (nothing was sent) makes it try the next. A
+//!   call that was sent and got no answer is not sent again (a transaction
+//!   could apply twice): it fails `Unavailable` and the caller decides.
+//! - Watches: one thread per watch reads etcd's stream; when the stream
+//!   breaks (etcd restarted, its member lost), it resumes on any endpoint
+//!   from the revision after the last one it delivered, so no event is
+//!   lost or repeated; after [`WATCH_RESUME_MS`] without success the watch
+//!   ends with an error. A watch from a compacted revision ends with
+//!   `Compacted`.
+
+mod http;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use nacre_meta::map::ROOT;
+use nacre_meta::{
+    prefix_end, CmpOp, Compare, Event, EventKind, KeyValue, LeaseId, MetaError, MetaStore,
+    OpResult, Range, Result, Revision, Txn, TxnOp, TxnResponse, Watch,
+};
+use serde_json::{json, Value};
+
+use http::{Endpoint, HttpError};
+
+/// Deadline of one call (connect, send, answer).
+pub const ETCD_CALL_TIMEOUT_MS: u64 = 5_000;
+/// How long a broken watch keeps trying to resume before it ends.
+pub const WATCH_RESUME_MS: u64 = 30_000;
+/// Event batches queued per watch before it is ended as too slow.
+const WATCH_QUEUE_MAX: usize = 4096;
+/// How long a watch's stream may stay quiet before it is opened again
+/// (from the revision after the last delivered): a member that vanished
+/// without closing the connection is noticed within this.
+const WATCH_IDLE_MS: u64 = 10_000;
+
+pub struct Etcd {
+    endpoints: Vec<Endpoint>,
+    /// The endpoint to try first.
+    next: AtomicUsize,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl Etcd {
+    /// A store on the etcd at `urls` (comma-separated `http://HOST:PORT`),
+    /// its keys under `prefix` (starts and ends with `/`). Fails unless one
+    /// endpoint answers.
+    pub fn connect(urls: &str, prefix: &str) -> Result<Arc<Etcd>> {
+        let endpoints = (urls.split(',').filter(|u| !u.trim().is_empty()))
+            .map(Endpoint::parse)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(MetaError::Invalid)?;
+        if endpoints.is_empty() {
+            return Err(MetaError::Invalid("no etcd URL given".into()));
+        }
+        if !prefix.starts_with('/') || !prefix.ends_with('/') || prefix.len() < 2 {
+            return Err(MetaError::Invalid(format!(
+                "--prefix {prefix:?}: a key prefix starts and ends with '/' (e.g. /nacre/)"
+            )));
+        }
+        if !prefix.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+            return Err(MetaError::Invalid(format!(
+                "--prefix {prefix:?}: printable ASCII only"
+            )));
+        }
+        let e = Arc::new(Etcd {
+            endpoints,
+            next: AtomicUsize::new(0),
+            prefix: prefix.to_string(),
+            timeout: Duration::from_millis(ETCD_CALL_TIMEOUT_MS),
+        });
+        e.range(&Range::key(&format!("{ROOT}cluster")))?;
+        Ok(e)
+    }
+
+    /// The key prefix this store keeps the cluster state under.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn outer_key(&self, k: &str) -> Result<String> {
+        match k.strip_prefix(ROOT) {
+            Some(rest) => Ok(format!("{}{rest}", self.prefix)),
+            None => Err(MetaError::Invalid(format!("key {k:?} is not under {ROOT}"))),
+        }
+    }
+
+    fn outer_range(&self, r: &Range) -> Result<(String, Option<String>)> {
+        let key = self.outer_key(&r.key)?;
+        let end = match &r.end {
+            None => None,
+            Some(e) if *e == prefix_end(ROOT) => Some(prefix_end(&self.prefix)),
+            Some(e) => Some(self.outer_key(e)?),
+        };
+        Ok((key, end))
+    }
+
+    fn inner_key(&self, k: &[u8]) -> Result<String> {
+        let k = std::str::from_utf8(k).map_err(|_| bad("a key that is not UTF-8"))?;
+        match k.strip_prefix(self.prefix.as_str()) {
+            Some(rest) => Ok(format!("{ROOT}{rest}")),
+            None => Err(bad(&format!("key {k:?} outside {}", self.prefix))),
+        }
+    }
+
+    fn kv(&self, v: &Value) -> Result<KeyValue> {
+        Ok(KeyValue {
+            key: self.inner_key(&bytes(v, "key")?)?,
+            value: bytes(v, "value")?,
+            create_revision: int(v, "create_revision")?,
+            mod_revision: int(v, "mod_revision")?,
+            version: int(v, "version")?,
+            lease: int(v, "lease")?,
+        })
+    }
+
+    fn kvs(&self, v: &Value) -> Result<Vec<KeyValue>> {
+        match v.get("kvs") {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => a.iter().map(|kv| self.kv(kv)).collect(),
+            Some(_) => Err(bad("kvs is not a list")),
+        }
+    }
+
+    /// One unary call: the answer's JSON, or the error etcd gave.
+    fn call(&self, path: &str, body: &Value) -> Result<Value> {
+        let body = serde_json::to_vec(body).expect("JSON serialises");
+        let n = self.endpoints.len();
+        let first = self.next.load(Ordering::Relaxed) % n;
+        let mut last = String::new();
+        for i in 0..n {
+            let k = (first + i) % n;
+            let ep = &self.endpoints[k];
+            let r = ep.post(path, &body, self.timeout).and_then(|r| {
+                let status = r.status;
+                r.body().map(|b| (status, b))
+            });
+            match r {
+                Ok((status, b)) => {
+                    let v: Value = serde_json::from_slice(&b).map_err(|e| {
+                        MetaError::Unavailable(format!("etcd {}: {path}: {e}", ep.host_port))
+                    })?;
+                    if status == 200 {
+                        self.next.store(k, Ordering::Relaxed);
+                        return Ok(v);
+                    }
+                    let err = grpc_error(&v, status);
+                    // A member that lost its quorum, or is stopping: another
+                    // may answer, and nothing was applied.
+                    if matches!(err, GrpcError::Unavailable(_)) && i + 1 < n {
+                        last = format!("{}: {err}", ep.host_port);
+                        continue;
+                    }
+                    return Err(err.into());
+                }
+                Err(HttpError::Connect(e)) => last = e,
+                Err(e) => {
+                    return Err(MetaError::Unavailable(format!(
+                        "etcd {}: {path}: {e}",
+                        ep.host_port
+                    )))
+                }
+            }
+        }
+        Err(MetaError::Unavailable(format!(
+            "no etcd endpoint answered ({last})"
+        )))
+    }
+
+    /// Opens a watch stream from `start` (0: now) on any endpoint; the
+    /// response positioned after etcd's `created` message, and that
+    /// message's revision.
+    fn open_watch(
+        &self,
+        key: &str,
+        end: &Option<String>,
+        start: Revision,
+    ) -> Result<(http::Response, Revision)> {
+        let mut req = json!({ "key": b64(key), "prev_kv": true });
+        if let Some(e) = end {
+            req["range_end"] = b64(e).into();
+        }
+        if start > 0 {
+            req["start_revision"] = start.to_string().into();
+        }
+        let body = serde_json::to_vec(&json!({ "create_request": req })).expect("JSON");
+        let n = self.endpoints.len();
+        let first = self.next.load(Ordering::Relaxed) % n;
+        let mut last = String::new();
+        for i in 0..n {
+            let ep = &self.endpoints[(first + i) % n];
+            match ep.post("/v3/watch", &body, self.timeout) {
+                Ok(mut r) if r.status == 200 => {
+                    let mut msgs = Messages::default();
+                    let created = msgs.next(&mut r).and_then(|m| {
+                        let res = m.get("result").ok_or_else(|| watch_error(&m))?;
+                        if res.get("created") != Some(&Value::Bool(true)) {
+                            return Err(bad("a watch answered without `created`"));
+                        }
+                        int(&res["header"], "revision")
+                    });
+                    match created {
+                        Ok(rev) => return Ok((r, rev)),
+                        Err(e) => last = format!("{}: {e}", ep.host_port),
+                    }
+                }
+                Ok(r) => last = format!("{}: HTTP {}", ep.host_port, r.status),
+                Err(e) => last = format!("{}: {e}", ep.host_port),
+            }
+        }
+        Err(MetaError::Unavailable(format!(
+            "no etcd endpoint took the watch ({last})"
+        )))
+    }
+}
+
+/// The JSON messages of a watch stream, however etcd cut them into chunks.
+#[derive(Default)]
+struct Messages {
+    buf: Vec<u8>,
+}
+
+impl Messages {
+    fn next(&mut self, r: &mut http::Response) -> Result<Value> {
+        loop {
+            let mut it = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Value>();
+            match it.next() {
+                Some(Ok(v)) => {
+                    let used = it.byte_offset();
+                    self.buf.drain(..used);
+                    return Ok(v);
+                }
+                Some(Err(e)) if !e.is_eof() => return Err(bad(&format!("watch stream: {e}"))),
+                _ => {}
+            }
+            match r.chunk() {
+                Ok(Some(c)) => self.buf.extend_from_slice(&c),
+                Ok(None) => return Err(MetaError::Unavailable("the watch stream ended".into())),
+                Err(e) => return Err(MetaError::Unavailable(format!("watch stream: {e}"))),
+            }
+        }
+    }
+}
+
+/// What a watch thread shares with its [`Watch`]'s cancel.
+struct WatchStop {
+    stopped: AtomicBool,
+    stream: Mutex<Option<std::net::TcpStream>>,
+}
+
+impl WatchStop {
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        if let Some(s) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Etcd {
+    /// Reads `r`'s messages into `tx` until the watch is dropped, resuming
+    /// a broken stream after `last`, the newest revision delivered.
+    fn watch_loop(
+        self: Arc<Self>,
+        key: String,
+        end: Option<String>,
+        mut r: http::Response,
+        mut last: Revision,
+        tx: SyncSender<Result<Vec<Event>>>,
+        stop: Arc<WatchStop>,
+    ) {
+        let mut msgs = Messages::default();
+        loop {
+            r.set_read_timeout(Some(Duration::from_millis(WATCH_IDLE_MS)));
+            *stop.stream.lock().unwrap_or_else(|p| p.into_inner()) = r.stream.try_clone().ok();
+            let why = loop {
+                if stop.stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                // Quiet for WATCH_IDLE_MS, broken, or cut mid-message: all
+                // the same, resumed after what was delivered.
+                let m = match msgs.next(&mut r) {
+                    Ok(m) => m,
+                    Err(e) => break e.to_string(),
+                };
+                let Some(res) = m.get("result") else {
+                    break watch_error(&m).to_string();
+                };
+                if res.get("canceled") == Some(&Value::Bool(true)) {
+                    let oldest = int(res, "compact_revision").unwrap_or(0);
+                    let e = match oldest {
+                        0 => MetaError::WatchEnded(format!(
+                            "etcd cancelled the watch: {}",
+                            res.get("cancel_reason")
+                                .and_then(Value::as_str)
+                                .unwrap_or("?")
+                        )),
+                        _ => MetaError::Compacted {
+                            asked: last + 1,
+                            oldest,
+                        },
+                    };
+                    let _ = tx.try_send(Err(e));
+                    return;
+                }
+                let batch = match self.events(res) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.try_send(Err(e));
+                        return;
+                    }
+                };
+                if let Some(rev) = batch.iter().map(|e| e.kv.mod_revision).max() {
+                    last = last.max(rev);
+                }
+                if batch.is_empty() {
+                    continue;
+                }
+                match tx.try_send(Ok(batch)) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => {
+                        tracing::warn!("etcd: dropping a watch of {key} (too slow)");
+                        return;
+                    }
+                    Err(TrySendError::Disconnected(_)) => return,
+                }
+            };
+            // The stream broke: resume after the last revision delivered.
+            tracing::debug!("etcd: watch of {key} resumes after revision {last} ({why})");
+            let until = Instant::now() + Duration::from_millis(WATCH_RESUME_MS);
+            r = loop {
+                if stop.stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                match self.open_watch(&key, &end, last + 1) {
+                    Ok((r, _)) => break r,
+                    Err(e) if Instant::now() >= until => {
+                        let _ = tx.try_send(Err(MetaError::WatchEnded(format!(
+                            "etcd unreachable for {WATCH_RESUME_MS} ms: {e}"
+                        ))));
+                        return;
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                }
+            };
+            msgs = Messages::default();
+        }
+    }
+
+    fn events(&self, res: &Value) -> Result<Vec<Event>> {
+        let Some(Value::Array(evs)) = res.get("events") else {
+            return Ok(Vec::new());
+        };
+        evs.iter()
+            .map(|e| {
+                let kv = e.get("kv").ok_or_else(|| bad("an event without kv"))?;
+                match e.get("type").and_then(Value::as_str) {
+                    None | Some("PUT") => Ok(Event {
+                        kind: EventKind::Put,
+                        kv: self.kv(kv)?,
+                    }),
+                    Some("DELETE") => {
+                        // The deleted entry, at the deleting revision.
+                        let mut old = match e.get("prev_kv") {
+                            Some(p) => self.kv(p)?,
+                            None => self.kv(kv)?,
+                        };
+                        old.mod_revision = int(kv, "mod_revision")?;
+                        Ok(Event {
+                            kind: EventKind::Delete,
+                            kv: old,
+                        })
+                    }
+                    Some(t) => Err(bad(&format!("event type {t}"))),
+                }
+            })
+            .collect()
+    }
+}
+
+impl MetaStore for Etcd {
+    fn range(&self, r: &Range) -> Result<(Vec<KeyValue>, Revision)> {
+        let (key, end) = self.outer_range(r)?;
+        let mut req = json!({ "key": b64(&key) });
+        if let Some(e) = end {
+            req["range_end"] = b64(&e).into();
+        }
+        let v = self.call("/v3/kv/range", &req)?;
+        Ok((self.kvs(&v)?, int(&v["header"], "revision")?))
+    }
+
+    fn txn(&self, t: Txn) -> Result<TxnResponse> {
+        let compare = (t.compare.iter())
+            .map(|c| self.compare(c))
+            .collect::<Result<Vec<_>>>()?;
+        let ops = |ops: &[TxnOp]| ops.iter().map(|o| self.op(o)).collect::<Result<Vec<_>>>();
+        let req = json!({
+            "compare": compare,
+            "success": ops(&t.success)?,
+            "failure": ops(&t.failure)?,
+        });
+        let v = self.call("/v3/kv/txn", &req)?;
+        let succeeded = v.get("succeeded") == Some(&Value::Bool(true));
+        let asked = if succeeded { &t.success } else { &t.failure };
+        let answers = match v.get("responses") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a.clone(),
+            Some(_) => return Err(bad("responses is not a list")),
+        };
+        if answers.len() != asked.len() {
+            return Err(bad(&format!(
+                "{} answers to {} operations",
+                answers.len(),
+                asked.len()
+            )));
+        }
+        let results = (asked.iter().zip(&answers))
+            .map(|(op, a)| match op {
+                TxnOp::Put { .. } => Ok(OpResult::Put),
+                TxnOp::Delete(_) => {
+                    let d = a
+                        .get("response_delete_range")
+                        .ok_or_else(|| bad("no delete answer"))?;
+                    Ok(OpResult::Delete(int(d, "deleted")? as u64))
+                }
+                TxnOp::Get(_) => {
+                    let g = a
+                        .get("response_range")
+                        .ok_or_else(|| bad("no range answer"))?;
+                    Ok(OpResult::Get(self.kvs(g)?))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TxnResponse {
+            succeeded,
+            revision: int(&v["header"], "revision")?,
+            results,
+        })
+    }
+
+    fn watch(&self, r: &Range, start: Revision) -> Result<Watch> {
+        let (key, end) = self.outer_range(r)?;
+        let (resp, created) = self.open_watch(&key, &end, start)?;
+        let last = if start > 0 { start - 1 } else { created };
+        let (tx, rx) = sync_channel(WATCH_QUEUE_MAX);
+        let stop = Arc::new(WatchStop {
+            stopped: AtomicBool::new(false),
+            stream: Mutex::new(None),
+        });
+        let me = Arc::new(Etcd {
+            endpoints: self.endpoints.clone(),
+            next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
+            prefix: self.prefix.clone(),
+            timeout: self.timeout,
+        });
+        let s = stop.clone();
+        std::thread::Builder::new()
+            .name("etcd-watch".into())
+            .spawn(move || me.watch_loop(key, end, resp, last, tx, s))
+            .map_err(|e| MetaError::Unavailable(format!("spawning a watch thread: {e}")))?;
+        Ok(Watch::new(rx, Some(Box::new(move || stop.stop()))))
+    }
+
+    fn lease_grant(&self, ttl_s: i64) -> Result<LeaseId> {
+        let v = self.call("/v3/lease/grant", &json!({ "TTL": ttl_s.to_string() }))?;
+        match int(&v, "ID")? {
+            0 => Err(bad("a lease granted without an id")),
+            id => Ok(id),
+        }
+    }
+
+    fn lease_keepalive(&self, id: LeaseId) -> Result<i64> {
+        let v = self.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        // etcd answers a lease it does not know with a TTL of 0 (left out).
+        match int(&v["result"], "TTL")? {
+            ttl if ttl > 0 => Ok(ttl),
+            _ => Err(MetaError::LeaseNotFound(id)),
+        }
+    }
+
+    fn lease_revoke(&self, id: LeaseId) -> Result<()> {
+        match self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() })) {
+            Err(MetaError::Invalid(m)) if m.contains("lease not found") => {
+                Err(MetaError::LeaseNotFound(id))
+            }
+            r => r.map(|_| ()),
+        }
+    }
+}
+
+impl Etcd {
+    fn compare(&self, c: &Compare) -> Result<Value> {
+        let key = b64(&self.outer_key(c.key())?);
+        let result = |op: &CmpOp| match op {
+            CmpOp::Equal => "EQUAL",
+            CmpOp::NotEqual => "NOT_EQUAL",
+            CmpOp::Less => "LESS",
+            CmpOp::Greater => "GREATER",
+        };
+        Ok(match c {
+            Compare::Version(_, op, x) => {
+                json!({ "key": key, "result": result(op), "target": "VERSION", "version": x.to_string() })
+            }
+            Compare::CreateRevision(_, op, x) => {
+                json!({ "key": key, "result": result(op), "target": "CREATE", "create_revision": x.to_string() })
+            }
+            Compare::ModRevision(_, op, x) => {
+                json!({ "key": key, "result": result(op), "target": "MOD", "mod_revision": x.to_string() })
+            }
+            Compare::Value(_, op, x) => {
+                json!({ "key": key, "result": result(op), "target": "VALUE", "value": B64.encode(x) })
+            }
+        })
+    }
+
+    fn op(&self, o: &TxnOp) -> Result<Value> {
+        let range = |r: &Range| -> Result<Value> {
+            let (key, end) = self.outer_range(r)?;
+            let mut v = json!({ "key": b64(&key) });
+            if let Some(e) = end {
+                v["range_end"] = b64(&e).into();
+            }
+            Ok(v)
+        };
+        Ok(match o {
+            TxnOp::Put { key, value, lease } => json!({ "request_put": {
+                "key": b64(&self.outer_key(key)?),
+                "value": B64.encode(value),
+                "lease": lease.to_string(),
+            }}),
+            TxnOp::Delete(r) => json!({ "request_delete_range": range(r)? }),
+            TxnOp::Get(r) => json!({ "request_range": range(r)? }),
+        })
+    }
+}
+
+fn b64(s: &str) -> String {
+    B64.encode(s.as_bytes())
+}
+
+fn bad(what: &str) -> MetaError {
+    MetaError::Unavailable(format!("etcd answered what it should not: {what}"))
+}
+
+/// An int64 field of etcd's JSON (a string, as proto3 JSON writes them; a
+/// number is taken too); absent is 0, as in proto3.
+fn int(v: &Value, field: &str) -> Result<i64> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::String(s)) => s.parse().map_err(|_| bad(&format!("{field} {s:?}"))),
+        Some(Value::Number(n)) => n.as_i64().ok_or_else(|| bad(&format!("{field} {n}"))),
+        Some(x) => Err(bad(&format!("{field} {x}"))),
+    }
+}
+
+/// A bytes field (base64); absent is empty.
+fn bytes(v: &Value, field: &str) -> Result<Vec<u8>> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => B64
+            .decode(s)
+            .map_err(|_| bad(&format!("{field}: not base64"))),
+        Some(x) => Err(bad(&format!("{field} {x}"))),
+    }
+}
+
+/// An error etcd's gateway answered: `{"code": N, "message": ...}` with
+/// gRPC's codes.
+#[derive(Debug)]
+enum GrpcError {
+    /// No leader, or the member is stopping (14), or the call ran out of
+    /// time inside etcd (4).
+    Unavailable(String),
+    Invalid(String),
+    Other(String),
+}
+
+impl std::fmt::Display for GrpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GrpcError::Unavailable(m) | GrpcError::Invalid(m) | GrpcError::Other(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+impl From<GrpcError> for MetaError {
+    fn from(e: GrpcError) -> MetaError {
+        match e {
+            GrpcError::Unavailable(m) => MetaError::Unavailable(format!("etcd: {m}")),
+            GrpcError::Invalid(m) => MetaError::Invalid(format!("etcd: {m}")),
+            GrpcError::Other(m) => MetaError::Storage(format!("etcd: {m}")),
+        }
+    }
+}
+
+fn grpc_error(v: &Value, status: u16) -> GrpcError {
+    let msg = (v.get("message").or_else(|| v.get("error")))
+        .and_then(Value::as_str)
+        .map_or_else(|| format!("HTTP {status}: {v}"), str::to_string);
+    match v.get("code").and_then(Value::as_i64) {
+        Some(4 | 14) => GrpcError::Unavailable(msg),
+        Some(3 | 5 | 9 | 11) => GrpcError::Invalid(msg),
+        _ if status >= 500 => GrpcError::Unavailable(msg),
+        _ => GrpcError::Other(msg),
+    }
+}
+
+fn watch_error(m: &Value) -> MetaError {
+    match m.get("error") {
+        Some(e) => grpc_error(e, 200).into(),
+        None => bad(&format!("watch message {m}")),
+    }
+}
