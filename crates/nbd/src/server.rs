@@ -16,12 +16,14 @@
 //! minimum block size). Unaligned reads are served from the enclosing
 //! sectors; unaligned writes and zeroes are refused with EINVAL.
 
+use std::cell::Cell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use nacre_client::{ClientError, Cluster, Volume};
 use nacre_io::net::{Listener, Stream};
 use nacre_io::{rt, AlignedBuf};
-use nacre_net::{ByteReader, FrameSender, Inflight};
+use nacre_net::{Budget, ByteReader, FrameSender, Inflight, MESSAGE_STALL_MS};
 
 use crate::sessions::Sessions;
 
@@ -30,7 +32,34 @@ use crate::proto::*;
 /// Requests running at once per connection; beyond it the gateway stops
 /// reading that connection until some finish.
 pub const INFLIGHT_MAX: usize = 256;
+/// Payload bytes (write data read in, read data waiting to go out) the
+/// gateway holds at once over all its connections; requests wait when it
+/// is spent (docs/internals/cluster.md *NBD gateway*).
+pub const GATEWAY_PAYLOAD_MAX_BYTES: usize = 1 << 30;
+/// The same, per connection: one client cannot take the whole budget.
+pub const CONN_PAYLOAD_MAX_BYTES: usize = 128 << 20;
+/// Connections served at once; more are closed as they arrive.
+pub const CONNECTIONS_MAX: usize = 1024;
+/// A client must have chosen its export within this of connecting.
+pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 const SECTOR: u64 = 512;
+
+/// What all connections of one gateway share.
+struct Limits {
+    budget: Rc<Budget>,
+    conns: Cell<usize>,
+    /// Connections refused for the cap since the last warning.
+    refused: Cell<u64>,
+}
+
+/// Counts a connection against [`CONNECTIONS_MAX`] while it lives.
+struct ConnSlot(Rc<Limits>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.conns.set(self.0.conns.get() - 1);
+    }
+}
 
 /// Serves NBD on `l` forever (each open connection a session the cluster
 /// sees: [`Sessions`]).
@@ -43,12 +72,36 @@ pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
         }
     };
     let via = l.local_addr().to_string();
+    let limits = Rc::new(Limits {
+        budget: Budget::new(GATEWAY_PAYLOAD_MAX_BYTES),
+        conns: Cell::new(0),
+        refused: Cell::new(0),
+    });
     loop {
         match l.accept().await {
+            Ok(s) if limits.conns.get() >= CONNECTIONS_MAX => {
+                // Warned once per burst, not once per connection.
+                if limits.refused.replace(limits.refused.get() + 1) == 0 {
+                    tracing::warn!(
+                        "nbd: {CONNECTIONS_MAX} connections open: closing new ones ({} first)",
+                        s.peer()
+                    );
+                }
+                s.shutdown();
+            }
             Ok(s) => {
+                if limits.refused.replace(0) > 1 {
+                    tracing::warn!("nbd: connections accepted again");
+                }
+                limits.conns.set(limits.conns.get() + 1);
+                let slot = ConnSlot(limits.clone());
                 let s = Rc::new(s);
                 let client = format!("NBD client {} via {via}", s.peer());
-                rt::spawn(serve_conn(s, cluster.clone(), sessions.clone(), client));
+                let (cluster, sessions) = (cluster.clone(), sessions.clone());
+                rt::spawn(async move {
+                    serve_conn(s, cluster, sessions, client, &slot.0.budget).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 tracing::warn!("nbd: accept: {e}");
@@ -63,6 +116,7 @@ async fn serve_conn(
     cluster: Rc<Cluster>,
     sessions: Rc<Sessions>,
     client: String,
+    budget: &Rc<Budget>,
 ) {
     let mut rd = ByteReader::new(stream.clone());
     let opened = Opener {
@@ -71,15 +125,35 @@ async fn serve_conn(
         stream: &stream,
         client,
     };
-    match handshake(&stream, &mut rd, &opened).await {
-        Ok(Some((vol, id))) => {
-            transmission(stream.clone(), rd, vol).await;
-            sessions.unregister(id);
+    let limit = Duration::from_millis(HANDSHAKE_TIMEOUT_MS);
+    match rt::timeout(limit, handshake(&stream, &mut rd, &opened)).await {
+        Some(Ok(Some((vol, session)))) => {
+            transmission(stream.clone(), rd, vol, budget).await;
+            drop(session);
         }
-        Ok(None) => {}
-        Err(e) => tracing::info!("nbd: handshake ended: {e}"),
+        Some(Ok(None)) => {}
+        Some(Err(e)) => tracing::info!("nbd: handshake ended: {e}"),
+        None => tracing::info!(
+            "nbd: {}: no export chosen within {HANDSHAKE_TIMEOUT_MS} ms: closed",
+            opened.client
+        ),
     }
     stream.shutdown();
+}
+
+/// A registered session, unregistered when dropped (also when the
+/// handshake that registered it is cut short).
+struct Session<'a> {
+    sessions: &'a Rc<Sessions>,
+    id: u64,
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        if self.id != 0 {
+            self.sessions.unregister(self.id);
+        }
+    }
 }
 
 /// Opens the volume a client chose, as a session.
@@ -90,18 +164,22 @@ struct Opener<'a> {
     client: String,
 }
 
-impl Opener<'_> {
+impl<'a> Opener<'a> {
     /// The volume, for `INFO` (`session` false) or to serve (`GO`,
     /// `EXPORT_NAME`: registered as a session first).
-    fn open(&self, name: &str, session: bool) -> Result<(Rc<Volume>, u64), ClientError> {
+    fn open(&self, name: &str, session: bool) -> Result<(Rc<Volume>, Session<'a>), ClientError> {
         let vol = Rc::new(Volume::open(self.cluster, name)?);
-        if !session {
-            return Ok((vol, 0));
-        }
-        let id = self
-            .sessions
-            .register(&vol, self.stream, self.client.clone())?;
-        Ok((vol, id))
+        let id = match session {
+            true => (self.sessions).register(&vol, self.stream, self.client.clone())?,
+            false => 0,
+        };
+        Ok((
+            vol,
+            Session {
+                sessions: self.sessions,
+                id,
+            },
+        ))
     }
 }
 
@@ -119,11 +197,11 @@ fn invalid(e: ProtoError) -> std::io::Error {
 }
 
 /// Runs the option haggling; `Some(volume)` when the client chose one.
-async fn handshake(
+async fn handshake<'a>(
     stream: &Stream,
     rd: &mut ByteReader,
-    opener: &Opener<'_>,
-) -> std::io::Result<Option<(Rc<Volume>, u64)>> {
+    opener: &Opener<'a>,
+) -> std::io::Result<Option<(Rc<Volume>, Session<'a>)>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -163,10 +241,7 @@ async fn handshake(
                 if client_flags & CLIENT_FLAG_NO_ZEROES == 0 {
                     b.extend_from_slice(&[0u8; 124]);
                 }
-                if let Err(e) = stream.send_bytes(&b).await {
-                    opener.sessions.unregister(id);
-                    return Err(e);
-                }
+                stream.send_bytes(&b).await?;
                 return Ok(Some((vol, id)));
             }
             OPT_ABORT => {
@@ -251,15 +326,9 @@ async fn handshake(
                         .await
                 }
                 .await;
-                match sent {
-                    Ok(()) if h.option == OPT_GO => return Ok(Some((vol, id))),
-                    Ok(()) => {}
-                    Err(e) => {
-                        if h.option == OPT_GO {
-                            opener.sessions.unregister(id);
-                        }
-                        return Err(e);
-                    }
+                sent?;
+                if h.option == OPT_GO {
+                    return Ok(Some((vol, id)));
                 }
             }
             other => {
@@ -272,18 +341,38 @@ async fn handshake(
     }
 }
 
-async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
+async fn transmission(
+    stream: Rc<Stream>,
+    mut rd: ByteReader,
+    vol: Rc<Volume>,
+    budget: &Rc<Budget>,
+) {
     let tx = FrameSender::start(stream);
     let inflight = Inflight::new(INFLIGHT_MAX);
+    let mine = Budget::new(CONN_PAYLOAD_MAX_BYTES);
     let name = vol.record().name.clone();
+    let stall = Duration::from_millis(MESSAGE_STALL_MS);
     // Whether the client said goodbye (then its requests still finish).
     let mut disc = false;
     loop {
         inflight.slot().await;
-        match rd.ready(REQUEST_HEADER_BYTES).await {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
+        // Quiet between requests for as long as the client likes (an idle
+        // VM disk); once a request has begun, it arrives within the stall
+        // limit.
+        let header = async {
+            match rd.ready(1).await? {
+                true => Ok(rt::timeout(stall, rd.ready(REQUEST_HEADER_BYTES)).await),
+                false => Ok(Some(Ok(false))),
+            }
+        };
+        match header.await {
+            Ok(Some(Ok(true))) => {}
+            Ok(Some(Ok(false))) => break,
+            Ok(None) => {
+                tracing::warn!("nbd {name}: closing connection: a request header stalled for {MESSAGE_STALL_MS} ms");
+                break;
+            }
+            Ok(Some(Err(e))) | Err(e) => {
                 tracing::info!("nbd {name}: connection lost: {e}");
                 break;
             }
@@ -296,6 +385,13 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
             }
         };
         rd.consume(REQUEST_HEADER_BYTES);
+        // Its share of the budgets, for the data it brings or will get
+        // back, before any of that is read or allocated.
+        let cost = match req.kind {
+            CMD_READ | CMD_WRITE if req.len <= REQUEST_MAX_BYTES => req.len as usize,
+            _ => 0,
+        };
+        let held = (mine.take(cost).await, budget.take(cost).await);
         let mut data = None;
         match req.kind {
             CMD_DISC => {
@@ -307,7 +403,10 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
                 break;
             }
             CMD_WRITE if req.len > REQUEST_MAX_BYTES => {
-                if rd.skip(u64::from(req.len)).await.is_err() {
+                if !matches!(
+                    rt::timeout(stall, rd.skip(u64::from(req.len))).await,
+                    Some(Ok(()))
+                ) {
                     break;
                 }
                 let _ = tx
@@ -315,10 +414,14 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
                     .await;
                 continue;
             }
-            CMD_WRITE => match rd.read_buf(req.len as usize).await {
-                Ok(b) => data = Some(b),
-                Err(e) => {
+            CMD_WRITE => match rt::timeout(stall, rd.read_buf(req.len as usize)).await {
+                Some(Ok(b)) => data = Some(b),
+                Some(Err(e)) => {
                     tracing::info!("nbd {name}: connection lost mid-write: {e}");
+                    break;
+                }
+                None => {
+                    tracing::warn!("nbd {name}: closing connection: a write's data stalled for {MESSAGE_STALL_MS} ms");
                     break;
                 }
             },
@@ -326,11 +429,16 @@ async fn transmission(stream: Rc<Stream>, mut rd: ByteReader, vol: Rc<Volume>) {
         }
         let (vol, tx) = (vol.clone(), tx.clone());
         inflight.spawn(async move {
+            let (conn_share, share) = held;
             let (err, payload) = match handle(&vol, req, data).await {
                 Ok(p) => (0, p),
                 Err(e) => (e, None),
             };
-            let _ = tx.send_raw(&simple_reply(err, req.cookie), payload).await;
+            // The gateway's share goes with the reply until it is sent;
+            // the connection's once it is queued.
+            let reply = simple_reply(err, req.cookie);
+            let _ = tx.send_raw_held(&reply, payload, Some(share)).await;
+            drop(conn_share);
         });
     }
     if !disc {

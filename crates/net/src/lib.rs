@@ -44,6 +44,13 @@ const DEADLINE_CHECKS_PER_TIMEOUT: u32 = 8;
 /// Requests a server handles at once for one connection; beyond it, it
 /// stops reading that connection.
 pub const SERVE_INFLIGHT_MAX: usize = 512;
+/// Payload bytes one listener's connections hold at once (requests read
+/// in, replies not yet sent: [`Budget`]).
+pub const SERVE_PAYLOAD_MAX_BYTES: usize = 1 << 30;
+/// The same per connection.
+pub const SERVE_CONN_PAYLOAD_MAX_BYTES: usize = 256 << 20;
+/// Connections one listener serves at once; more are closed as they come.
+pub const SERVE_CONNECTIONS_MAX: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -202,6 +209,52 @@ impl FrameReader {
         }
     }
 
+    /// The next request of a server's connection, with its shares of the
+    /// connection's budget `mine` and the listener's `all`, taken for its
+    /// payload and the reply `h` says it can get before the payload is
+    /// read. Quiet between frames for as long as the peer likes; a frame
+    /// that has begun must arrive within [`MESSAGE_STALL_MS`].
+    pub async fn next_within<H: Handler>(
+        &mut self,
+        h: &H,
+        mine: &Rc<Budget>,
+        all: &Rc<Budget>,
+    ) -> Result<Option<(Frame, (Permit, Permit))>, NetError> {
+        let stall = std::time::Duration::from_millis(MESSAGE_STALL_MS);
+        let stalled = || NetError::Protocol(format!("a frame stalled for {MESSAGE_STALL_MS} ms"));
+        if !self.rd.ready(1).await.map_err(eof_is_closed)? {
+            return Ok(None);
+        }
+        let whole = rt::timeout(stall, self.rd.ready(HEADER_BYTES)).await;
+        if !whole.ok_or_else(stalled)?.map_err(eof_is_closed)? {
+            return Ok(None);
+        }
+        let head = Header::decode(self.rd.peek(HEADER_BYTES))?;
+        self.rd.consume(HEADER_BYTES);
+        let len = head.payload_len as usize;
+        let cost = len + h.reply_bytes_max(&head);
+        let held = (mine.take(cost).await, all.take(cost).await);
+        if len == 0 {
+            return Ok(Some((
+                Frame {
+                    h: head,
+                    payload: None,
+                },
+                held,
+            )));
+        }
+        let p = rt::timeout(stall, self.rd.read_buf(len)).await;
+        let p = p.ok_or_else(stalled)?.map_err(eof_is_closed)?;
+        head.check_payload(&p)?;
+        Ok(Some((
+            Frame {
+                h: head,
+                payload: Some(p),
+            },
+            held,
+        )))
+    }
+
     /// The next frame; `None` when the peer closed between frames.
     pub async fn next(&mut self) -> Result<Option<Frame>, NetError> {
         if !self.rd.ready(HEADER_BYTES).await.map_err(eof_is_closed)? {
@@ -230,10 +283,82 @@ struct Head {
     len: u8,
 }
 
+/// A queued message: its head, its payload, and the share of a
+/// [`Budget`] it holds until it is sent.
+type Queued = (Head, Option<AlignedBuf>, Option<Permit>);
+
 struct SendQueue {
-    frames: VecDeque<(Head, Option<AlignedBuf>)>,
+    frames: VecDeque<Queued>,
     bytes: usize,
     closed: bool,
+    /// When the send under way started (`rt::monotonic`), if one is.
+    sending_since: Option<std::time::Duration>,
+}
+
+/// A send that has not finished after this long closes its connection:
+/// the peer stopped reading (or reads too slowly to matter), and what is
+/// queued for it would stay in memory for as long as it wanted.
+pub const SEND_STALL_MS: u64 = 60_000;
+/// A message whose first bytes arrived must arrive whole within this, or
+/// its connection is closed (a peer that trickles or stops mid-message
+/// holds a buffer and a slot for nothing). Between messages a connection
+/// may stay quiet for as long as it likes.
+pub const MESSAGE_STALL_MS: u64 = 30_000;
+
+/// Payload bytes a server holds at once, shared by its connections: a
+/// request takes its share before its payload is read (and for the reply
+/// it will send), and gives it back once its reply has been sent. A
+/// connection that must wait for a share stops reading, so a peer that
+/// sends faster than replies drain, or never reads its replies, holds at
+/// most the budget, never more.
+pub struct Budget {
+    cap: usize,
+    used: Cell<usize>,
+    freed: Notify,
+}
+
+/// A share of a [`Budget`], given back when dropped.
+pub struct Permit {
+    budget: Rc<Budget>,
+    n: usize,
+}
+
+impl Budget {
+    pub fn new(cap: usize) -> Rc<Budget> {
+        Rc::new(Budget {
+            cap,
+            used: Cell::new(0),
+            freed: Notify::new(),
+        })
+    }
+
+    /// Takes `n` bytes, waiting while they are spent (a request larger
+    /// than the whole budget takes all of it, and so runs alone).
+    pub async fn take(self: &Rc<Self>, n: usize) -> Permit {
+        let n = n.min(self.cap);
+        while self.used.get() + n > self.cap {
+            self.freed.wait().await;
+        }
+        self.used.set(self.used.get() + n);
+        Permit {
+            budget: self.clone(),
+            n,
+        }
+    }
+
+    /// Bytes taken now.
+    pub fn used(&self) -> usize {
+        self.used.get()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.budget.used.set(self.budget.used.get() - self.n);
+            self.budget.freed.notify();
+        }
+    }
 }
 
 /// Queues frames from many tasks; a writer task sends them in batches.
@@ -252,12 +377,39 @@ impl FrameSender {
                 frames: VecDeque::new(),
                 bytes: 0,
                 closed: false,
+                sending_since: None,
             })),
             kick: Notify::new(),
             drained: Notify::new(),
         };
-        rt::spawn(s.clone().writer(stream));
+        rt::spawn(s.clone().writer(stream.clone()));
+        rt::spawn(s.clone().watchdog(stream));
         s
+    }
+
+    /// Closes the connection when a send has been under way for longer
+    /// than [`SEND_STALL_MS`].
+    async fn watchdog(self, stream: Rc<Stream>) {
+        let stall = std::time::Duration::from_millis(SEND_STALL_MS);
+        loop {
+            rt::sleep(stall / 4).await;
+            let (closed, since) = {
+                let q = self.q.borrow();
+                (q.closed, q.sending_since)
+            };
+            if closed {
+                return;
+            }
+            if since.is_some_and(|t| rt::monotonic().saturating_sub(t) > stall) {
+                tracing::warn!(
+                    "closing a connection {}: a send made no end for {SEND_STALL_MS} ms (the peer does not read)",
+                    stream.peer()
+                );
+                // The send under way fails, and the writer closes the rest.
+                stream.shutdown();
+                return;
+            }
+        }
     }
 
     pub fn is_closed(&self) -> bool {
@@ -266,26 +418,51 @@ impl FrameSender {
 
     /// Queues a frame; waits while the queue is over its byte limit.
     pub async fn send(&self, h: Header, payload: Option<AlignedBuf>) -> Result<(), NetError> {
+        self.send_held(h, payload, None).await
+    }
+
+    /// [`FrameSender::send`], holding `permit` until the frame is sent.
+    pub async fn send_held(
+        &self,
+        h: Header,
+        payload: Option<AlignedBuf>,
+        permit: Option<Permit>,
+    ) -> Result<(), NetError> {
         let mut head = Head {
             bytes: [0; HEAD_MAX_BYTES],
             len: HEADER_BYTES as u8,
         };
         h.encode(&mut head.bytes);
-        self.send_head(head, payload).await
+        self.send_head(head, payload, permit).await
     }
 
     /// Queues `head` (at most [`HEAD_MAX_BYTES`]) and a payload, for
     /// protocols other than the wire protocol (NBD replies).
     pub async fn send_raw(&self, head: &[u8], payload: Option<AlignedBuf>) -> Result<(), NetError> {
+        self.send_raw_held(head, payload, None).await
+    }
+
+    /// [`FrameSender::send_raw`], holding `permit` until it is sent.
+    pub async fn send_raw_held(
+        &self,
+        head: &[u8],
+        payload: Option<AlignedBuf>,
+        permit: Option<Permit>,
+    ) -> Result<(), NetError> {
         let mut h = Head {
             bytes: [0; HEAD_MAX_BYTES],
             len: head.len() as u8,
         };
         h.bytes[..head.len()].copy_from_slice(head);
-        self.send_head(h, payload).await
+        self.send_head(h, payload, permit).await
     }
 
-    async fn send_head(&self, head: Head, payload: Option<AlignedBuf>) -> Result<(), NetError> {
+    async fn send_head(
+        &self,
+        head: Head,
+        payload: Option<AlignedBuf>,
+        permit: Option<Permit>,
+    ) -> Result<(), NetError> {
         loop {
             let (closed, full) = {
                 let q = self.q.borrow();
@@ -301,7 +478,7 @@ impl FrameSender {
         }
         let mut q = self.q.borrow_mut();
         q.bytes += usize::from(head.len) + payload.as_ref().map_or(0, |p| p.len());
-        q.frames.push_back((head, payload));
+        q.frames.push_back((head, payload, permit));
         drop(q);
         self.kick.notify();
         Ok(())
@@ -314,16 +491,25 @@ impl FrameSender {
         }
     }
 
-    /// Stops the writer; queued frames are dropped.
+    /// Stops the writer; queued frames are dropped (with the budget
+    /// shares they held).
     pub fn close(&self) {
-        self.q.borrow_mut().closed = true;
+        let dropped = {
+            let mut q = self.q.borrow_mut();
+            q.closed = true;
+            q.bytes = 0;
+            std::mem::take(&mut q.frames)
+        };
+        // Their payloads and budget shares go now, not when the last
+        // sender handle does.
+        drop(dropped);
         self.kick.notify();
         self.drained.notify();
     }
 
     async fn writer(self, stream: Rc<Stream>) {
         loop {
-            let batch: Vec<(Head, Option<AlignedBuf>)> = {
+            let batch: Vec<Queued> = {
                 let mut q = self.q.borrow_mut();
                 if q.closed {
                     break;
@@ -340,7 +526,9 @@ impl FrameSender {
             let mut parts = Vec::with_capacity(batch.len() * 2);
             let mut bytes = 0;
             let mut heads: Vec<u8> = Vec::with_capacity(batch.len() * HEAD_MAX_BYTES);
-            for (h, p) in batch {
+            let mut permits = Vec::new();
+            for (h, p, permit) in batch {
+                permits.extend(permit);
                 heads.extend_from_slice(&h.bytes[..usize::from(h.len)]);
                 bytes += usize::from(h.len) + p.as_ref().map_or(0, |p| p.len());
                 if let Some(p) = p {
@@ -355,14 +543,20 @@ impl FrameSender {
                 let n = heads.len();
                 parts.push((AlignedBuf::from_slice(&heads), 0, n));
             }
-            if let Err(e) = stream.send_all(parts).await {
+            self.q.borrow_mut().sending_since = Some(rt::monotonic());
+            let sent = stream.send_all(parts).await;
+            self.q.borrow_mut().sending_since = None;
+            // Sent or failed: either way their shares go back.
+            drop(permits);
+            if let Err(e) = sent {
                 tracing::debug!("send failed: {e}");
                 stream.shutdown();
                 self.close();
                 break;
             }
             let mut q = self.q.borrow_mut();
-            q.bytes -= bytes;
+            // (Closed meanwhile: the count was reset with the queue.)
+            q.bytes = q.bytes.saturating_sub(bytes);
             drop(q);
             self.drained.notify();
         }
@@ -633,14 +827,43 @@ pub trait Handler: 'static {
         self: Rc<Self>,
         f: Frame,
     ) -> impl std::future::Future<Output = (Header, Option<AlignedBuf>)>;
+
+    /// The largest reply payload request `h` can get, taken from the
+    /// listener's [`Budget`] with its own payload before it is read (by
+    /// default the largest any frame carries).
+    fn reply_bytes_max(&self, _h: &Header) -> usize {
+        nacre_wire::PAYLOAD_MAX_BYTES as usize
+    }
 }
 
-/// Accepts connections on `l` forever, serving each with `h`.
+/// Accepts connections on `l` forever, serving each with `h`: at most
+/// [`SERVE_CONNECTIONS_MAX`] at once, their payloads within one
+/// [`SERVE_PAYLOAD_MAX_BYTES`] budget.
 pub async fn serve<H: Handler>(l: Listener, h: Rc<H>) {
+    let budget = Budget::new(SERVE_PAYLOAD_MAX_BYTES);
+    let conns = Rc::new(Cell::new(0usize));
+    let mut refused = 0u64;
     loop {
         match l.accept().await {
+            Ok(s) if conns.get() >= SERVE_CONNECTIONS_MAX => {
+                if refused == 0 {
+                    tracing::warn!(
+                        "{}: {SERVE_CONNECTIONS_MAX} connections open: closing new ones ({} first)",
+                        l.local_addr(),
+                        s.peer()
+                    );
+                }
+                refused += 1;
+                s.shutdown();
+            }
             Ok(s) => {
-                rt::spawn(serve_conn(Rc::new(s), h.clone()));
+                refused = 0;
+                conns.set(conns.get() + 1);
+                let (h, budget, conns) = (h.clone(), budget.clone(), conns.clone());
+                rt::spawn(async move {
+                    serve_conn(Rc::new(s), h, &budget).await;
+                    conns.set(conns.get() - 1);
+                });
             }
             Err(e) => {
                 tracing::warn!("accept on {}: {e}", l.local_addr());
@@ -697,16 +920,18 @@ impl Inflight {
     }
 }
 
-/// Serves one connection until it closes or sends a bad frame.
-pub async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>) {
+/// Serves one connection until it closes or sends a bad frame, its
+/// payloads within `budget` (the listener's) and a budget of its own.
+async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>, budget: &Rc<Budget>) {
     let tx = FrameSender::start(stream.clone());
     let mut rd = FrameReader::new(stream.clone());
     let inflight = Inflight::new(SERVE_INFLIGHT_MAX);
+    let mine = Budget::new(SERVE_CONN_PAYLOAD_MAX_BYTES);
     loop {
         inflight.slot().await;
-        let f = match rd.next().await {
-            Ok(Some(f)) if !f.h.reply => f,
-            Ok(Some(f)) => {
+        let (f, held) = match rd.next_within(&*h, &mine, budget).await {
+            Ok(Some((f, held))) if !f.h.reply => (f, held),
+            Ok(Some((f, _))) => {
                 tracing::warn!(
                     "closing connection: a reply ({:?}) sent to a server",
                     f.h.op
@@ -722,8 +947,10 @@ pub async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>) {
         };
         let (h, tx) = (h.clone(), tx.clone());
         inflight.spawn(async move {
+            let (conn_share, share) = held;
             let (rh, payload) = h.handle(f).await;
-            let _ = tx.send(rh, payload).await;
+            let _ = tx.send_held(rh, payload, Some(share)).await;
+            drop(conn_share);
         });
     }
     inflight.drain(&tx).await;

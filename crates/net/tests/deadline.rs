@@ -64,3 +64,37 @@ fn a_silent_peer_times_out_and_an_answering_one_does_not() {
         assert!(!c.is_closed());
     });
 }
+
+/// A budget gives out shares up to its cap, makes the next taker wait
+/// until one comes back, and lets a request larger than the cap run alone.
+#[test]
+fn a_budget_waits_when_spent_and_never_exceeds_its_cap() {
+    rt::block_on(async {
+        let b = nacre_net::Budget::new(100);
+        let first = b.take(60).await;
+        let second = b.take(40).await;
+        assert_eq!(b.used(), 100);
+        let waiter = {
+            let b = b.clone();
+            rt::spawn(async move {
+                let p = b.take(30).await;
+                (b.used(), p)
+            })
+        };
+        rt::sleep(Duration::from_millis(50)).await;
+        assert_eq!(b.used(), 100, "the third share was given out past the cap");
+        drop(first);
+        let (used, third) = waiter.await;
+        assert_eq!(used, 70);
+        drop((second, third));
+        assert_eq!(b.used(), 0);
+        let whole = b.take(1_000).await;
+        assert_eq!(
+            b.used(),
+            100,
+            "a request larger than the cap takes all of it"
+        );
+        drop(whole);
+        assert_eq!(b.used(), 0);
+    });
+}

@@ -1341,6 +1341,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 }
 
 impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
+    fn reply_bytes_max(&self, h: &Header) -> usize {
+        match h.op {
+            Op::Read => h.length as usize,
+            Op::Pull => self.store.block_bytes() as usize,
+            Op::PgQuery | Op::Stat | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
+            _ => 0,
+        }
+    }
+
     async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
         let h = f.h;
         // A peer ahead of this OSD: learn its epoch (in the background;
