@@ -1,12 +1,13 @@
 //! Just enough HTTP/1.1 to speak to etcd's JSON gateway: one POST per
-//! connection (`Connection: close`), a JSON body each way, the response
-//! body either whole (unary calls) or as a stream of JSON messages (a
-//! watch). Every read and write has a deadline; every length read from the
-//! peer is bounded.
+//! connection (`Connection: close`), a JSON body each way; the answer read
+//! whole within a deadline (unary calls), or as a stream of chunks without
+//! one (a watch: TCP keepalives find a peer that vanished). Every length
+//! read from the peer is bounded.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Cursor, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
 
 /// Largest response header block accepted.
 const HEAD_MAX_BYTES: usize = 64 << 10;
@@ -14,7 +15,12 @@ const HEAD_MAX_BYTES: usize = 64 << 10;
 /// state: maps of many PGs, every volume record).
 pub const BODY_MAX_BYTES: usize = 256 << 20;
 /// Largest single chunk of a streamed body.
-const CHUNK_MAX_BYTES: usize = 64 << 20;
+pub const CHUNK_MAX_BYTES: usize = 64 << 20;
+/// A streamed connection's peer that stops answering TCP keepalives is
+/// taken for gone after about idle + interval × count seconds.
+const KEEPALIVE_IDLE_S: i32 = 5;
+const KEEPALIVE_INTERVAL_S: i32 = 2;
+const KEEPALIVE_COUNT: i32 = 3;
 
 /// Why a call failed, and whether the request can have reached etcd.
 #[derive(Debug)]
@@ -76,8 +82,7 @@ impl Endpoint {
             match TcpStream::connect_timeout(&a, timeout) {
                 Ok(s) => {
                     let _ = s.set_nodelay(true);
-                    s.set_read_timeout(Some(timeout))
-                        .and_then(|()| s.set_write_timeout(Some(timeout)))
+                    (s.set_write_timeout(Some(timeout)))
                         .map_err(|e| HttpError::Connect(e.to_string()))?;
                     return Ok(s);
                 }
@@ -87,48 +92,129 @@ impl Endpoint {
         Err(HttpError::Connect(last))
     }
 
-    /// Sends `body` to `path`; the response's status, and a reader at the
-    /// start of its body (`chunked`: whether it is chunked).
-    pub fn post(&self, path: &str, body: &[u8], timeout: Duration) -> Result<Response, HttpError> {
+    fn send(
+        &self,
+        path: &str,
+        body: &[u8],
+        headers: &str,
+        timeout: Duration,
+    ) -> Result<TcpStream, HttpError> {
         let mut s = self.connect(timeout)?;
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n",
             self.host_port,
             body.len()
         );
-        let sent = s
-            .write_all(head.as_bytes())
-            .and_then(|()| s.write_all(body));
+        let sent = (s.write_all(head.as_bytes())).and_then(|()| s.write_all(body));
         sent.map_err(|e| HttpError::Io(format!("{}: sending: {e}", self.host_port)))?;
-        let stream = s.try_clone().map_err(|e| HttpError::Io(e.to_string()))?;
-        let mut r = BufReader::new(s);
-        let (status, chunked, length) = read_head(&mut r)?;
+        Ok(s)
+    }
+
+    /// Sends `body` to `path` and reads the whole answer, all within
+    /// `timeout`: its status and body.
+    pub fn post(
+        &self,
+        path: &str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<(u16, Vec<u8>), HttpError> {
+        let deadline = Instant::now() + timeout;
+        let mut s = self.send(path, body, "", timeout)?;
+        let mut all = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(HttpError::Io(format!(
+                    "{}: no whole answer within {} ms",
+                    self.host_port,
+                    timeout.as_millis()
+                )));
+            }
+            (s.set_read_timeout(Some(left))).map_err(|e| HttpError::Io(e.to_string()))?;
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(HttpError::Io(format!("{}: {e}", self.host_port))),
+            }
+            if all.len() > BODY_MAX_BYTES + HEAD_MAX_BYTES {
+                return Err(HttpError::Protocol("response too large".into()));
+            }
+        }
+        let mut r = Response::start(BufReader::new(Cursor::new(all)))?;
+        Ok((r.status, r.body()?))
+    }
+
+    /// Sends `body` to `path` with the extra `headers` (each ending in
+    /// CRLF), for an answer that streams: the response once its head has
+    /// come (within `timeout`), then read without a deadline (TCP
+    /// keepalives end it if the peer vanishes), and the connection, to
+    /// shut it down from another thread.
+    pub fn post_stream(
+        &self,
+        path: &str,
+        body: &[u8],
+        headers: &str,
+        timeout: Duration,
+    ) -> Result<(Response<TcpStream>, TcpStream), HttpError> {
+        let s = self.send(path, body, headers, timeout)?;
+        keepalive(&s);
+        let conn = s.try_clone().map_err(|e| HttpError::Io(e.to_string()))?;
+        (conn.set_read_timeout(Some(timeout))).map_err(|e| HttpError::Io(e.to_string()))?;
+        let r = Response::start(BufReader::new(s))?;
+        (conn.set_read_timeout(None)).map_err(|e| HttpError::Io(e.to_string()))?;
+        Ok((r, conn))
+    }
+}
+
+/// Turns on TCP keepalives with short intervals (best effort: without
+/// them a vanished peer is noticed later, not never: the caller's own
+/// checks still run).
+fn keepalive(s: &TcpStream) {
+    let fd = s.as_raw_fd();
+    let set = |level: i32, name: i32, v: i32| {
+        // SAFETY: setsockopt on our own socket, with a valid int.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&v as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_COUNT);
+}
+
+pub struct Response<R: Read> {
+    pub status: u16,
+    chunked: bool,
+    length: Option<usize>,
+    reader: BufReader<R>,
+    done: bool,
+}
+
+impl<R: Read> Response<R> {
+    pub(crate) fn start(mut reader: BufReader<R>) -> Result<Response<R>, HttpError> {
+        let (status, chunked, length) = read_head(&mut reader)?;
         Ok(Response {
             status,
             chunked,
             length,
-            reader: r,
-            stream,
+            reader,
             done: false,
         })
     }
-}
 
-pub struct Response {
-    pub status: u16,
-    chunked: bool,
-    length: Option<usize>,
-    reader: BufReader<TcpStream>,
-    /// The connection, to shut it down from another thread.
-    pub stream: TcpStream,
-    done: bool,
-}
-
-impl Response {
     /// The whole body (bounded by [`BODY_MAX_BYTES`]).
-    pub fn body(mut self) -> Result<Vec<u8>, HttpError> {
+    pub fn body(&mut self) -> Result<Vec<u8>, HttpError> {
+        let mut out = Vec::new();
         if self.chunked {
-            let mut out = Vec::new();
             while let Some(c) = self.chunk()? {
                 if out.len() + c.len() > BODY_MAX_BYTES {
                     return Err(HttpError::Protocol("response body too large".into()));
@@ -137,7 +223,6 @@ impl Response {
             }
             return Ok(out);
         }
-        let mut out = Vec::new();
         match self.length {
             Some(n) if n > BODY_MAX_BYTES => {
                 Err(HttpError::Protocol(format!("response body of {n} bytes")))
@@ -182,21 +267,12 @@ impl Response {
         c.truncate(n);
         Ok(Some(c))
     }
-
-    /// Sets how long a read of the stream may wait (a watch waits for
-    /// events longer than a call waits for its answer).
-    pub fn set_read_timeout(&self, t: Option<Duration>) {
-        let _ = self.stream.set_read_timeout(t);
-    }
 }
 
-fn read_line(r: &mut BufReader<TcpStream>) -> Result<String, HttpError> {
+fn read_line(r: &mut impl BufRead) -> Result<String, HttpError> {
     let mut line = Vec::new();
-    let n = (r
-        .by_ref()
-        .take(HEAD_MAX_BYTES as u64)
-        .read_until(b'\n', &mut line))
-    .map_err(|e| HttpError::Io(e.to_string()))?;
+    let n = (r.take(HEAD_MAX_BYTES as u64).read_until(b'\n', &mut line))
+        .map_err(|e| HttpError::Io(e.to_string()))?;
     if n == 0 {
         return Err(HttpError::Io("connection closed".into()));
     }
@@ -208,7 +284,7 @@ fn read_line(r: &mut BufReader<TcpStream>) -> Result<String, HttpError> {
 }
 
 /// The status line and headers: status, chunked, content length.
-fn read_head(r: &mut BufReader<TcpStream>) -> Result<(u16, bool, Option<usize>), HttpError> {
+fn read_head(r: &mut impl BufRead) -> Result<(u16, bool, Option<usize>), HttpError> {
     let status_line = read_line(r)?;
     let mut parts = status_line.split_whitespace();
     let status = match (parts.next(), parts.next()) {
@@ -241,7 +317,8 @@ fn read_head(r: &mut BufReader<TcpStream>) -> Result<(u16, bool, Option<usize>),
 
 #[cfg(test)]
 mod tests {
-    use super::Endpoint;
+    use super::{Endpoint, Response};
+    use std::io::{BufReader, Cursor};
 
     #[test]
     fn endpoints_parse_and_refuse_what_is_not_http() {
@@ -266,5 +343,29 @@ mod tests {
         assert!(Endpoint::parse("https://h:2379")
             .unwrap_err()
             .contains("TLS"));
+    }
+
+    fn response(raw: &[u8]) -> Result<Vec<u8>, super::HttpError> {
+        Response::start(BufReader::new(Cursor::new(raw.to_vec()))).and_then(|mut r| r.body())
+    }
+
+    /// Chunked and sized bodies decode; a bad chunk size, a chunk without
+    /// its CRLF, a huge chunk or length, and a non-HTTP answer are refused.
+    #[test]
+    fn bodies_decode_and_bad_ones_are_refused() {
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n2\r\n\":\r\n2\r\n1}\r\n0\r\n\r\n";
+        assert_eq!(response(chunked).unwrap(), b"{\"a\":1}");
+        let sized = b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}";
+        assert_eq!(response(sized).unwrap(), b"{}");
+        for bad in [
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffff\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999\r\n\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+        ] {
+            assert!(response(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
     }
 }

@@ -17,14 +17,23 @@
 //!   share one etcd. Keys outside the root are refused.
 //! - Endpoints: a call goes to the endpoint that answered last; one that
 //!   cannot be connected to (nothing was sent) makes it try the next. A
-//!   call that was sent and got no answer is not sent again (a transaction
-//!   could apply twice): it fails `Unavailable` and the caller decides.
-//! - Watches: one thread per watch reads etcd's stream; when the stream
-//!   breaks (etcd restarted, its member lost), it resumes on any endpoint
+//!   call that was sent is never sent again, whatever came back (etcd
+//!   answers `Unavailable` also for a proposal whose fate it does not
+//!   know, and a transaction could apply twice): it fails, and the next
+//!   call starts at the next endpoint.
+//! - Watches: one thread per watch reads etcd's stream, asking for a
+//!   member with a leader (one cut off from the others ends the stream).
+//!   When the stream breaks (member killed, restarted, cut off; TCP
+//!   keepalives find one that vanished), it resumes on the next endpoint
 //!   from the revision after the last one it delivered, so no event is
 //!   lost or repeated; after [`WATCH_RESUME_MS`] without success the watch
 //!   ends with an error. A watch from a compacted revision ends with
-//!   `Compacted`.
+//!   `Compacted` (from its first `next`, where the embedded store refuses
+//!   the watch itself).
+//! - Differences from the embedded store a caller must know: etcd takes
+//!   at most 128 operations per transaction (`--max-txn-ops`) and requests
+//!   up to 1.5 MiB (`--max-request-bytes`); a `Compare::Value` on a key
+//!   that does not exist is false whatever the operator.
 
 mod http;
 
@@ -48,12 +57,12 @@ use http::{Endpoint, HttpError};
 pub const ETCD_CALL_TIMEOUT_MS: u64 = 5_000;
 /// How long a broken watch keeps trying to resume before it ends.
 pub const WATCH_RESUME_MS: u64 = 30_000;
+/// Wait between attempts to resume a watch.
+const WATCH_RETRY_MS: u64 = 200;
 /// Event batches queued per watch before it is ended as too slow.
 const WATCH_QUEUE_MAX: usize = 4096;
-/// How long a watch's stream may stay quiet before it is opened again
-/// (from the revision after the last delivered): a member that vanished
-/// without closing the connection is noticed within this.
-const WATCH_IDLE_MS: u64 = 10_000;
+/// Largest message of a watch stream.
+const WATCH_MESSAGE_MAX_BYTES: usize = http::CHUNK_MAX_BYTES;
 
 pub struct Etcd {
     endpoints: Vec<Endpoint>,
@@ -75,14 +84,14 @@ impl Etcd {
         if endpoints.is_empty() {
             return Err(MetaError::Invalid("no etcd URL given".into()));
         }
-        if !prefix.starts_with('/') || !prefix.ends_with('/') || prefix.len() < 2 {
+        // One path component: two prefixes are then disjoint or equal,
+        // never one inside the other (a cluster under /a/ would see one
+        // under /a/volume/ as its volumes).
+        let name = (prefix.strip_prefix('/').and_then(|p| p.strip_suffix('/')))
+            .filter(|n| !n.is_empty() && !n.contains('/'));
+        if name.is_none_or(|n| !n.bytes().all(|b| (0x21..0x7f).contains(&b))) {
             return Err(MetaError::Invalid(format!(
-                "--prefix {prefix:?}: a key prefix starts and ends with '/' (e.g. /nacre/)"
-            )));
-        }
-        if !prefix.bytes().all(|b| (0x21..0x7f).contains(&b)) {
-            return Err(MetaError::Invalid(format!(
-                "--prefix {prefix:?}: printable ASCII only"
+                "--prefix {prefix:?}: one path component of printable ASCII between slashes (e.g. /nacre/)"
             )));
         }
         let e = Arc::new(Etcd {
@@ -144,7 +153,9 @@ impl Etcd {
         }
     }
 
-    /// One unary call: the answer's JSON, or the error etcd gave.
+    /// One unary call: the answer's JSON, or the error etcd gave. Sent to
+    /// one endpoint at most (the next ones only while none can be
+    /// connected to).
     fn call(&self, path: &str, body: &Value) -> Result<Value> {
         let body = serde_json::to_vec(body).expect("JSON serialises");
         let n = self.endpoints.len();
@@ -153,51 +164,50 @@ impl Etcd {
         for i in 0..n {
             let k = (first + i) % n;
             let ep = &self.endpoints[k];
-            let r = ep.post(path, &body, self.timeout).and_then(|r| {
-                let status = r.status;
-                r.body().map(|b| (status, b))
-            });
-            match r {
-                Ok((status, b)) => {
-                    let v: Value = serde_json::from_slice(&b).map_err(|e| {
-                        MetaError::Unavailable(format!("etcd {}: {path}: {e}", ep.host_port))
-                    })?;
-                    if status == 200 {
-                        self.next.store(k, Ordering::Relaxed);
-                        return Ok(v);
-                    }
-                    let err = grpc_error(&v, status);
-                    // A member that lost its quorum, or is stopping: another
-                    // may answer, and nothing was applied.
-                    if matches!(err, GrpcError::Unavailable(_)) && i + 1 < n {
-                        last = format!("{}: {err}", ep.host_port);
-                        continue;
-                    }
-                    return Err(err.into());
+            let (status, b) = match ep.post(path, &body, self.timeout) {
+                Ok(r) => r,
+                Err(HttpError::Connect(e)) => {
+                    last = e;
+                    continue;
                 }
-                Err(HttpError::Connect(e)) => last = e,
                 Err(e) => {
+                    self.next.store(k + 1, Ordering::Relaxed);
                     return Err(MetaError::Unavailable(format!(
                         "etcd {}: {path}: {e}",
                         ep.host_port
-                    )))
+                    )));
                 }
+            };
+            let v: Value = serde_json::from_slice(&b).map_err(|e| {
+                MetaError::Unavailable(format!("etcd {}: {path}: {e}", ep.host_port))
+            })?;
+            if status == 200 {
+                self.next.store(k, Ordering::Relaxed);
+                return Ok(v);
             }
+            let err = grpc_error(&v, status);
+            if matches!(err, GrpcError::Unavailable(_)) {
+                // No leader there, or stopping: the next call tries another.
+                self.next.store(k + 1, Ordering::Relaxed);
+            }
+            return Err(err.into());
         }
         Err(MetaError::Unavailable(format!(
             "no etcd endpoint answered ({last})"
         )))
     }
 
-    /// Opens a watch stream from `start` (0: now) on any endpoint; the
-    /// response positioned after etcd's `created` message, and that
-    /// message's revision.
+    /// Opens a watch stream from `start` (0: now) on the first endpoint
+    /// from `first` on that takes it: the stream positioned after etcd's
+    /// `created` message, that message's revision, and the endpoint's
+    /// index.
     fn open_watch(
         &self,
         key: &str,
         end: &Option<String>,
         start: Revision,
-    ) -> Result<(http::Response, Revision)> {
+        first: usize,
+    ) -> Result<(Stream, Revision, usize)> {
         let mut req = json!({ "key": b64(key), "prev_kv": true });
         if let Some(e) = end {
             req["range_end"] = b64(e).into();
@@ -207,12 +217,15 @@ impl Etcd {
         }
         let body = serde_json::to_vec(&json!({ "create_request": req })).expect("JSON");
         let n = self.endpoints.len();
-        let first = self.next.load(Ordering::Relaxed) % n;
         let mut last = String::new();
         for i in 0..n {
-            let ep = &self.endpoints[(first + i) % n];
-            match ep.post("/v3/watch", &body, self.timeout) {
-                Ok(mut r) if r.status == 200 => {
+            let k = (first + i) % n;
+            let ep = &self.endpoints[k];
+            // A member without a leader ends the stream instead of keeping
+            // it open with nothing to say.
+            let leader = "Grpc-Metadata-hasleader: true\r\n";
+            match ep.post_stream("/v3/watch", &body, leader, self.timeout) {
+                Ok((mut r, conn)) if r.status == 200 => {
                     let mut msgs = Messages::default();
                     let created = msgs.next(&mut r).and_then(|m| {
                         let res = m.get("result").ok_or_else(|| watch_error(&m))?;
@@ -222,11 +235,11 @@ impl Etcd {
                         int(&res["header"], "revision")
                     });
                     match created {
-                        Ok(rev) => return Ok((r, rev)),
+                        Ok(rev) => return Ok((Stream { r, conn, msgs }, rev, k)),
                         Err(e) => last = format!("{}: {e}", ep.host_port),
                     }
                 }
-                Ok(r) => last = format!("{}: HTTP {}", ep.host_port, r.status),
+                Ok((r, _)) => last = format!("{}: HTTP {}", ep.host_port, r.status),
                 Err(e) => last = format!("{}: {e}", ep.host_port),
             }
         }
@@ -236,6 +249,14 @@ impl Etcd {
     }
 }
 
+/// An open watch stream: the response, its connection (to shut it down
+/// from the thread that drops the watch), and what was read of it.
+struct Stream {
+    r: http::Response<std::net::TcpStream>,
+    conn: std::net::TcpStream,
+    msgs: Messages,
+}
+
 /// The JSON messages of a watch stream, however etcd cut them into chunks.
 #[derive(Default)]
 struct Messages {
@@ -243,7 +264,7 @@ struct Messages {
 }
 
 impl Messages {
-    fn next(&mut self, r: &mut http::Response) -> Result<Value> {
+    fn next<R: std::io::Read>(&mut self, r: &mut http::Response<R>) -> Result<Value> {
         loop {
             let mut it = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Value>();
             match it.next() {
@@ -256,6 +277,9 @@ impl Messages {
                 _ => {}
             }
             match r.chunk() {
+                Ok(Some(c)) if self.buf.len() + c.len() > WATCH_MESSAGE_MAX_BYTES => {
+                    return Err(bad("a watch message too large"))
+                }
                 Ok(Some(c)) => self.buf.extend_from_slice(&c),
                 Ok(None) => return Err(MetaError::Unavailable("the watch stream ended".into())),
                 Err(e) => return Err(MetaError::Unavailable(format!("watch stream: {e}"))),
@@ -280,28 +304,29 @@ impl WatchStop {
 }
 
 impl Etcd {
-    /// Reads `r`'s messages into `tx` until the watch is dropped, resuming
-    /// a broken stream after `last`, the newest revision delivered.
+    /// Reads `w`'s messages into `tx` until the watch is dropped, resuming
+    /// a broken stream after `last`, the newest revision delivered; `at`
+    /// is the endpoint the stream is on.
+    #[allow(clippy::too_many_arguments)]
     fn watch_loop(
         self: Arc<Self>,
         key: String,
         end: Option<String>,
-        mut r: http::Response,
+        mut w: Stream,
+        mut at: usize,
         mut last: Revision,
         tx: SyncSender<Result<Vec<Event>>>,
         stop: Arc<WatchStop>,
     ) {
-        let mut msgs = Messages::default();
         loop {
-            r.set_read_timeout(Some(Duration::from_millis(WATCH_IDLE_MS)));
-            *stop.stream.lock().unwrap_or_else(|p| p.into_inner()) = r.stream.try_clone().ok();
+            *stop.stream.lock().unwrap_or_else(|p| p.into_inner()) = w.conn.try_clone().ok();
+            if stop.stopped.load(Ordering::Relaxed) {
+                return;
+            }
             let why = loop {
-                if stop.stopped.load(Ordering::Relaxed) {
-                    return;
-                }
-                // Quiet for WATCH_IDLE_MS, broken, or cut mid-message: all
-                // the same, resumed after what was delivered.
-                let m = match msgs.next(&mut r) {
+                // Broken, or cut mid-message: resumed after what was
+                // delivered.
+                let m = match w.msgs.next(&mut w.r) {
                     Ok(m) => m,
                     Err(e) => break e.to_string(),
                 };
@@ -310,17 +335,16 @@ impl Etcd {
                 };
                 if res.get("canceled") == Some(&Value::Bool(true)) {
                     let oldest = int(res, "compact_revision").unwrap_or(0);
-                    let e = match oldest {
-                        0 => MetaError::WatchEnded(format!(
-                            "etcd cancelled the watch: {}",
-                            res.get("cancel_reason")
-                                .and_then(Value::as_str)
-                                .unwrap_or("?")
-                        )),
-                        _ => MetaError::Compacted {
-                            asked: last + 1,
-                            oldest,
-                        },
+                    if oldest == 0 {
+                        // Its member lost its leader (or stops): elsewhere.
+                        break format!(
+                            "cancelled: {}",
+                            (res.get("cancel_reason").and_then(Value::as_str)).unwrap_or("?")
+                        );
+                    }
+                    let e = MetaError::Compacted {
+                        asked: last + 1,
+                        oldest,
                     };
                     let _ = tx.try_send(Err(e));
                     return;
@@ -332,6 +356,7 @@ impl Etcd {
                         return;
                     }
                 };
+                // etcd never splits one revision over two messages.
                 if let Some(rev) = batch.iter().map(|e| e.kv.mod_revision).max() {
                     last = last.max(rev);
                 }
@@ -347,25 +372,29 @@ impl Etcd {
                     Err(TrySendError::Disconnected(_)) => return,
                 }
             };
-            // The stream broke: resume after the last revision delivered.
+            if stop.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            // Resume after the last revision delivered, from the next
+            // endpoint on.
             tracing::debug!("etcd: watch of {key} resumes after revision {last} ({why})");
             let until = Instant::now() + Duration::from_millis(WATCH_RESUME_MS);
-            r = loop {
+            (w, at) = loop {
+                std::thread::sleep(Duration::from_millis(WATCH_RETRY_MS));
                 if stop.stopped.load(Ordering::Relaxed) {
                     return;
                 }
-                match self.open_watch(&key, &end, last + 1) {
-                    Ok((r, _)) => break r,
+                match self.open_watch(&key, &end, last + 1, at + 1) {
+                    Ok((w, _, k)) => break (w, k),
                     Err(e) if Instant::now() >= until => {
                         let _ = tx.try_send(Err(MetaError::WatchEnded(format!(
                             "etcd unreachable for {WATCH_RESUME_MS} ms: {e}"
                         ))));
                         return;
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                    Err(_) => {}
                 }
             };
-            msgs = Messages::default();
         }
     }
 
@@ -421,7 +450,19 @@ impl MetaStore for Etcd {
             "success": ops(&t.success)?,
             "failure": ops(&t.failure)?,
         });
-        let v = self.call("/v3/kv/txn", &req)?;
+        let v = match self.call("/v3/kv/txn", &req) {
+            // A put under a lease that ended: as the embedded store says.
+            Err(MetaError::Invalid(m)) if m.contains("lease not found") => {
+                let lease = (t.success.iter().chain(&t.failure))
+                    .find_map(|o| match o {
+                        TxnOp::Put { lease, .. } if *lease != 0 => Some(*lease),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                return Err(MetaError::LeaseNotFound(lease));
+            }
+            r => r?,
+        };
         let succeeded = v.get("succeeded") == Some(&Value::Bool(true));
         let asked = if succeeded { &t.success } else { &t.failure };
         let answers = match v.get("responses") {
@@ -462,7 +503,8 @@ impl MetaStore for Etcd {
 
     fn watch(&self, r: &Range, start: Revision) -> Result<Watch> {
         let (key, end) = self.outer_range(r)?;
-        let (resp, created) = self.open_watch(&key, &end, start)?;
+        let first = self.next.load(Ordering::Relaxed);
+        let (w, created, at) = self.open_watch(&key, &end, start, first)?;
         let last = if start > 0 { start - 1 } else { created };
         let (tx, rx) = sync_channel(WATCH_QUEUE_MAX);
         let stop = Arc::new(WatchStop {
@@ -478,7 +520,7 @@ impl MetaStore for Etcd {
         let s = stop.clone();
         std::thread::Builder::new()
             .name("etcd-watch".into())
-            .spawn(move || me.watch_loop(key, end, resp, last, tx, s))
+            .spawn(move || me.watch_loop(key, end, w, at, last, tx, s))
             .map_err(|e| MetaError::Unavailable(format!("spawning a watch thread: {e}")))?;
         Ok(Watch::new(rx, Some(Box::new(move || stop.stop()))))
     }
@@ -633,5 +675,32 @@ fn watch_error(m: &Value) -> MetaError {
     match m.get("error") {
         Some(e) => grpc_error(e, 200).into(),
         None => bad(&format!("watch message {m}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Messages;
+    use std::io::{BufReader, Cursor};
+
+    /// Messages come whole however the chunks cut them, several in one
+    /// chunk or one over several; a stream that ends mid-message is an
+    /// error, not a message.
+    #[test]
+    fn watch_messages_come_whole_across_chunks() {
+        let body = b"{\"a\":1}\n{\"b\":[1,\n2]}\n{\"c\":3}";
+        let mut raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for piece in [&body[..3], &body[3..12], &body[12..14], &body[14..]] {
+            raw.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            raw.extend_from_slice(piece);
+            raw.extend_from_slice(b"\r\n");
+        }
+        raw.extend_from_slice(b"3\r\n{\"d\r\n0\r\n\r\n");
+        let mut r = crate::http::Response::start(BufReader::new(Cursor::new(raw))).unwrap();
+        let mut m = Messages::default();
+        assert_eq!(m.next(&mut r).unwrap()["a"], 1);
+        assert_eq!(m.next(&mut r).unwrap()["b"][1], 2);
+        assert_eq!(m.next(&mut r).unwrap()["c"], 3);
+        assert!(m.next(&mut r).is_err());
     }
 }

@@ -38,7 +38,8 @@ impl CmpOp {
 }
 
 /// What a transaction compares; a missing key has version, create and mod
-/// revision 0 and an empty value (as in etcd).
+/// revision 0 (as in etcd) and, here, an empty value (etcd makes any
+/// `Value` comparison of a missing key false).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Compare {
     Version(String, CmpOp, i64),
