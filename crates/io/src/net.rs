@@ -231,6 +231,16 @@ impl Stream {
         &self,
         parts: Vec<(AlignedBuf, usize, usize)>,
     ) -> io::Result<Vec<AlignedBuf>> {
+        self.send_all_noting(parts, || {}).await
+    }
+
+    /// [`Stream::send_all`], calling `progress` after each write that
+    /// sent something (a watchdog tells a slow peer from one that stopped).
+    pub async fn send_all_noting(
+        &self,
+        parts: Vec<(AlignedBuf, usize, usize)>,
+        mut progress: impl FnMut(),
+    ) -> io::Result<Vec<AlignedBuf>> {
         need_ring()?;
         let mut iov = Vec::with_capacity(parts.len());
         let mut bufs = Vec::with_capacity(parts.len());
@@ -273,6 +283,7 @@ impl Stream {
                     "peer stopped reading",
                 ));
             }
+            progress();
             let mut n = res as usize;
             while n > 0 {
                 let v = &mut iov[first];

@@ -23,7 +23,7 @@ use std::time::Duration;
 use nacre_client::{ClientError, Cluster, Volume};
 use nacre_io::net::{Listener, Stream};
 use nacre_io::{rt, AlignedBuf};
-use nacre_net::{Budget, ByteReader, FrameSender, Inflight, MESSAGE_STALL_MS};
+use nacre_net::{Budget, ByteReader, FrameSender, Inflight, ReadStall};
 
 use crate::sessions::Sessions;
 
@@ -347,32 +347,30 @@ async fn transmission(
     vol: Rc<Volume>,
     budget: &Rc<Budget>,
 ) {
-    let tx = FrameSender::start(stream);
+    let tx = FrameSender::start(stream.clone());
     let inflight = Inflight::new(INFLIGHT_MAX);
     let mine = Budget::new(CONN_PAYLOAD_MAX_BYTES);
     let name = vol.record().name.clone();
-    let stall = Duration::from_millis(MESSAGE_STALL_MS);
+    let stall = ReadStall::watch(&stream);
     // Whether the client said goodbye (then its requests still finish).
     let mut disc = false;
     loop {
         inflight.slot().await;
         // Quiet between requests for as long as the client likes (an idle
         // VM disk); once a request has begun, it arrives within the stall
-        // limit.
+        // limit (header and data), or the stall watch closes the
+        // connection.
         let header = async {
-            match rd.ready(1).await? {
-                true => Ok(rt::timeout(stall, rd.ready(REQUEST_HEADER_BYTES)).await),
-                false => Ok(Some(Ok(false))),
+            if !rd.ready(1).await? {
+                return Ok(false);
             }
+            stall.begin();
+            rd.ready(REQUEST_HEADER_BYTES).await
         };
         match header.await {
-            Ok(Some(Ok(true))) => {}
-            Ok(Some(Ok(false))) => break,
-            Ok(None) => {
-                tracing::warn!("nbd {name}: closing connection: a request header stalled for {MESSAGE_STALL_MS} ms");
-                break;
-            }
-            Ok(Some(Err(e))) | Err(e) => {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
                 tracing::info!("nbd {name}: connection lost: {e}");
                 break;
             }
@@ -391,10 +389,15 @@ async fn transmission(
             CMD_READ | CMD_WRITE if req.len <= REQUEST_MAX_BYTES => req.len as usize,
             _ => 0,
         };
-        let held = (mine.take(cost).await, budget.take(cost).await);
+        // Waiting for a share is not the client's stall.
+        stall.end();
+        let held = vec![mine.take(cost).await, budget.take(cost).await];
+        stall.begin();
         let mut data = None;
         match req.kind {
             CMD_DISC => {
+                // Its requests may take their time to finish now.
+                stall.end();
                 disc = true;
                 break;
             }
@@ -403,42 +406,34 @@ async fn transmission(
                 break;
             }
             CMD_WRITE if req.len > REQUEST_MAX_BYTES => {
-                if !matches!(
-                    rt::timeout(stall, rd.skip(u64::from(req.len))).await,
-                    Some(Ok(()))
-                ) {
+                if rd.skip(u64::from(req.len)).await.is_err() {
                     break;
                 }
+                stall.end();
                 let _ = tx
                     .send_raw(&simple_reply(EOVERFLOW, req.cookie), None)
                     .await;
                 continue;
             }
-            CMD_WRITE => match rt::timeout(stall, rd.read_buf(req.len as usize)).await {
-                Some(Ok(b)) => data = Some(b),
-                Some(Err(e)) => {
+            CMD_WRITE => match rd.read_buf(req.len as usize).await {
+                Ok(b) => data = Some(b),
+                Err(e) => {
                     tracing::info!("nbd {name}: connection lost mid-write: {e}");
-                    break;
-                }
-                None => {
-                    tracing::warn!("nbd {name}: closing connection: a write's data stalled for {MESSAGE_STALL_MS} ms");
                     break;
                 }
             },
             _ => {}
         }
+        stall.end();
         let (vol, tx) = (vol.clone(), tx.clone());
         inflight.spawn(async move {
-            let (conn_share, share) = held;
             let (err, payload) = match handle(&vol, req, data).await {
                 Ok(p) => (0, p),
                 Err(e) => (e, None),
             };
-            // The gateway's share goes with the reply until it is sent;
-            // the connection's once it is queued.
+            // Both shares go with the reply until it is sent.
             let reply = simple_reply(err, req.cookie);
-            let _ = tx.send_raw_held(&reply, payload, Some(share)).await;
-            drop(conn_share);
+            let _ = tx.send_raw_held(&reply, payload, held).await;
         });
     }
     if !disc {

@@ -47,8 +47,10 @@ pub const SERVE_INFLIGHT_MAX: usize = 512;
 /// Payload bytes one listener's connections hold at once (requests read
 /// in, replies not yet sent: [`Budget`]).
 pub const SERVE_PAYLOAD_MAX_BYTES: usize = 1 << 30;
-/// The same per connection.
-pub const SERVE_CONN_PAYLOAD_MAX_BYTES: usize = 256 << 20;
+/// The same per connection (requests running and replies queued): it
+/// takes eight connections that never read to hold a listener's whole
+/// budget, and the send stall cuts them.
+pub const SERVE_CONN_PAYLOAD_MAX_BYTES: usize = 128 << 20;
 /// Connections one listener serves at once; more are closed as they come.
 pub const SERVE_CONNECTIONS_MAX: usize = 1024;
 
@@ -213,46 +215,44 @@ impl FrameReader {
     /// connection's budget `mine` and the listener's `all`, taken for its
     /// payload and the reply `h` says it can get before the payload is
     /// read. Quiet between frames for as long as the peer likes; a frame
-    /// that has begun must arrive within [`MESSAGE_STALL_MS`].
+    /// that has begun is marked on `stall` until it has arrived.
     pub async fn next_within<H: Handler>(
         &mut self,
         h: &H,
         mine: &Rc<Budget>,
         all: &Rc<Budget>,
-    ) -> Result<Option<(Frame, (Permit, Permit))>, NetError> {
-        let stall = std::time::Duration::from_millis(MESSAGE_STALL_MS);
-        let stalled = || NetError::Protocol(format!("a frame stalled for {MESSAGE_STALL_MS} ms"));
+        stall: &ReadStall,
+    ) -> Result<Option<(Frame, Vec<Permit>)>, NetError> {
         if !self.rd.ready(1).await.map_err(eof_is_closed)? {
             return Ok(None);
         }
-        let whole = rt::timeout(stall, self.rd.ready(HEADER_BYTES)).await;
-        if !whole.ok_or_else(stalled)?.map_err(eof_is_closed)? {
+        stall.begin();
+        if !self.rd.ready(HEADER_BYTES).await.map_err(eof_is_closed)? {
             return Ok(None);
         }
         let head = Header::decode(self.rd.peek(HEADER_BYTES))?;
         self.rd.consume(HEADER_BYTES);
         let len = head.payload_len as usize;
         let cost = len + h.reply_bytes_max(&head);
-        let held = (mine.take(cost).await, all.take(cost).await);
+        // Waiting for a share is not the peer's stall.
+        stall.end();
+        let held = vec![mine.take(cost).await, all.take(cost).await];
         if len == 0 {
-            return Ok(Some((
-                Frame {
-                    h: head,
-                    payload: None,
-                },
-                held,
-            )));
-        }
-        let p = rt::timeout(stall, self.rd.read_buf(len)).await;
-        let p = p.ok_or_else(stalled)?.map_err(eof_is_closed)?;
-        head.check_payload(&p)?;
-        Ok(Some((
-            Frame {
+            let f = Frame {
                 h: head,
-                payload: Some(p),
-            },
-            held,
-        )))
+                payload: None,
+            };
+            return Ok(Some((f, held)));
+        }
+        stall.begin();
+        let p = self.rd.read_buf(len).await.map_err(eof_is_closed)?;
+        stall.end();
+        head.check_payload(&p)?;
+        let f = Frame {
+            h: head,
+            payload: Some(p),
+        };
+        Ok(Some((f, held)))
     }
 
     /// The next frame; `None` when the peer closed between frames.
@@ -283,21 +283,22 @@ struct Head {
     len: u8,
 }
 
-/// A queued message: its head, its payload, and the share of a
-/// [`Budget`] it holds until it is sent.
-type Queued = (Head, Option<AlignedBuf>, Option<Permit>);
+/// A queued message: its head, its payload, and the shares of budgets
+/// it holds until it is sent.
+type Queued = (Head, Option<AlignedBuf>, Vec<Permit>);
 
 struct SendQueue {
     frames: VecDeque<Queued>,
     bytes: usize,
     closed: bool,
-    /// When the send under way started (`rt::monotonic`), if one is.
+    /// When the send under way last made progress (`rt::monotonic`), if
+    /// one is under way.
     sending_since: Option<std::time::Duration>,
 }
 
-/// A send that has not finished after this long closes its connection:
-/// the peer stopped reading (or reads too slowly to matter), and what is
-/// queued for it would stay in memory for as long as it wanted.
+/// A send that has made no progress for this long closes its connection:
+/// the peer stopped reading, and what is queued for it would stay in
+/// memory for as long as it wanted.
 pub const SEND_STALL_MS: u64 = 60_000;
 /// A message whose first bytes arrived must arrive whole within this, or
 /// its connection is closed (a peer that trickles or stops mid-message
@@ -321,6 +322,65 @@ pub struct Budget {
 pub struct Permit {
     budget: Rc<Budget>,
     n: usize,
+}
+
+impl Permit {
+    /// Gives back all of the share beyond `n` bytes (a reply smaller than
+    /// the most it could have been).
+    pub fn shrink(&mut self, n: usize) {
+        if n < self.n {
+            self.budget.used.set(self.budget.used.get() - (self.n - n));
+            self.n = n;
+            self.budget.freed.notify();
+        }
+    }
+}
+
+/// Closes a connection whose message, once begun, does not arrive whole
+/// within [`MESSAGE_STALL_MS`]: the reader marks when a message begins and
+/// when it has it; a task per connection looks every quarter of the limit
+/// (one timer per connection, none per message).
+#[derive(Clone, Default)]
+pub struct ReadStall(Rc<Cell<Option<std::time::Duration>>>);
+
+impl ReadStall {
+    /// Starts watching `stream` (until it is gone); the handle to mark
+    /// messages with.
+    pub fn watch(stream: &Rc<Stream>) -> ReadStall {
+        let me = ReadStall::default();
+        let (since, stream) = (me.0.clone(), Rc::downgrade(stream));
+        rt::spawn(async move {
+            let stall = std::time::Duration::from_millis(MESSAGE_STALL_MS);
+            loop {
+                rt::sleep(stall / 4).await;
+                let Some(s) = stream.upgrade() else { return };
+                if since
+                    .get()
+                    .is_some_and(|t| rt::monotonic().saturating_sub(t) > stall)
+                {
+                    tracing::warn!(
+                        "closing a connection {}: a message stalled for {MESSAGE_STALL_MS} ms",
+                        s.peer()
+                    );
+                    s.shutdown();
+                    return;
+                }
+            }
+        });
+        me
+    }
+
+    /// A message has begun arriving.
+    pub fn begin(&self) {
+        if self.0.get().is_none() {
+            self.0.set(Some(rt::monotonic()));
+        }
+    }
+
+    /// It has arrived whole.
+    pub fn end(&self) {
+        self.0.set(None);
+    }
 }
 
 impl Budget {
@@ -382,14 +442,15 @@ impl FrameSender {
             kick: Notify::new(),
             drained: Notify::new(),
         };
-        rt::spawn(s.clone().writer(stream.clone()));
-        rt::spawn(s.clone().watchdog(stream));
+        rt::spawn(s.clone().watchdog(Rc::downgrade(&stream)));
+        rt::spawn(s.clone().writer(stream));
         s
     }
 
-    /// Closes the connection when a send has been under way for longer
-    /// than [`SEND_STALL_MS`].
-    async fn watchdog(self, stream: Rc<Stream>) {
+    /// Closes the connection when a send has made no progress for
+    /// [`SEND_STALL_MS`]. Holds the stream weakly: a closed connection's
+    /// socket goes at once, not at the next look.
+    async fn watchdog(self, stream: std::rc::Weak<Stream>) {
         let stall = std::time::Duration::from_millis(SEND_STALL_MS);
         loop {
             rt::sleep(stall / 4).await;
@@ -397,12 +458,12 @@ impl FrameSender {
                 let q = self.q.borrow();
                 (q.closed, q.sending_since)
             };
-            if closed {
+            let Some(stream) = stream.upgrade().filter(|_| !closed) else {
                 return;
-            }
+            };
             if since.is_some_and(|t| rt::monotonic().saturating_sub(t) > stall) {
                 tracing::warn!(
-                    "closing a connection {}: a send made no end for {SEND_STALL_MS} ms (the peer does not read)",
+                    "closing a connection {}: a send made no progress for {SEND_STALL_MS} ms (the peer does not read)",
                     stream.peer()
                 );
                 // The send under way fails, and the writer closes the rest.
@@ -418,51 +479,59 @@ impl FrameSender {
 
     /// Queues a frame; waits while the queue is over its byte limit.
     pub async fn send(&self, h: Header, payload: Option<AlignedBuf>) -> Result<(), NetError> {
-        self.send_held(h, payload, None).await
+        self.send_held(h, payload, Vec::new()).await
     }
 
-    /// [`FrameSender::send`], holding `permit` until the frame is sent.
+    /// [`FrameSender::send`], holding `permits` (shrunk to the frame's
+    /// size) until the frame is sent.
     pub async fn send_held(
         &self,
         h: Header,
         payload: Option<AlignedBuf>,
-        permit: Option<Permit>,
+        permits: Vec<Permit>,
     ) -> Result<(), NetError> {
         let mut head = Head {
             bytes: [0; HEAD_MAX_BYTES],
             len: HEADER_BYTES as u8,
         };
         h.encode(&mut head.bytes);
-        self.send_head(head, payload, permit).await
+        self.send_head(head, payload, permits).await
     }
 
     /// Queues `head` (at most [`HEAD_MAX_BYTES`]) and a payload, for
     /// protocols other than the wire protocol (NBD replies).
     pub async fn send_raw(&self, head: &[u8], payload: Option<AlignedBuf>) -> Result<(), NetError> {
-        self.send_raw_held(head, payload, None).await
+        self.send_raw_held(head, payload, Vec::new()).await
     }
 
-    /// [`FrameSender::send_raw`], holding `permit` until it is sent.
+    /// [`FrameSender::send_raw`], holding `permits` (shrunk to the
+    /// message's size) until it is sent.
     pub async fn send_raw_held(
         &self,
         head: &[u8],
         payload: Option<AlignedBuf>,
-        permit: Option<Permit>,
+        permits: Vec<Permit>,
     ) -> Result<(), NetError> {
         let mut h = Head {
             bytes: [0; HEAD_MAX_BYTES],
             len: head.len() as u8,
         };
         h.bytes[..head.len()].copy_from_slice(head);
-        self.send_head(h, payload, permit).await
+        self.send_head(h, payload, permits).await
     }
 
     async fn send_head(
         &self,
         head: Head,
         payload: Option<AlignedBuf>,
-        permit: Option<Permit>,
+        mut permits: Vec<Permit>,
     ) -> Result<(), NetError> {
+        // Held while queued for what the message is, not for the most it
+        // could have been.
+        let size = usize::from(head.len) + payload.as_ref().map_or(0, |p| p.len());
+        for p in &mut permits {
+            p.shrink(size);
+        }
         loop {
             let (closed, full) = {
                 let q = self.q.borrow();
@@ -478,7 +547,7 @@ impl FrameSender {
         }
         let mut q = self.q.borrow_mut();
         q.bytes += usize::from(head.len) + payload.as_ref().map_or(0, |p| p.len());
-        q.frames.push_back((head, payload, permit));
+        q.frames.push_back((head, payload, permits));
         drop(q);
         self.kick.notify();
         Ok(())
@@ -527,8 +596,8 @@ impl FrameSender {
             let mut bytes = 0;
             let mut heads: Vec<u8> = Vec::with_capacity(batch.len() * HEAD_MAX_BYTES);
             let mut permits = Vec::new();
-            for (h, p, permit) in batch {
-                permits.extend(permit);
+            for (h, p, held) in batch {
+                permits.extend(held);
                 heads.extend_from_slice(&h.bytes[..usize::from(h.len)]);
                 bytes += usize::from(h.len) + p.as_ref().map_or(0, |p| p.len());
                 if let Some(p) = p {
@@ -544,7 +613,9 @@ impl FrameSender {
                 parts.push((AlignedBuf::from_slice(&heads), 0, n));
             }
             self.q.borrow_mut().sending_since = Some(rt::monotonic());
-            let sent = stream.send_all(parts).await;
+            let q = self.q.clone();
+            let progress = move || q.borrow_mut().sending_since = Some(rt::monotonic());
+            let sent = stream.send_all_noting(parts, progress).await;
             self.q.borrow_mut().sending_since = None;
             // Sent or failed: either way their shares go back.
             drop(permits);
@@ -927,9 +998,10 @@ async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>, budget: &Rc<Budget
     let mut rd = FrameReader::new(stream.clone());
     let inflight = Inflight::new(SERVE_INFLIGHT_MAX);
     let mine = Budget::new(SERVE_CONN_PAYLOAD_MAX_BYTES);
+    let stall = ReadStall::watch(&stream);
     loop {
         inflight.slot().await;
-        let (f, held) = match rd.next_within(&*h, &mine, budget).await {
+        let (f, held) = match rd.next_within(&*h, &mine, budget, &stall).await {
             Ok(Some((f, held))) if !f.h.reply => (f, held),
             Ok(Some((f, _))) => {
                 tracing::warn!(
@@ -947,10 +1019,8 @@ async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>, budget: &Rc<Budget
         };
         let (h, tx) = (h.clone(), tx.clone());
         inflight.spawn(async move {
-            let (conn_share, share) = held;
             let (rh, payload) = h.handle(f).await;
-            let _ = tx.send_held(rh, payload, Some(share)).await;
-            drop(conn_share);
+            let _ = tx.send_held(rh, payload, held).await;
         });
     }
     inflight.drain(&tx).await;

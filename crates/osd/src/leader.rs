@@ -540,6 +540,15 @@ impl<T: Transport> Leader<T> {
 }
 
 impl<T: Transport> Handler for Leader<T> {
+    /// The map for `Boot` and `GetMap` (as large as a frame may be), a
+    /// refusal's few words for the others.
+    fn reply_bytes_max(&self, h: &Header) -> usize {
+        match h.op {
+            Op::Boot | Op::GetMap => nacre_wire::PAYLOAD_MAX_BYTES as usize,
+            _ => 4096,
+        }
+    }
+
     async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
         let h = f.h;
         match h.op {

@@ -335,6 +335,10 @@ impl Handler for Gate {
             None => (f.h.reply(Status::Unavailable), None),
         }
     }
+
+    fn reply_bytes_max(&self, h: &Header) -> usize {
+        (self.0.borrow().as_ref()).map_or(0, |o| o.reply_bytes_max(h))
+    }
 }
 
 /// An OSD's listener; dropping it stops taking connections and lets go of
@@ -1345,7 +1349,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         match h.op {
             Op::Read => h.length as usize,
             Op::Pull => self.store.block_bytes() as usize,
-            Op::PgQuery | Op::Stat | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
+            Op::Stat => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
+            Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
             _ => 0,
         }
     }
