@@ -16,7 +16,6 @@
 //! minimum block size). Unaligned reads are served from the enclosing
 //! sectors; unaligned writes and zeroes are refused with EINVAL.
 
-use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -44,23 +43,6 @@ pub const CONNECTIONS_MAX: usize = 1024;
 pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 const SECTOR: u64 = 512;
 
-/// What all connections of one gateway share.
-struct Limits {
-    budget: Rc<Budget>,
-    conns: Cell<usize>,
-    /// Connections refused for the cap since the last warning.
-    refused: Cell<u64>,
-}
-
-/// Counts a connection against [`CONNECTIONS_MAX`] while it lives.
-struct ConnSlot(Rc<Limits>);
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        self.0.conns.set(self.0.conns.get() - 1);
-    }
-}
-
 /// Serves NBD on `l` forever (each open connection a session the cluster
 /// sees: [`Sessions`]).
 pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
@@ -72,43 +54,14 @@ pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
         }
     };
     let via = l.local_addr().to_string();
-    let limits = Rc::new(Limits {
-        budget: Budget::new(GATEWAY_PAYLOAD_MAX_BYTES),
-        conns: Cell::new(0),
-        refused: Cell::new(0),
-    });
-    loop {
-        match l.accept().await {
-            Ok(s) if limits.conns.get() >= CONNECTIONS_MAX => {
-                // Warned once per burst, not once per connection.
-                if limits.refused.replace(limits.refused.get() + 1) == 0 {
-                    tracing::warn!(
-                        "nbd: {CONNECTIONS_MAX} connections open: closing new ones ({} first)",
-                        s.peer()
-                    );
-                }
-                s.shutdown();
-            }
-            Ok(s) => {
-                if limits.refused.replace(0) > 1 {
-                    tracing::warn!("nbd: connections accepted again");
-                }
-                limits.conns.set(limits.conns.get() + 1);
-                let slot = ConnSlot(limits.clone());
-                let s = Rc::new(s);
-                let client = format!("NBD client {} via {via}", s.peer());
-                let (cluster, sessions) = (cluster.clone(), sessions.clone());
-                rt::spawn(async move {
-                    serve_conn(s, cluster, sessions, client, &slot.0.budget).await;
-                    drop(slot);
-                });
-            }
-            Err(e) => {
-                tracing::warn!("nbd: accept: {e}");
-                rt::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-    }
+    let budget = Budget::new(GATEWAY_PAYLOAD_MAX_BYTES);
+    nacre_net::accept_capped(&l, CONNECTIONS_MAX, |s| {
+        let s = Rc::new(s);
+        let client = format!("NBD client {} via {via}", s.peer());
+        let (cluster, sessions, budget) = (cluster.clone(), sessions.clone(), budget.clone());
+        async move { serve_conn(s, cluster, sessions, client, &budget).await }
+    })
+    .await
 }
 
 async fn serve_conn(

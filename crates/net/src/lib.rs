@@ -912,14 +912,29 @@ pub trait Handler: 'static {
 /// [`SERVE_PAYLOAD_MAX_BYTES`] budget.
 pub async fn serve<H: Handler>(l: Listener, h: Rc<H>) {
     let budget = Budget::new(SERVE_PAYLOAD_MAX_BYTES);
-    let conns = Rc::new(Cell::new(0usize));
+    accept_capped(&l, SERVE_CONNECTIONS_MAX, |s| {
+        let (h, budget) = (h.clone(), budget.clone());
+        async move { serve_conn(Rc::new(s), h, &budget).await }
+    })
+    .await
+}
+
+/// Accepts connections on `l` forever and runs `serve` on each, at most
+/// `max` at once: more are closed as they arrive, with one warning per
+/// burst.
+pub async fn accept_capped<F, Fut>(l: &Listener, max: usize, mut serve: F)
+where
+    F: FnMut(Stream) -> Fut,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let open = Rc::new(Cell::new(0usize));
     let mut refused = 0u64;
     loop {
         match l.accept().await {
-            Ok(s) if conns.get() >= SERVE_CONNECTIONS_MAX => {
+            Ok(s) if open.get() >= max => {
                 if refused == 0 {
                     tracing::warn!(
-                        "{}: {SERVE_CONNECTIONS_MAX} connections open: closing new ones ({} first)",
+                        "{}: {max} connections open: closing new ones ({} first)",
                         l.local_addr(),
                         s.peer()
                     );
@@ -928,12 +943,14 @@ pub async fn serve<H: Handler>(l: Listener, h: Rc<H>) {
                 s.shutdown();
             }
             Ok(s) => {
-                refused = 0;
-                conns.set(conns.get() + 1);
-                let (h, budget, conns) = (h.clone(), budget.clone(), conns.clone());
+                if std::mem::take(&mut refused) > 0 {
+                    tracing::warn!("{}: connections accepted again", l.local_addr());
+                }
+                open.set(open.get() + 1);
+                let (conn, open) = (serve(s), open.clone());
                 rt::spawn(async move {
-                    serve_conn(Rc::new(s), h, &budget).await;
-                    conns.set(conns.get() - 1);
+                    conn.await;
+                    open.set(open.get() - 1);
                 });
             }
             Err(e) => {

@@ -224,17 +224,6 @@ pub fn pg_key(pool: u32, pg: u32) -> u64 {
     (u64::from(pool) << 32) | u64::from(pg)
 }
 
-/// What a failed read says of the copy it read, if it found it damaged
-/// (a checksum that failed, an error from the device) rather than absent,
-/// busy or refused.
-fn damage_of(e: &StoreError) -> Option<String> {
-    match e {
-        StoreError::Corrupt(why) => Some(why.clone()),
-        StoreError::Io(e) => Some(format!("read error: {e}")),
-        _ => None,
-    }
-}
-
 fn status_of(e: &StoreError) -> Status {
     match e {
         StoreError::NotFound(_) => Status::NotFound,
@@ -1250,13 +1239,20 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// Counts a read that found this OSD's copy of `oid` damaged. At
+    /// Whether the failed read `e` of this OSD's copy of `oid` found it
+    /// damaged (a checksum that failed, an error from the device) rather
+    /// than absent, busy or refused; if so, counts it. At
     /// [`DAMAGED_OBJECTS_OUT`] objects found damaged since it started, the
     /// OSD asks the leader to mark it out: its disk has shown that it does
     /// not keep data. Its PGs move to other OSDs, its copies the sources
     /// of their recovery until the new ones are complete, each damaged
     /// object pulled from another copy (replication.md §7).
-    fn note_damage(self: &Rc<Self>, oid: ObjectId, why: &str) {
+    fn note_damage(self: &Rc<Self>, oid: ObjectId, e: &StoreError) -> bool {
+        let why = match e {
+            StoreError::Corrupt(why) => why.clone(),
+            StoreError::Io(e) => format!("read error: {e}"),
+            _ => return false,
+        };
         tracing::error!("osd.{}: object {oid} holds damaged data: {why}", self.id);
         let n = self.stats.damaged(oid, format!("object {oid}: {why}"));
         let out = self.map.borrow().pgmap.out.contains(&self.id);
@@ -1267,6 +1263,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 me.asking_out.set(false);
             });
         }
+        true
     }
 
     async fn ask_out(&self, n: u64) {
@@ -1417,8 +1414,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                         (h.reply(Status::Ok).with_payload(&buf), Some(buf))
                     }
                     Err(e) => {
-                        if let Some(why) = damage_of(&e) {
-                            self.note_damage(h.oid, &why);
+                        if self.note_damage(h.oid, &e) {
                             return match self.read_elsewhere(&h).await {
                                 Ok(buf) => {
                                     self.stats.read_done(t, buf.len());

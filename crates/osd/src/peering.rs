@@ -51,7 +51,7 @@ use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status, PAYLOAD_MAX_BYTES};
 
 use crate::recovery::{self, Recovery};
-use crate::{damage_of, pg_key, status_of, Osd, PgEvent, PgState, ReqCache};
+use crate::{pg_key, status_of, Osd, PgEvent, PgState, ReqCache};
 
 /// Pause between two peering attempts of one PG in one epoch.
 const PEER_RETRY: Duration = Duration::from_millis(300);
@@ -514,9 +514,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
             Err(e) => {
                 // The primary pulls it from another copy.
-                if let Some(why) = damage_of(&e) {
-                    self.note_damage(h.oid, &why);
-                }
+                self.note_damage(h.oid, &e);
                 (h.reply(status_of(&e)), None)
             }
         }
@@ -1209,11 +1207,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return match self.store.read(oid, 0, self.store.block_bytes()).await {
                 Ok(d) => Ok(d),
                 Err(e) => {
-                    let damage = damage_of(&e);
-                    if let Some(why) = &damage {
-                        self.note_damage(oid, why);
-                    }
-                    Err((Retry(format!("reading {oid}: {e}")), damage.is_some()))
+                    let damaged = self.note_damage(oid, &e);
+                    Err((Retry(format!("reading {oid}: {e}")), damaged))
                 }
             };
         }
