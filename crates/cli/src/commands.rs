@@ -664,7 +664,7 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
                 "code": "OSD_DISK_FAILING",
                 "severity": "HEALTH_WARN",
                 "osd": id,
-                "message": format!("osd.{id}: reads found {objects} of its objects damaged since it started: it has asked to be marked out, so that its PGs move to other OSDs (last: {last})")
+                "message": format!("osd.{id}: reads found {objects} of its objects damaged since it started: it has asked to be marked out, so that its PGs move to other OSDs; replace its disk, then `nacre osd in {id}` (last: {last})")
             }));
         }
         if let Some(why) = v["replay_stopped"].as_str() {
@@ -1405,6 +1405,11 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(msg.contains("osd.1 holds damaged data: 2 reads"), "{msg}");
+        let msg = damage_checks(&stats)[2]["message"].to_string();
+        assert!(
+            msg.contains("replace its disk, then `nacre osd in 2`"),
+            "{msg}"
+        );
     }
 
     /// What the cluster holds is the in OSDs' capacity up to the full
