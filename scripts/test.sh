@@ -4,7 +4,9 @@
 # NBD clients the cluster tests drive (Debian: libnbd-bin for nbdinfo and
 # nbdcopy, qemu-utils for qemu-img, fio for its nbd engine), and etcd
 # (etcd-server) for the etcd meta store's tests, which start their own
-# members on free loopback ports. Run from anywhere inside the checkout.
+# members on free loopback ports, and iproute2 for the multi-host tests,
+# whose hosts are network namespaces (they need root). Run from anywhere
+# inside the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +22,7 @@ command -v nbdcopy >/dev/null 2>&1 || need+=(libnbd-bin)
 command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     sudo=""

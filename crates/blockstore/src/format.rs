@@ -29,6 +29,13 @@ pub const CKPT_MAGIC: [u8; 8] = *b"NACRECKP";
 pub const BATCH_MAGIC: u32 = 0x4e4a_524e; // "NRJN"
 pub const PGLOG_MAGIC: [u8; 8] = *b"NACREPGL";
 pub const PAGE_BYTES: u64 = 4096;
+/// Where the owner's label sits in the superblock page, after the
+/// superblock: magic, length, crc (of the store's uuid, the length and the
+/// bytes), then the bytes.
+pub const LABEL_OFFSET: usize = 2048;
+pub const LABEL_MAGIC: [u8; 8] = *b"NACRELBL";
+const LABEL_HEADER_BYTES: usize = 16;
+pub const LABEL_BYTES_MAX: usize = PAGE_BYTES as usize - LABEL_OFFSET - LABEL_HEADER_BYTES;
 /// Object-table entries per 4 KiB page (170 × 24 = 4080; 16 bytes unused).
 pub const OBJ_ENTRIES_PER_PAGE: u32 = 170;
 /// Checksums per 4 KiB page of the checksum table.
@@ -596,12 +603,88 @@ impl Geometry {
     }
 }
 
+/// Writes `label` into the superblock page `page` of store `uuid`.
+pub fn put_label(page: &mut [u8], uuid: &[u8; 16], label: &[u8]) -> Result<()> {
+    if label.len() > LABEL_BYTES_MAX {
+        return Err(Error::Invalid(format!(
+            "a label of {} bytes; at most {LABEL_BYTES_MAX}",
+            label.len()
+        )));
+    }
+    let at = LABEL_OFFSET;
+    let len = (label.len() as u32).to_le_bytes();
+    page[at..at + 8].copy_from_slice(&LABEL_MAGIC);
+    page[at + 8..at + 12].copy_from_slice(&len);
+    page[at + 12..at + 16].copy_from_slice(&label_crc(uuid, &len, label).to_le_bytes());
+    page[at + 16..at + 16 + label.len()].copy_from_slice(label);
+    Ok(())
+}
+
+fn label_crc(uuid: &[u8; 16], len: &[u8; 4], label: &[u8]) -> u32 {
+    let mut b = Vec::with_capacity(20 + label.len());
+    b.extend_from_slice(uuid);
+    b.extend_from_slice(len);
+    b.extend_from_slice(label);
+    nacre_types::crc32c(&b)
+}
+
+/// The label in superblock page `page` of store `uuid`: `None` if the
+/// store was formatted without one; an error if it is damaged.
+pub fn get_label(page: &[u8], uuid: &[u8; 16]) -> Result<Option<Vec<u8>>> {
+    let at = LABEL_OFFSET;
+    let h = &page[at..at + LABEL_HEADER_BYTES];
+    if h.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    if h[..8] != LABEL_MAGIC {
+        return Err(Error::Corrupt("label: no label magic".into()));
+    }
+    let len: [u8; 4] = h[8..12].try_into().expect("4 bytes");
+    let n = u32::from_le_bytes(len) as usize;
+    if n > LABEL_BYTES_MAX {
+        return Err(Error::Corrupt(format!("label: length {n}")));
+    }
+    let label = &page[at + LABEL_HEADER_BYTES..at + LABEL_HEADER_BYTES + n];
+    let crc = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+    if label_crc(uuid, &len, label) != crc {
+        return Err(Error::Corrupt("label checksum".into()));
+    }
+    Ok(Some(label.to_vec()))
+}
+
 /// Records per journal batch, at most.
 pub const RECORDS_PER_BATCH_MAX: u32 = 1024;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_label_reads_back_and_damage_or_another_store_is_caught() {
+        let mut page = vec![0u8; PAGE_BYTES as usize];
+        assert_eq!(get_label(&page, &[1; 16]).unwrap(), None);
+        put_label(&mut page, &[1; 16], b"{\"osd\":3}").unwrap();
+        assert_eq!(
+            get_label(&page, &[1; 16]).unwrap().as_deref(),
+            Some(&b"{\"osd\":3}"[..])
+        );
+        // The label names its store: copied beside another, it is refused.
+        assert!(get_label(&page, &[2; 16]).is_err());
+        for at in [LABEL_OFFSET, LABEL_OFFSET + 9, LABEL_OFFSET + 17] {
+            let mut bad = page.clone();
+            bad[at] ^= 1;
+            assert!(get_label(&bad, &[1; 16]).is_err(), "flip at {at}");
+        }
+        let mut big = page.clone();
+        big[LABEL_OFFSET + 8..LABEL_OFFSET + 12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(get_label(&big, &[1; 16]).is_err());
+        assert!(put_label(&mut page, &[1; 16], &vec![0; LABEL_BYTES_MAX + 1]).is_err());
+        put_label(&mut page, &[1; 16], &vec![7; LABEL_BYTES_MAX]).unwrap();
+        assert_eq!(
+            get_label(&page, &[1; 16]).unwrap().unwrap().len(),
+            LABEL_BYTES_MAX
+        );
+    }
 
     #[test]
     fn golden_superblock_bytes() {

@@ -55,6 +55,13 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
 }
 
 pub(crate) async fn format<D: BlockDev>(dev: &D, opts: &FormatOptions) -> Result<Geometry> {
+    if opts.label.len() > crate::format::LABEL_BYTES_MAX {
+        return Err(Error::Invalid(format!(
+            "a label of {} bytes; at most {}",
+            opts.label.len(),
+            crate::format::LABEL_BYTES_MAX
+        )));
+    }
     let sector = dev.align_bytes().max(512);
     let uuid = opts.uuid.unwrap_or_else(random_uuid);
     let g = Geometry::plan(
@@ -92,6 +99,7 @@ pub(crate) async fn format<D: BlockDev>(dev: &D, opts: &FormatOptions) -> Result
     let mut sb = AlignedBuf::zeroed(PAGE_BYTES as usize);
     let sbb = g.to_superblock();
     sb[..std::mem::size_of_val(&sbb)].copy_from_slice(zerocopy::IntoBytes::as_bytes(&sbb));
+    crate::format::put_label(&mut sb, &g.uuid, &opts.label)?;
     dev.write_at(AlignedBuf::from_slice(&sb), PAGE_BYTES)
         .await?;
     dev.sync().await?;
@@ -101,6 +109,12 @@ pub(crate) async fn format<D: BlockDev>(dev: &D, opts: &FormatOptions) -> Result
 }
 
 async fn read_superblock<D: BlockDev>(dev: &D) -> Result<Geometry> {
+    Ok(read_superblock_page(dev).await?.0)
+}
+
+/// The store's geometry and the superblock page it came from (the
+/// backup's if the primary is damaged).
+async fn read_superblock_page<D: BlockDev>(dev: &D) -> Result<(Geometry, AlignedBuf)> {
     if dev.size_bytes() < 2 * PAGE_BYTES {
         return Err(Error::DeviceTooSmall {
             have: dev.size_bytes(),
@@ -109,15 +123,33 @@ async fn read_superblock<D: BlockDev>(dev: &D) -> Result<Geometry> {
     }
     let primary = dev.read_at(AlignedBuf::new(PAGE_BYTES as usize), 0).await?;
     match Geometry::from_superblock(&primary) {
-        Ok(g) => Ok(g),
+        Ok(g) => Ok((g, primary)),
         Err(Error::Corrupt(why)) => {
             tracing::warn!("primary superblock damaged ({why}); trying the backup");
             let backup = dev
                 .read_at(AlignedBuf::new(PAGE_BYTES as usize), PAGE_BYTES)
                 .await?;
-            Geometry::from_superblock(&backup)
+            Ok((Geometry::from_superblock(&backup)?, backup))
         }
         Err(e) => Err(e),
+    }
+}
+
+/// The store on `dev`'s geometry and its owner's label
+/// ([`FormatOptions::label`]; `None` if formatted without one), read from
+/// its superblock without opening it. A damaged primary label falls back
+/// to the backup page's.
+pub async fn read_label<D: BlockDev>(dev: &D) -> Result<(Geometry, Option<Vec<u8>>)> {
+    let (g, page) = read_superblock_page(dev).await?;
+    match crate::format::get_label(&page, &g.uuid) {
+        Ok(l) => Ok((g, l)),
+        Err(e) => {
+            tracing::warn!("store label damaged ({e}); trying the backup");
+            let backup = dev
+                .read_at(AlignedBuf::new(PAGE_BYTES as usize), PAGE_BYTES)
+                .await?;
+            Ok((g.clone(), crate::format::get_label(&backup, &g.uuid)?))
+        }
     }
 }
 

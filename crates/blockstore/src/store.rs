@@ -57,6 +57,11 @@ pub struct FormatOptions {
     pub zero_journal: bool,
     /// How many PG logs the store holds, and how long each may be.
     pub pg_logs: LogRegion,
+    /// Bytes the store's owner keeps in the superblock page (at most
+    /// [`crate::format::LABEL_BYTES_MAX`]): fixed at format, read back
+    /// with [`crate::read_label`] without opening the store (an OSD's
+    /// cluster and id).
+    pub label: Vec<u8>,
 }
 
 impl Default for FormatOptions {
@@ -67,6 +72,7 @@ impl Default for FormatOptions {
             uuid: None,
             zero_journal: true,
             pg_logs: LogRegion::DEFAULT,
+            label: Vec::new(),
         }
     }
 }

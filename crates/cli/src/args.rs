@@ -116,8 +116,34 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// A wire address: `tcp:HOST:PORT`, `unix:PATH`, or `HOST:PORT` (TCP).
+pub fn parse_addr(s: &str) -> Result<nacre_io::net::Addr, String> {
+    let t = s.trim();
+    if t.starts_with("tcp:") || t.starts_with("unix:") {
+        t.parse()
+    } else {
+        format!("tcp:{t}").parse()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn addresses() {
+        use nacre_io::net::Addr;
+        assert_eq!(
+            super::parse_addr("10.0.0.1:6800"),
+            Ok(Addr::Tcp("10.0.0.1:6800".into()))
+        );
+        assert_eq!(super::parse_addr("tcp:h:1"), Ok(Addr::Tcp("h:1".into())));
+        assert_eq!(
+            super::parse_addr("unix:/run/x"),
+            Ok(Addr::Unix("/run/x".into()))
+        );
+        assert!(super::parse_addr("10.0.0.1").is_err());
+        assert!(super::parse_addr("h:99999").is_err());
+    }
+
     use super::*;
 
     #[test]

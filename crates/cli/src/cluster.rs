@@ -23,7 +23,8 @@ use nacre_osd::OsdMap;
 
 use crate::osds::{RunOpts, Supervisor};
 
-const OBJECT_BYTES: u32 = 128 << 10;
+/// Objects of a pool, and blocks of an OSD's store.
+pub const OBJECT_BYTES: u32 = 128 << 10;
 /// Most PGs `nacre up --pgs` makes.
 pub const PGS_MAX: u32 = 16384;
 /// OSDs of a new cluster when `--osds` is not given.
@@ -62,10 +63,36 @@ pub struct UpOpts {
 /// `nacre up --reclaim-interval` when it is not given.
 pub const RECLAIM_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
 
-struct Worker {
+/// A thread of the cluster's (the leader, the gateway, the sweep); stopped
+/// and joined when dropped, so no error path leaves one running (a leader
+/// left running past its term would answer as leader beside the next).
+pub struct Worker {
     name: String,
     stop: Arc<Event>,
-    thread: JoinHandle<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Signals the thread to stop and waits for it.
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        self.stop.signal();
+        if t.join().is_err() {
+            tracing::error!("{} panicked", self.name);
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
 }
 
 /// A running cluster; [`Running::stop`] shuts it down cleanly.
@@ -202,35 +229,86 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The map a leader starts from: the stored PG table and history of the
+/// pool, the OSDs' addresses from their records; every OSD counts as down
+/// until it boots with this leader (`Leader::new` starts a new epoch).
+pub fn leader_map(meta: &dyn MetaStore, pool: &PoolRecord) -> anyhow::Result<OsdMap> {
+    let m = map::load(meta)?;
+    Ok(OsdMap {
+        pgmap: m.pgmap(pool.id).context("no PG table")?.clone(),
+        min_size: pool.min_size,
+        addrs: m.osds.iter().map(|r| (r.id, r.addr.clone())).collect(),
+        up_from: Default::default(),
+        stores: Default::default(),
+        last_active: map::load_history(meta, pool.id)?.last_active,
+        full: Default::default(),
+    })
+}
+
+/// What a leader's thread needs.
+pub struct LeaderStart {
+    pub meta: Arc<dyn MetaStore>,
+    pub map: OsdMap,
+    pub pool: PoolRecord,
+    /// An OSD down this long is marked out (zero: never).
+    pub out_delay: Duration,
+    pub addr: Addr,
+    /// The compare every map write carries (an elected monitor's hold on
+    /// its election key; none in `nacre up`).
+    pub fence: Vec<nacre_meta::Compare>,
+    /// `map` is exactly what the store holds (a monitor just loaded it):
+    /// only what changes is written. Else everything is written at start.
+    pub stored: bool,
+    /// While the leader may act (an elected monitor's term); none: always.
+    pub authority: Option<Box<dyn Fn() -> bool + Send>>,
+}
+
 /// The leader's thread: it serves on `addr`, persists every map to `meta`
 /// before anyone hears of it, and places the pool's PGs on `osds` when one
 /// is marked out or in.
-fn spawn_leader(
-    meta: Arc<Embedded>,
-    map: OsdMap,
-    pool: map::PoolRecord,
-    out_delay: Duration,
-    addr: Addr,
+pub fn spawn_leader(
+    s: LeaderStart,
     ready: mpsc::Sender<anyhow::Result<()>>,
 ) -> anyhow::Result<Worker> {
     let stop = Arc::new(Event::new()?);
     let stop2 = stop.clone();
+    let LeaderStart {
+        meta,
+        map,
+        pool,
+        out_delay,
+        addr,
+        fence,
+        stored,
+        authority,
+    } = s;
     let thread = std::thread::Builder::new()
         .name("leader".into())
         .spawn(move || {
             rt::block_on(async move {
                 let records = meta.clone();
                 // What was stored last: only what changed is written.
-                let last = std::cell::RefCell::new(None::<(map::PgMap, map::PgHistory)>);
+                let last = std::cell::RefCell::new(stored.then(|| {
+                    let h = map::PgHistory {
+                        last_active: map.last_active.clone(),
+                    };
+                    (map.pgmap.clone(), h)
+                }));
                 let persist = move |m: &OsdMap| {
                     let history = map::PgHistory {
                         last_active: m.last_active.clone(),
                     };
-                    {
+                    let saved = {
                         let stored = last.borrow();
                         let prev = stored.as_ref().map(|(p, h)| (p, h));
-                        map::save_pool_state(&*meta, &m.pgmap, &history, prev)
-                            .map_err(|e| e.to_string())?;
+                        map::save_pool_state(&*meta, &m.pgmap, &history, prev, &fence)
+                    };
+                    if let Err(e) = saved {
+                        // Part of it may be stored (a store that took it
+                        // in pieces, or a call whose answer was lost): the
+                        // next change writes everything.
+                        *last.borrow_mut() = None;
+                        return Err(e.to_string());
                     }
                     *last.borrow_mut() = Some((m.pgmap.clone(), history));
                     Ok(())
@@ -238,6 +316,9 @@ fn spawn_leader(
                 let start = || -> anyhow::Result<_> {
                     let leader = Leader::new(map, nacre_net::Sockets, Box::new(persist))
                         .map_err(anyhow::Error::msg)?;
+                    if let Some(a) = authority {
+                        leader.set_authority(a);
+                    }
                     Ok((leader, Listener::bind(&addr)?))
                 };
                 let (leader, l) = match start() {
@@ -251,7 +332,17 @@ fn spawn_leader(
                 // `nacre osd add` stores one before the leader hears of it.
                 leader.set_placer(Box::new(move |prev, out| {
                     let osds = map::load(&*records).map_err(|e| e.to_string())?.osds;
-                    map::place(&osds, &pool, out, Some(prev)).map_err(|e| e.to_string())
+                    // An OSD registered but not yet added to the map (`nacre
+                    // osd init` while this leader runs) holds no PG until it
+                    // boots and asks to be marked in.
+                    let known = |id: &u32| {
+                        prev.osds.contains(id)
+                            || prev.out.contains(id)
+                            || prev.temp.values().any(|t| t.contains(id))
+                    };
+                    let mut out = out.to_vec();
+                    out.extend(osds.iter().map(|o| o.id).filter(|id| !known(id)));
+                    map::place(&osds, &pool, &out, Some(prev)).map_err(|e| e.to_string())
                 }));
                 leader.set_out_delay(out_delay);
                 let serving = rt::spawn(nacre_net::serve(l, leader.clone()));
@@ -268,17 +359,14 @@ fn spawn_leader(
     Ok(Worker {
         name: "leader".into(),
         stop,
-        thread,
+        thread: Some(thread),
     })
 }
 
-/// The gateway's thread: the NBD server, and the sweep for objects of
-/// deleted volumes every `reclaim` (the control plane that will move to
-/// the monitors on a cluster of many hosts).
-fn spawn_gateway(
+/// The gateway's thread: the NBD server.
+pub fn spawn_gateway(
     meta: Arc<dyn MetaStore>,
     addr: Addr,
-    reclaim: Duration,
     ready: mpsc::Sender<anyhow::Result<()>>,
 ) -> anyhow::Result<Worker> {
     let stop = Arc::new(Event::new()?);
@@ -299,18 +387,47 @@ fn spawn_gateway(
                         return;
                     }
                 };
-                let sweeping = rt::spawn(reclaim_orphans(cluster.clone(), reclaim));
                 let serving = rt::spawn(nacre_nbd::server::serve(l, cluster));
                 let _ = ready.send(Ok(()));
                 let _ = stop2.wait().await;
                 drop(serving);
-                drop(sweeping);
             })
         })?;
     Ok(Worker {
         name: "nbd".into(),
         stop,
-        thread,
+        thread: Some(thread),
+    })
+}
+
+/// The sweep for objects of deleted volumes, every `every`, on a thread of
+/// its own (in `nacre up`, and in the elected monitor).
+pub fn spawn_reclaimer(meta: Arc<dyn MetaStore>, every: Duration) -> anyhow::Result<Worker> {
+    let stop = Arc::new(Event::new()?);
+    let stop2 = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("reclaim".into())
+        .spawn(move || {
+            rt::block_on(async move {
+                let sweeping = async move {
+                    // The map may lack a pool yet: try again later.
+                    loop {
+                        match nacre_client::Cluster::connect(meta.clone()) {
+                            Ok(c) => break reclaim_orphans(c, every).await,
+                            Err(e) => tracing::debug!("reclaim: {e}"),
+                        }
+                        rt::sleep(every).await;
+                    }
+                };
+                let sweeping = rt::spawn(sweeping);
+                let _ = stop2.wait().await;
+                drop(sweeping);
+            })
+        })?;
+    Ok(Worker {
+        name: "reclaim".into(),
+        stop,
+        thread: Some(thread),
     })
 }
 
@@ -454,15 +571,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
     let pool = m.pools.first().context("no pool in the map")?.clone();
     // The leader starts from the stored map in a new epoch: every OSD
     // restarted and boots again.
-    let osd_map = OsdMap {
-        pgmap: m.pgmap(pool.id).context("no PG table")?.clone(),
-        min_size: pool.min_size,
-        addrs: m.osds.iter().map(|r| (r.id, r.addr.clone())).collect(),
-        up_from: Default::default(),
-        stores: Default::default(),
-        last_active: map::load_history(&*meta, pool.id)?.last_active,
-        full: Default::default(),
-    };
+    let osd_map = leader_map(&*meta, &pool)?;
     let leader_addr = leader_addr(&o.dir);
     if !direct_io_works(&o.dir) {
         tracing::warn!(
@@ -486,14 +595,17 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             .collect(),
     };
     let run = || -> anyhow::Result<()> {
-        running.workers.push(spawn_leader(
-            meta.clone(),
-            osd_map,
-            pool.clone(),
-            o.out_delay,
-            leader_addr,
-            tx.clone(),
-        )?);
+        let start = LeaderStart {
+            meta: meta.clone(),
+            map: osd_map,
+            pool: pool.clone(),
+            out_delay: o.out_delay,
+            addr: leader_addr,
+            fence: Vec::new(),
+            stored: false,
+            authority: None,
+        };
+        running.workers.push(spawn_leader(start, tx.clone())?);
         rx.recv()
             .context("the leader thread died while starting")??;
         let opts = (m.osds.iter())
@@ -514,14 +626,14 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             sup,
             &m.osds.iter().map(|r| r.id).collect::<Vec<_>>(),
         )?;
-        running.workers.push(spawn_gateway(
-            meta.clone(),
-            o.nbd.clone(),
-            o.reclaim_interval,
-            tx.clone(),
-        )?);
+        running
+            .workers
+            .push(spawn_gateway(meta.clone(), o.nbd.clone(), tx.clone())?);
         rx.recv()
             .context("the gateway thread died while starting")??;
+        running
+            .workers
+            .push(spawn_reclaimer(meta.clone(), o.reclaim_interval)?);
         Ok(())
     };
     if let Err(e) = run() {
@@ -531,6 +643,10 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
     std::fs::write(o.dir.join("nacre.pid"), std::process::id().to_string())?;
     Ok(running)
 }
+
+/// How long `nacre up` waits for its OSDs to open their stores and boot
+/// (a journal replay of a large store takes a while).
+const OSDS_UP_WAIT: Duration = Duration::from_secs(600);
 
 /// Waits until every OSD of `ids` runs and holds its `up` key (each opens
 /// its store, replaying its journal, and boots with the leader first).
@@ -566,6 +682,13 @@ fn wait_osds_up(meta: &dyn MetaStore, sup: &Supervisor, ids: &[u32]) -> anyhow::
             );
             said = true;
         }
+        if t0.elapsed() > OSDS_UP_WAIT {
+            bail!(
+                "{} did not come up within {} s (their logs above say why)",
+                waiting.join(", "),
+                OSDS_UP_WAIT.as_secs()
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -582,10 +705,7 @@ impl Running {
                     s.stop();
                 }
             }
-            w.stop.signal();
-            if w.thread.join().is_err() {
-                tracing::error!("{} panicked", w.name);
-            }
+            w.stop();
         }
         if let Some(mut s) = self.osds.take() {
             s.stop();

@@ -13,11 +13,11 @@ use nacre_client::{Cluster, Volume};
 use nacre_io::net::Addr;
 use nacre_io::{rt, AlignedBuf, FileDev, OpenFlags};
 use nacre_meta::map;
-use nacre_meta::remote::Remote;
 use nacre_meta::MetaStore;
 use nacre_nbd::client::NbdClient;
 
 use crate::args::{parse_duration, parse_rate, parse_ratio, parse_size};
+use crate::at::{ask_leader_now, Ask, At};
 use crate::cluster::{self, UpOpts};
 use crate::targets::{FileTarget, NbdTarget, VolumeTarget};
 use crate::Format;
@@ -198,16 +198,9 @@ pub(crate) fn signal_name(sig: i32) -> String {
     }
 }
 
+/// The meta store of the cluster running in `dir`.
 fn remote(dir: &Path) -> anyhow::Result<Arc<dyn MetaStore>> {
-    let sock = cluster::meta_socket(dir);
-    let r = Remote::connect(&sock).map_err(|e| {
-        anyhow::anyhow!(
-            "no cluster running in {} ({e}); start one with: nacre up --dir {}",
-            dir.display(),
-            dir.display()
-        )
-    })?;
-    Ok(Arc::new(r))
+    At::of_dir(dir).meta()
 }
 
 #[derive(Subcommand)]
@@ -221,15 +214,13 @@ pub enum VolumeCmd {
         /// 1.5T. Thin: nothing is allocated until written.
         #[arg(long, value_parser = parse_size)]
         size: u64,
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: At,
     },
     /// List volumes.
     Ls {
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: At,
         /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -238,9 +229,8 @@ pub enum VolumeCmd {
     Info {
         /// The volume.
         name: String,
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: At,
         /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -259,9 +249,8 @@ pub enum VolumeCmd {
         /// past the new end fail (ENOSPC) from then on.
         #[arg(long)]
         force: bool,
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: At,
     },
     /// Delete a volume and its data. Refused while clients have it open,
     /// unless --force.
@@ -272,9 +261,8 @@ pub enum VolumeCmd {
         /// connections are cut first, and their later I/O fails.
         #[arg(long)]
         force: bool,
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: At,
     },
 }
 
@@ -348,37 +336,6 @@ pub fn osd_start(dir: &Path, id: u32) -> anyhow::Result<()> {
     crate::osds::start(&dir, id, &*remote(&dir)?)
 }
 
-/// Sends `op` about OSD `id` (with `arg` and `body`) to the leader of the
-/// cluster in `dir`; its refusal's reason, if it refuses.
-fn ask_leader(
-    dir: &Path,
-    op: nacre_wire::Op,
-    id: u32,
-    arg: u64,
-    body: Option<&[u8]>,
-) -> anyhow::Result<()> {
-    let r = rt::block_on(async {
-        let c = nacre_net::Conn::connect_with_timeout(
-            &cluster::leader_addr(dir),
-            Duration::from_secs(10),
-        )?;
-        let mut h = nacre_wire::Header::request(op, 0, nacre_types::ObjectId::default());
-        h.sender = id;
-        h.obj_version = arg;
-        let payload = body.map(AlignedBuf::from_slice);
-        if let Some(b) = body {
-            h = h.with_payload(b);
-        }
-        anyhow::Ok(c.call(h, payload).await?)
-    })
-    .with_context(|| format!("the cluster leader in {}", dir.display()))?;
-    if r.h.status != nacre_wire::Status::Ok {
-        let why = r.payload.as_deref().map(String::from_utf8_lossy);
-        bail!("{}", why.as_deref().unwrap_or("refused by the leader"));
-    }
-    Ok(())
-}
-
 /// `nacre osd add --dir DIR [--size S]`: a new OSD (file, store, process)
 /// in the running cluster, which then takes its share of the PGs; their
 /// data moves to it in the background while they serve.
@@ -401,15 +358,22 @@ pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
     let rec = cluster::osd_record(&dir, id, bytes);
     map::add_osd(&*meta, &rec)?;
     // Out at first: it holds no PG until it runs, then is marked in.
-    ask_leader(
-        &dir,
-        nacre_wire::Op::AddOsd,
+    let leader = cluster::leader_addr(&dir);
+    let add = Ask {
+        op: nacre_wire::Op::AddOsd,
         id,
-        0,
-        Some(rec.addr.as_bytes()),
-    )?;
+        arg: 0,
+        body: Some(rec.addr.as_bytes()),
+    };
+    ask_leader_now(&leader, &add)?;
     crate::osds::start_sized(&dir, id, &*meta, Some(bytes))?;
-    ask_leader(&dir, nacre_wire::Op::MarkOut, id, 0, None)?;
+    let mark_in = Ask {
+        op: nacre_wire::Op::MarkOut,
+        id,
+        arg: 0,
+        body: None,
+    };
+    ask_leader_now(&leader, &mark_in)?;
     println!(
         "osd.{id} added ({}): its share of the PGs moves to it while they serve (nacre status shows the recovery)",
         human(bytes)
@@ -419,12 +383,18 @@ pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
 
 /// `nacre osd out|in ID`: asks the leader of the cluster in `dir` to move
 /// OSD `id`'s PGs to the others (`out`) or to place PGs on it again.
-pub fn osd_mark(dir: &Path, id: u32, out: bool) -> anyhow::Result<()> {
-    let dir = std::path::absolute(dir)?;
+pub fn osd_mark(at: &At, id: u32, out: bool) -> anyhow::Result<()> {
+    let meta = at.meta()?;
     // The map names the OSDs; this also says when no cluster runs there.
-    let m = map::load(&*remote(&dir)?)?;
+    let m = map::load(&*meta)?;
     let was_out = (m.pgmaps.first()).is_some_and(|p| p.out.contains(&id));
-    ask_leader(&dir, nacre_wire::Op::MarkOut, id, u64::from(out), None)?;
+    let mark = Ask {
+        op: nacre_wire::Op::MarkOut,
+        id,
+        arg: u64::from(out),
+        body: None,
+    };
+    ask_leader_now(&at.leader(&*meta)?, &mark)?;
     let what = if out { "out" } else { "in" };
     if was_out == out {
         println!("osd.{id} is already {what}");
@@ -438,8 +408,8 @@ pub fn osd_mark(dir: &Path, id: u32, out: bool) -> anyhow::Result<()> {
 
 pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, dir } => {
-            let meta = remote(&dir)?;
+        VolumeCmd::Create { name, size, at } => {
+            let meta = at.meta()?;
             let v = rt::block_on(async {
                 anyhow::Ok(Cluster::connect(meta)?.create_volume(&name, size)?)
             })?;
@@ -450,8 +420,8 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
                 v.id
             );
         }
-        VolumeCmd::Ls { dir, format } => {
-            let meta = remote(&dir)?;
+        VolumeCmd::Ls { at, format } => {
+            let meta = at.meta()?;
             let vols = map::list_volumes(&*meta)?;
             let m = map::load(&*meta)?;
             let u = Usage::load(meta)?;
@@ -482,8 +452,8 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
                 }
             }
         }
-        VolumeCmd::Info { name, dir, format } => {
-            let meta = remote(&dir)?;
+        VolumeCmd::Info { name, at, format } => {
+            let meta = at.meta()?;
             let v = map::get_volume(&*meta, &name)?
                 .ok_or_else(|| nacre_client::ClientError::NoVolume(name.clone()))?;
             let m = map::load(&*meta)?;
@@ -529,9 +499,9 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             name,
             size,
             force,
-            dir,
+            at,
         } => {
-            let meta = remote(&dir)?;
+            let meta = at.meta()?;
             let v = rt::block_on(async {
                 anyhow::Ok(
                     Cluster::connect(meta)?
@@ -541,8 +511,8 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             })?;
             println!("volume {} is now {}", v.name, human(v.size_bytes));
         }
-        VolumeCmd::Rm { name, force, dir } => {
-            let meta = remote(&dir)?;
+        VolumeCmd::Rm { name, force, at } => {
+            let meta = at.meta()?;
             rt::block_on(async {
                 anyhow::Ok(Cluster::connect(meta)?.delete_volume(&name, force).await?)
             })?;
@@ -806,13 +776,18 @@ fn pg_summary(
     (json, checks)
 }
 
-pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
-    let meta = remote(dir)?;
+pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
+    let meta = at.meta()?;
     let (m, stats) = rt::block_on(async {
         let c = Cluster::connect(meta.clone())?;
         let stats = c.osd_stats().await;
         anyhow::Ok((c.map(), stats))
     })?;
+    // Which OSDs are up now, not when the answers were asked for.
+    let m = map::ClusterMap {
+        up: map::load(&*meta)?.up,
+        ..m
+    };
     let pool = m.pools.first().context("no pool")?;
     let pg = m.pgmap(pool.id).context("no PG table")?;
     let (pgs, pg_checks) = pg_summary(pg.pg_count(), pg.epoch, &stats);
@@ -833,6 +808,18 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     }
     checks.extend(space_checks(&stats));
     checks.extend(pg_checks);
+    // A cluster on etcd: the elected monitor, or none.
+    let leader = match &at.etcd {
+        Some(_) => Some(crate::at::elected_leader(&*meta)?.map(|a| a.to_string())),
+        None => None,
+    };
+    if let Some(None) = leader {
+        checks.push(serde_json::json!({
+            "code": "NO_MON_LEADER",
+            "severity": "HEALTH_ERR",
+            "message": "no monitor leads the cluster: OSDs cannot boot or be marked down (start nacre mon)",
+        }));
+    }
     let vols = map::list_volumes(&*meta)?;
     let provisioned: u64 = vols.iter().map(|v| v.size_bytes).sum();
     let config = map::get_config(&*meta)?;
@@ -863,6 +850,7 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
     let json = serde_json::json!({
         "health": health,
         "checks": checks,
+        "leader": leader.clone().flatten(),
         "osds": {"total": m.osds.len(), "up": up_count, "in": m.osds.len() - pg.out.len(), "out": pg.out},
         "pgs": pgs,
         "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
@@ -886,6 +874,9 @@ pub fn status(dir: &Path, format: Format) -> anyhow::Result<()> {
                     ch["code"].as_str().unwrap_or(""),
                     ch["message"].as_str().unwrap_or("")
                 );
+            }
+            if let Some(l) = &leader {
+                println!("leader    {}", l.as_deref().unwrap_or("none"));
             }
             println!(
                 "osds      {} total, {up_count} up, {} in{}",

@@ -1,8 +1,11 @@
 //! The `nacre` command: parses, wires, prints. Logic lives in the crates.
 
 mod args;
+mod at;
 mod cluster;
 mod commands;
+mod daemons;
+mod mon;
 mod osds;
 mod targets;
 
@@ -44,14 +47,49 @@ enum Cmd {
         #[command(subcommand)]
         cmd: commands::VolumeCmd,
     },
-    /// Health, OSDs, PG states, capacity and client I/O of the cluster in DIR.
+    /// Health, OSDs, PG states, capacity and client I/O of a cluster.
     Status {
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: at::At,
         /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
+    },
+    /// A cluster on many hosts around etcd: create it.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
+    /// Pools: where volumes' data lives, with how many copies.
+    Pool {
+        #[command(subcommand)]
+        cmd: PoolCmd,
+    },
+    /// A monitor of a cluster on etcd, in the foreground: any number run,
+    /// one is elected (an etcd lease) and leads the cluster map (marks
+    /// OSDs up, down, out; places PGs; sweeps deleted volumes' objects),
+    /// the others stand by and take over within the lease's TTL. Stops on
+    /// SIGTERM/SIGINT, handing over at once.
+    Mon {
+        #[command(flatten)]
+        etcd: at::EtcdArgs,
+        /// Where this monitor listens when it leads: HOST:PORT (an address
+        /// the OSDs and commands reach) or unix:PATH.
+        #[arg(long, value_parser = args::parse_addr)]
+        addr: nacre_io::net::Addr,
+        /// How long an OSD may be down before it is marked out and its PGs
+        /// move to the others, e.g. 10m or 30s; 0 never.
+        #[arg(long, value_parser = args::parse_duration, default_value = "10m")]
+        out_delay: Duration,
+        /// How often the leader looks for objects of deleted volumes and
+        /// deletes them.
+        #[arg(long, value_parser = args::parse_duration, default_value = "60s")]
+        reclaim_interval: Duration,
+    },
+    /// Gateways of a cluster on etcd.
+    Gateway {
+        #[command(subcommand)]
+        cmd: GatewayCmd,
     },
     /// The standard benchmark suite against a volume of the cluster in DIR
     /// (through the client library) or against any NBD export.
@@ -67,7 +105,113 @@ enum Cmd {
 }
 
 #[derive(Subcommand)]
+enum ClusterCmd {
+    /// Create a cluster under the prefix of an etcd (refused if one is
+    /// there); it gets a random id, which every OSD's device records.
+    Init {
+        #[command(flatten)]
+        etcd: at::EtcdArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum PoolCmd {
+    /// Create the cluster's pool over the OSDs registered now (this build
+    /// keeps one pool per cluster; `nacre up` makes its own).
+    Create {
+        /// The pool's name: 1 to 128 of A-Z a-z 0-9 . _ -.
+        name: String,
+        #[command(flatten)]
+        etcd: at::EtcdArgs,
+        /// Copies of every object, each in its own failure domain.
+        #[arg(long, default_value_t = 3)]
+        replicas: u8,
+        /// Copies that must be up for I/O to go on (default replicas/2+1).
+        #[arg(long)]
+        min_size: Option<u8>,
+        /// Placement groups (1..=16384): more spread data more evenly and
+        /// cost memory and peering time per OSD.
+        #[arg(long, default_value_t = 128)]
+        pgs: u32,
+        /// What two copies of an object never share: an OSD, a host, or a
+        /// rack (as the OSDs were registered with `nacre osd init`).
+        #[arg(long, value_parser = ["osd", "host", "rack"], default_value = "host")]
+        failure_domain: String,
+    },
+    /// List the pools.
+    Ls {
+        #[command(flatten)]
+        at: at::At,
+        /// Output: a table for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Show one pool.
+    Info {
+        /// The pool.
+        name: String,
+        #[command(flatten)]
+        at: at::At,
+        /// Output: a table for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum GatewayCmd {
+    /// An NBD gateway in the foreground: serves the cluster's volumes as
+    /// NBD exports (the export name is the volume's). Any number may run.
+    /// Stops on SIGTERM/SIGINT.
+    Nbd {
+        #[command(flatten)]
+        etcd: at::EtcdArgs,
+        /// Where it listens: HOST:PORT (10809 is NBD's port) or unix:PATH.
+        #[arg(long, value_parser = args::parse_addr)]
+        listen: nacre_io::net::Addr,
+    },
+}
+
+#[derive(Subcommand)]
 enum OsdCmd {
+    /// Register an OSD of a cluster on etcd and format its device; its
+    /// store's label records the cluster's id and the OSD's.
+    Init {
+        #[command(flatten)]
+        etcd: at::EtcdArgs,
+        /// The OSD's device (a block device, or a file; its contents are
+        /// destroyed).
+        #[arg(long)]
+        dev: PathBuf,
+        /// Where the OSD listens: HOST:PORT, an address its peers, the
+        /// monitors and the gateways reach.
+        #[arg(long, value_parser = args::parse_addr)]
+        addr: nacre_io::net::Addr,
+        /// Its host, for failure domain host (default this machine's name).
+        #[arg(long)]
+        host: Option<String>,
+        /// Its rack, for failure domain rack.
+        #[arg(long, default_value = "default")]
+        rack: String,
+        /// Its share of the data relative to the others (default its size
+        /// in GiB).
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Create DEV as a file of this size if it does not exist.
+        #[arg(long, value_parser = args::parse_size)]
+        size: Option<u64>,
+        /// Journal size of its store (default 1/64 of it, 64 MiB..1 GiB).
+        #[arg(long, value_parser = args::parse_size)]
+        journal_size: Option<u64>,
+        /// The most PGs its store can hold logs of (default the pool's PG
+        /// count, at least 1024; 64 KiB of the device each).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        pg_logs: Option<u32>,
+        /// Format DEV even if it holds a Nacre store (named in the
+        /// refusal without it).
+        #[arg(long)]
+        force: bool,
+    },
     /// Start a stopped or crashed OSD of the `nacre up` running in DIR and
     /// wait until it is up (stop one with SIGTERM to the pid in
     /// DIR/osd.N.pid).
@@ -98,28 +242,43 @@ enum OsdCmd {
     Out {
         /// The OSD's number (osd.ID).
         id: u32,
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: at::At,
     },
     /// Mark an out OSD in again: placement gives it its share of the PGs
     /// back (moving as little as it can).
     In {
         /// The OSD's number (osd.ID).
         id: u32,
-        /// The directory of the running cluster (`nacre up --dir`).
-        #[arg(long)]
-        dir: PathBuf,
+        #[command(flatten)]
+        at: at::At,
     },
-    /// Run one OSD of the cluster in DIR in the foreground: what `nacre up`
-    /// starts for each OSD. Stops cleanly on SIGTERM/SIGINT.
+    /// Run one OSD in the foreground: with --dir and --id, one of the
+    /// cluster in DIR (what `nacre up` starts for each OSD); with --etcd
+    /// and --dev, the OSD `nacre osd init` made on DEV. Stops cleanly on
+    /// SIGTERM/SIGINT.
     Run {
         /// The directory of the running cluster (`nacre up --dir`).
+        #[arg(
+            long,
+            required_unless_present = "etcd",
+            conflicts_with = "etcd",
+            requires = "id"
+        )]
+        dir: Option<PathBuf>,
+        /// The OSD's number (osd.ID), with --dir.
         #[arg(long)]
-        dir: PathBuf,
-        /// The OSD's number (osd.ID).
+        id: Option<u32>,
+        /// The etcd of a cluster on many hosts: its client URLs,
+        /// comma-separated.
+        #[arg(long, requires = "dev")]
+        etcd: Option<String>,
+        /// With --etcd: where the cluster's keys live in etcd.
+        #[arg(long, default_value = at::PREFIX_DEFAULT)]
+        prefix: String,
+        /// With --etcd: the OSD's device, as `nacre osd init` formatted it.
         #[arg(long)]
-        id: u32,
+        dev: Option<PathBuf>,
         /// Size of the OSD's file DIR/osd.ID.img if it does not exist yet.
         #[arg(long, value_parser = args::parse_size, default_value = "4G")]
         create_size: u64,
@@ -223,6 +382,8 @@ fn main() {
         Cmd::Up(_)
             | Cmd::Demo(_)
             | Cmd::Bench(_)
+            | Cmd::Mon { .. }
+            | Cmd::Gateway { .. }
             | Cmd::Osd {
                 cmd: OsdCmd::Run { .. }
             }
@@ -247,26 +408,107 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             OsdCmd::Run {
                 dir,
                 id,
+                etcd,
+                prefix,
+                dev,
                 create_size,
                 journal_size,
                 recovery_rate,
                 nearfull_ratio,
                 full_ratio,
-            } => osds::run(&osds::RunOpts {
-                dir,
-                id,
-                create_bytes: create_size,
-                journal_bytes: journal_size,
-                recovery_bytes_per_s: recovery_rate,
-                ratios: args::check_ratios(nearfull_ratio, full_ratio)?,
-            }),
+            } => {
+                let ratios = args::check_ratios(nearfull_ratio, full_ratio)?;
+                match (dir, id, etcd, dev) {
+                    (Some(dir), Some(id), None, None) => osds::run(&osds::RunOpts {
+                        dir,
+                        id,
+                        create_bytes: create_size,
+                        journal_bytes: journal_size,
+                        recovery_bytes_per_s: recovery_rate,
+                        ratios,
+                    }),
+                    (None, None, Some(etcd), Some(dev)) => daemons::osd_run(
+                        &at::EtcdArgs { etcd, prefix },
+                        &daemons::OsdRun {
+                            dev,
+                            recovery_bytes_per_s: recovery_rate,
+                            ratios,
+                        },
+                    ),
+                    _ => anyhow::bail!("give --dir DIR --id ID, or --etcd URLS --dev PATH"),
+                }
+            }
+            OsdCmd::Init {
+                etcd,
+                dev,
+                addr,
+                host,
+                rack,
+                weight,
+                size,
+                journal_size,
+                pg_logs,
+                force,
+            } => daemons::osd_init(
+                &etcd,
+                &daemons::OsdInit {
+                    dev,
+                    addr,
+                    host,
+                    rack,
+                    weight,
+                    size_bytes: size,
+                    journal_bytes: journal_size,
+                    pg_logs,
+                    force,
+                },
+            ),
             OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
             OsdCmd::Add { dir, size } => commands::osd_add(&dir, size),
-            OsdCmd::Out { id, dir } => commands::osd_mark(&dir, id, true),
-            OsdCmd::In { id, dir } => commands::osd_mark(&dir, id, false),
+            OsdCmd::Out { id, at } => commands::osd_mark(&at, id, true),
+            OsdCmd::In { id, at } => commands::osd_mark(&at, id, false),
         },
         Cmd::Volume { cmd } => commands::volume(cmd),
-        Cmd::Status { dir, format } => commands::status(&dir, format),
+        Cmd::Status { at, format } => commands::status(&at, format),
+        Cmd::Cluster {
+            cmd: ClusterCmd::Init { etcd },
+        } => daemons::cluster_init(&etcd),
+        Cmd::Pool { cmd } => match cmd {
+            PoolCmd::Create {
+                name,
+                etcd,
+                replicas,
+                min_size,
+                pgs,
+                failure_domain,
+            } => daemons::pool_create(
+                &etcd,
+                &daemons::PoolCreate {
+                    name,
+                    replicas,
+                    min_size,
+                    pgs,
+                    failure_domain,
+                },
+            ),
+            PoolCmd::Ls { at, format } => daemons::pool_show(&at, None, format),
+            PoolCmd::Info { name, at, format } => daemons::pool_show(&at, Some(&name), format),
+        },
+        Cmd::Mon {
+            etcd,
+            addr,
+            out_delay,
+            reclaim_interval,
+        } => mon::run(&mon::MonOpts {
+            meta: etcd.meta_waiting()?,
+            etcd,
+            addr,
+            out_delay,
+            reclaim_interval,
+        }),
+        Cmd::Gateway {
+            cmd: GatewayCmd::Nbd { etcd, listen },
+        } => daemons::gateway_nbd(&etcd, &listen),
         Cmd::Bench(a) => commands::bench(a),
         Cmd::Demo(a) => commands::demo(a),
     }
@@ -422,6 +664,8 @@ mod tests {
                 walk(s, &path, missing);
             }
         }
+        // Every conflict and requirement names an argument that exists.
+        super::Cli::command().debug_assert();
         let mut missing = Vec::new();
         walk(&super::Cli::command(), "", &mut missing);
         assert!(missing.is_empty(), "undescribed:\n{}", missing.join("\n"));

@@ -155,58 +155,110 @@ struct UpLease {
 }
 
 impl UpLease {
-    /// Puts the key now, then renews it from a thread. The key follows the
-    /// OSD's incarnation (`up_from`, which changes when it boots again
+    /// Puts the key and renews it, from a thread of its own (no call to
+    /// the meta store ever waits on the OSD's thread; one that cannot be
+    /// reached is tried again every [`KEEPALIVE_EVERY`]). The key follows
+    /// the OSD's incarnation (`up_from`, which changes when it boots again
     /// after being marked down while running), and is put again under a
     /// new lease if the old one ran out (a process stopped for longer than
     /// the TTL).
     fn hold(meta: Arc<dyn MetaStore>, id: u32, up_from: Arc<AtomicU64>) -> anyhow::Result<UpLease> {
-        let put = move |meta: &dyn MetaStore, lease: i64, inc: u64| -> anyhow::Result<()> {
-            meta.put(&map::up_key(id), up_value(std::process::id(), inc), lease)?;
-            Ok(())
-        };
-        let mut lease = meta.lease_grant(LEASE_TTL_S)?;
-        let mut published = up_from.load(Ordering::Acquire);
-        put(&*meta, lease, published)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("lease".into())
             .spawn(move || {
-                let mut last = Instant::now();
+                let mut lease = None::<i64>;
+                let mut published = None::<u64>;
+                let mut last = None::<Instant>;
                 while !stop2.load(Ordering::Acquire) {
-                    std::thread::sleep(POLL);
                     let inc = up_from.load(Ordering::Acquire);
-                    if last.elapsed() < KEEPALIVE_EVERY && inc == published {
-                        continue;
-                    }
-                    last = Instant::now();
-                    let r = match meta.lease_keepalive(lease) {
-                        Err(MetaError::LeaseNotFound(_)) => {
-                            tracing::warn!("osd.{id}: up lease {lease} ran out; taking a new one");
-                            meta.lease_grant(LEASE_TTL_S)
-                                .map_err(anyhow::Error::from)
-                                .and_then(|l| {
-                                    lease = l;
-                                    put(&*meta, lease, inc)
-                                })
+                    let due = last.is_none_or(|t| t.elapsed() >= KEEPALIVE_EVERY);
+                    if due || published != Some(inc) {
+                        last = Some(Instant::now());
+                        if let Err(e) = renew(&*meta, id, &mut lease, &mut published, inc) {
+                            tracing::warn!("osd.{id}: up lease: {e:#}");
                         }
-                        Err(e) => Err(e.into()),
-                        Ok(_) if inc != published => put(&*meta, lease, inc),
-                        Ok(_) => Ok(()),
-                    };
-                    match r {
-                        Ok(()) => published = inc,
-                        Err(e) => tracing::warn!("osd.{id}: up lease {lease}: {e}"),
                     }
+                    std::thread::sleep(POLL);
                 }
-                let _ = meta.lease_revoke(lease);
+                if let Some(l) = lease {
+                    let _ = meta.lease_revoke(l);
+                }
             })?;
         Ok(UpLease {
             stop,
             thread: Some(thread),
         })
     }
+}
+
+/// After an OSD's first boot (the key `osd init` left is there), asks the
+/// leader to mark it in, then deletes the key. A failure is logged and the
+/// OSD serves on: it asks again at its next start.
+async fn join_in(meta: &dyn MetaStore, cfg: &OsdConfig) {
+    let fresh = map::fresh_key(cfg.id);
+    match meta.get(&fresh) {
+        Ok(Some(_)) => {}
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(
+                "osd.{}: is this its first boot? {e}; it asks to be marked in at its next start",
+                cfg.id
+            );
+            return;
+        }
+    }
+    let mark_in = crate::at::Ask {
+        op: Op::MarkOut,
+        id: cfg.id,
+        arg: 0,
+        body: None,
+    };
+    let r = crate::at::ask_leader_retrying(&cfg.leader, &mark_in).await;
+    let r = r.and_then(|()| Ok(meta.delete(&Range::key(&fresh))?));
+    match r {
+        Ok(_) => tracing::info!("osd.{}: first boot: marked in", cfg.id),
+        Err(e) => tracing::warn!(
+            "osd.{}: asking to be marked in: {e:#}; it asks again at its next start (or: nacre osd in {})",
+            cfg.id,
+            cfg.id
+        ),
+    }
+}
+
+/// One round of [`UpLease`]: a lease if there is none (or it ran out), kept
+/// alive; the key put again if the incarnation changed or the lease is new.
+fn renew(
+    meta: &dyn MetaStore,
+    id: u32,
+    lease: &mut Option<i64>,
+    published: &mut Option<u64>,
+    inc: u64,
+) -> anyhow::Result<()> {
+    let l = match *lease {
+        Some(l) => match meta.lease_keepalive(l) {
+            Ok(_) => l,
+            Err(MetaError::LeaseNotFound(_)) => {
+                tracing::warn!("osd.{id}: up lease {l} ran out; taking a new one");
+                *lease = None;
+                *published = None;
+                return renew(meta, id, lease, published, inc);
+            }
+            Err(e) => return Err(e.into()),
+        },
+        None => {
+            let l = meta.lease_grant(LEASE_TTL_S)?;
+            *lease = Some(l);
+            *published = None;
+            l
+        }
+    };
+    if *published != Some(inc) {
+        meta.put(&map::up_key(id), up_value(std::process::id(), inc), l)?;
+        *published = Some(inc);
+    }
+    Ok(())
 }
 
 impl Drop for UpLease {
@@ -219,9 +271,8 @@ impl Drop for UpLease {
 }
 
 /// One OSD of the cluster in `o.dir`, in the foreground, until SIGTERM or
-/// SIGINT: opens (or creates) `DIR/osd.N.img`, serves on the socket the
-/// map gives it, boots with the leader, holds its `up` lease; at the
-/// signal stops serving and closes its store cleanly.
+/// SIGINT ([`serve`]), on `DIR/osd.N.img` (created if missing) and the
+/// socket the map gives it.
 pub fn run(o: &RunOpts) -> anyhow::Result<()> {
     let set = block_stop_signals();
     let dir = std::path::absolute(&o.dir)?;
@@ -241,11 +292,47 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
         journal_bytes: o.journal_bytes,
         pg_log_slots: pool.pg_count,
         direct: cluster::direct_io_works(&dir),
-        leader: cluster::leader_addr(&dir),
+        leader: nacre_osd::LeaderAddr::new(cluster::leader_addr(&dir)),
     };
+    serve(
+        Serve {
+            meta,
+            cfg,
+            recovery_bytes_per_s: o.recovery_bytes_per_s,
+            ratios: o.ratios,
+            joins: false,
+        },
+        set,
+    )
+}
+
+/// An OSD daemon's store, settings and cluster.
+pub struct Serve {
+    pub meta: Arc<dyn MetaStore>,
+    pub cfg: OsdConfig,
+    pub recovery_bytes_per_s: u64,
+    pub ratios: (f64, f64),
+    /// A cluster on many hosts: the OSD gives the leader its address
+    /// before it boots (it may have been registered while another leader
+    /// ran), and after its first boot asks to be marked in
+    /// ([`map::fresh_key`]).
+    pub joins: bool,
+}
+
+/// Runs the OSD of `s` in the foreground until a signal of `set`: opens
+/// its store, serves on its address, boots with the leader, holds its `up`
+/// lease; at the signal stops serving and closes its store cleanly.
+pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
+    let Serve {
+        meta,
+        cfg,
+        recovery_bytes_per_s: recovery_rate,
+        ratios,
+        joins,
+    } = s;
     let stop = Arc::new(Event::new()?);
     let stop2 = stop.clone();
-    let (id, recovery_rate, ratios) = (o.id, o.recovery_bytes_per_s, o.ratios);
+    let id = cfg.id;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -261,6 +348,18 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
         osd.set_full_ratios(ratios.0, ratios.1);
         let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
         let serving = osd.serve(l);
+        if joins {
+            let addr = cfg.addr.to_string();
+            let add = crate::at::Ask {
+                op: Op::AddOsd,
+                id: cfg.id,
+                arg: 0,
+                body: Some(addr.as_bytes()),
+            };
+            crate::at::ask_leader_retrying(&cfg.leader, &add)
+                .await
+                .context("registering with the leader")?;
+        }
         osd.boot().await.map_err(anyhow::Error::msg)?;
         // The incarnation, for the lease thread to publish.
         let up_from = Arc::new(AtomicU64::new(osd.up_from()));
@@ -273,8 +372,15 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
                 }
             })
         };
-        let lease = UpLease::hold(meta, cfg.id, up_from)?;
+        let lease = UpLease::hold(meta.clone(), cfg.id, up_from)?;
+        // Up (its key put) while it asks to be marked in, which may wait
+        // for a leader.
+        let joining = joins.then(|| {
+            let cfg = cfg.clone();
+            rt::spawn(async move { join_in(&*meta, &cfg).await })
+        });
         stop.wait().await?;
+        drop(joining);
         drop(watch);
         drop(lease);
         drop(serving);

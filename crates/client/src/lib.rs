@@ -30,6 +30,9 @@ use nacre_net::{Conn, Frame};
 use nacre_types::{pg_of, ObjectId, CLIENT_OP_TIMEOUT_MS, SECTOR_BYTES};
 use nacre_wire::{Header, Op, Status};
 
+/// How long `Cluster::osd_stats` waits for one OSD's answer.
+pub const STAT_TIMEOUT_MS: u64 = 2_000;
+
 /// Pause before the second attempt of an op; it doubles up to the next.
 const RETRY_DELAY: Duration = Duration::from_millis(50);
 const RETRY_DELAY_MAX: Duration = Duration::from_millis(1000);
@@ -76,7 +79,7 @@ pub struct Cluster {
     next_request: Cell<u64>,
 }
 
-fn random_u64() -> u64 {
+pub fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: getrandom writes at most 8 bytes into the buffer we pass.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
@@ -768,14 +771,24 @@ impl Cluster {
     }
 
     /// Every OSD's counters and space (`None` for an OSD that did not answer).
+    ///
+    /// Only OSDs that are up are asked (one that is down, or cut off from
+    /// the meta store long enough for its `up` key to lapse, is `None`
+    /// without waiting on it), each for at most [`STAT_TIMEOUT_MS`].
     pub async fn osd_stats(&self) -> Vec<(u32, Option<serde_json::Value>)> {
-        let osds: Vec<u32> = self.map.borrow().osds.iter().map(|o| o.id).collect();
+        let osds: Vec<(u32, bool)> = {
+            let m = self.map.borrow();
+            m.osds.iter().map(|o| (o.id, m.is_up(o.id))).collect()
+        };
         let mut out = Vec::new();
-        for osd in osds {
+        for (osd, up) in osds {
             let h = Header::request(Op::Stat, 0, ObjectId::default());
-            let r = match self.conn(osd) {
-                Ok(c) => c.call(h, None).await.ok(),
-                Err(_) => None,
+            let r = match up.then(|| self.conn(osd)) {
+                Some(Ok(c)) => {
+                    let d = Duration::from_millis(STAT_TIMEOUT_MS);
+                    rt::timeout(d, c.call(h, None)).await.and_then(|r| r.ok())
+                }
+                _ => None,
             };
             let v = r
                 .and_then(|f| f.payload)

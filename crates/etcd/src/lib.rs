@@ -53,6 +53,8 @@ use serde_json::{json, Value};
 
 use http::{Endpoint, HttpError};
 
+/// Operations per transaction etcd takes by default (`--max-txn-ops`).
+pub const TXN_OPS_MAX: usize = 128;
 /// Deadline of one call (connect, send, answer).
 pub const ETCD_CALL_TIMEOUT_MS: u64 = 5_000;
 /// How long a broken watch keeps trying to resume before it ends.
@@ -100,8 +102,17 @@ impl Etcd {
             prefix: prefix.to_string(),
             timeout: Duration::from_millis(ETCD_CALL_TIMEOUT_MS),
         });
-        e.range(&Range::key(&format!("{ROOT}cluster")))?;
-        Ok(e)
+        // A read: asking each endpoint in turn is safe (an error that was
+        // no refusal moves `next` on).
+        let mut last = None;
+        for _ in 0..e.endpoints.len() {
+            match e.range(&Range::key(&format!("{ROOT}cluster"))) {
+                Ok(_) => return Ok(e),
+                Err(MetaError::Unavailable(why)) => last = Some(MetaError::Unavailable(why)),
+                Err(other) => return Err(other),
+            }
+        }
+        Err(last.expect("at least one endpoint"))
     }
 
     /// The key prefix this store keeps the cluster state under.
@@ -179,6 +190,7 @@ impl Etcd {
                 }
             };
             let v: Value = serde_json::from_slice(&b).map_err(|e| {
+                self.next.store(k + 1, Ordering::Relaxed);
                 MetaError::Unavailable(format!("etcd {}: {path}: {e}", ep.host_port))
             })?;
             if status == 200 {
@@ -430,6 +442,10 @@ impl Etcd {
 }
 
 impl MetaStore for Etcd {
+    fn txn_ops_max(&self) -> usize {
+        TXN_OPS_MAX
+    }
+
     fn range(&self, r: &Range) -> Result<(Vec<KeyValue>, Revision)> {
         let (key, end) = self.outer_range(r)?;
         let mut req = json!({ "key": b64(&key) });

@@ -22,6 +22,10 @@ use io_uring::{opcode, types};
 use crate::buf::AlignedBuf;
 use crate::rt::{self, Resources};
 
+/// Longest wait for a TCP connection to be set up (a LAN takes well under
+/// a millisecond; one that needs longer is taken for unreachable).
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1_000);
+
 /// Where a service listens: `unix:PATH` or `tcp:HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Addr {
@@ -164,7 +168,10 @@ impl Stream {
                     .map_err(ctx)?
                     .next()
                     .ok_or_else(|| ctx(io::Error::other("no address")))?;
-                let s = TcpStream::connect(sa).map_err(ctx)?;
+                // Blocking, but bounded: a host that is gone (no ARP answer,
+                // no RST) would otherwise hold the thread for the kernel's
+                // SYN retries, minutes.
+                let s = TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT).map_err(ctx)?;
                 s.set_nodelay(true)?;
                 OwnedFd::from(s)
             }

@@ -41,6 +41,18 @@ pub struct OsdRecord {
     pub rack: String,
     /// Relative capacity (GiB).
     pub weight: u32,
+    /// PG logs its store holds: the most PGs it can be given (0: not
+    /// recorded, as `nacre up` makes its OSDs, whose stores fit its pool).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pg_logs: u32,
+    /// The uuid (hex) of the store `nacre osd init` formatted for it: `osd
+    /// run` serves only that store as this OSD (empty: not recorded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub store: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +77,8 @@ impl OsdRecord {
             host: format!("osd{id}"),
             rack: "local".into(),
             weight,
+            pg_logs: 0,
+            store: String::new(),
         }
     }
 }
@@ -502,17 +516,24 @@ pub fn check_volume_name(name: &str) -> Result<()> {
 /// a key of its own — a PG event writes a few hundred bytes, whatever the
 /// PG count (one key for the whole history wrote it all each time: half a
 /// megabyte per event at 1 024 PGs).
+///
+/// `fence` guards every write: an elected leader passes the compare that
+/// says it still holds its election key, so one that lost it stores
+/// nothing (`NotLeader`). A store that takes few operations per
+/// transaction (etcd: 128) gets several, the PG table last, so a table is
+/// stored only after the intervals it was made with; a change cut short
+/// fails, and the leader that made it refuses it (an interval stored as
+/// active that never went active only makes a later peering wait for one
+/// of its members: replication.md §5.3).
 pub fn save_pool_state(
     store: &dyn MetaStore,
     pgmap: &PgMap,
     history: &PgHistory,
     prev: Option<(&PgMap, &PgHistory)>,
+    fence: &[Compare],
 ) -> Result<()> {
     let pool = pgmap.pool;
     let mut ops = Vec::new();
-    if prev.is_none_or(|(p, _)| p != pgmap) {
-        ops.push(put(pgmap_key(pool), json(pgmap)));
-    }
     for (pg, iv) in &history.last_active {
         if prev.is_none_or(|(_, h)| h.last_active.get(pg) != Some(iv)) {
             ops.push(put(interval_key(pool, *pg), json(iv)));
@@ -527,14 +548,128 @@ pub fn save_pool_state(
         // The one-key history of earlier builds, now written per PG.
         None => ops.push(TxnOp::Delete(Range::key(&history_key(pool)))),
     }
-    if ops.is_empty() {
-        return Ok(());
+    if prev.is_none_or(|(p, _)| p != pgmap) {
+        ops.push(put(pgmap_key(pool), json(pgmap)));
     }
-    store.txn(Txn {
-        success: ops,
-        ..Txn::default()
-    })?;
+    let per = store.txn_ops_max().max(1);
+    let mut ops = ops.into_iter().peekable();
+    while ops.peek().is_some() {
+        let t = Txn {
+            compare: fence.to_vec(),
+            success: ops.by_ref().take(per).collect(),
+            failure: vec![],
+        };
+        if !store.txn(t)?.succeeded {
+            return Err(MetaError::NotLeader);
+        }
+    }
     Ok(())
+}
+
+/// The key an elected monitor holds under its lease while it leads; its
+/// value is the leader's wire address, a space, and a nonce of that term.
+pub const MON_LEADER_KEY: &str = "/nacre/mon/leader";
+
+/// The address in [`MON_LEADER_KEY`]'s value.
+pub fn leader_addr_of(value: &[u8]) -> Option<String> {
+    let v = std::str::from_utf8(value).ok()?;
+    Some(v.split_once(' ').map_or(v, |(a, _)| a).to_string())
+}
+
+/// Present from `nacre osd init` until the OSD first booted and asked to be
+/// marked in.
+pub fn fresh_key(id: u32) -> String {
+    format!("{ROOT}fresh/osd/{id:05}")
+}
+
+/// Creates an empty cluster (no OSD, no pool) with id `uuid`; fails if one
+/// exists under this store's root.
+pub fn init_cluster(store: &dyn MetaStore, uuid: &str) -> Result<()> {
+    let t = Txn {
+        compare: vec![Compare::Version(CLUSTER_KEY.into(), CmpOp::Equal, 0)],
+        success: vec![put(
+            CLUSTER_KEY.into(),
+            json(&serde_json::json!({"created_unix_s": now_s(), "uuid": uuid})),
+        )],
+        failure: vec![TxnOp::Get(Range::key(CLUSTER_KEY))],
+    };
+    let r = store.txn(t)?;
+    if !r.succeeded {
+        let was = cluster_uuid(store)?.unwrap_or_else(|| "without an id".into());
+        return Err(MetaError::Invalid(format!(
+            "a cluster exists already: {was}"
+        )));
+    }
+    Ok(())
+}
+
+/// The id of the cluster (`None` for one made by `nacre up`, which has
+/// none; an error if there is no cluster).
+pub fn cluster_uuid(store: &dyn MetaStore) -> Result<Option<String>> {
+    let kv = (store.get(CLUSTER_KEY)?).ok_or_else(|| {
+        MetaError::Invalid("no cluster here (nacre cluster init makes one)".into())
+    })?;
+    let v: serde_json::Value = parse(&kv)?;
+    Ok(v["uuid"].as_str().map(str::to_string))
+}
+
+/// Registers a new OSD, its id the lowest above every id in use; returns
+/// the record.
+pub fn register_osd(store: &dyn MetaStore, mut rec: OsdRecord) -> Result<OsdRecord> {
+    for _ in 0..CAS_RETRY_MAX {
+        rec.id = (load(store)?.osds.iter().map(|o| o.id + 1).max()).unwrap_or(0);
+        match add_osd(store, &rec) {
+            Ok(()) => return Ok(rec),
+            Err(MetaError::Invalid(_)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(MetaError::Invalid(
+        "OSD ids kept being taken; try again".into(),
+    ))
+}
+
+/// Creates `pool` with its PG table over the OSDs registered now. One pool
+/// per cluster in this build: refused if one exists.
+pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PgMap> {
+    cluster_uuid(store)?;
+    let m = load(store)?;
+    if let Some(p) = m.pools.first() {
+        return Err(MetaError::Invalid(format!(
+            "pool {} exists; this build keeps one pool per cluster",
+            p.name
+        )));
+    }
+    if let Some(o) = (m.osds.iter()).find(|o| o.pg_logs != 0 && o.pg_logs < pool.pg_count) {
+        return Err(MetaError::Invalid(format!(
+            "{} PGs: osd.{}'s store holds the logs of {} PGs at most (nacre osd init --pg-logs)",
+            pool.pg_count, o.id, o.pg_logs
+        )));
+    }
+    let pgmap = PgMap {
+        pool: pool.id,
+        epoch: 1,
+        size: pool.size,
+        osds: place(&m.osds, pool, &[], None)?,
+        down: Vec::new(),
+        out: Vec::new(),
+        temp: BTreeMap::new(),
+    };
+    let t = Txn {
+        compare: vec![
+            Compare::Version(pool_key(pool.id), CmpOp::Equal, 0),
+            Compare::Version(pgmap_key(pool.id), CmpOp::Equal, 0),
+        ],
+        success: vec![
+            put(pool_key(pool.id), json(pool)),
+            put(pgmap_key(pool.id), json(&pgmap)),
+        ],
+        failure: vec![],
+    };
+    if !store.txn(t)?.succeeded {
+        return Err(MetaError::Invalid(format!("pool {} exists", pool.id)));
+    }
+    Ok(pgmap)
 }
 
 /// Registers OSD `rec` in the map; its id must be new.
@@ -574,6 +709,49 @@ pub fn place_new_osds(store: &dyn MetaStore, pool: &PoolRecord) -> Result<usize>
     };
     store.put(&pgmap_key(pool.id), json(&next), 0)?;
     Ok(moved)
+}
+
+/// Marks out the OSDs that are registered but neither in `pool`'s PG table
+/// nor out (registered while no leader ran), in a new epoch: a leader that
+/// starts gives them their share only when they boot and ask to be marked
+/// in (an OSD never started holds no PG meanwhile). Returns their ids.
+pub fn out_new_osds(
+    store: &dyn MetaStore,
+    pool: &PoolRecord,
+    fence: &[Compare],
+) -> Result<Vec<u32>> {
+    let m = load(store)?;
+    let pm = m
+        .pgmap(pool.id)
+        .ok_or_else(|| MetaError::Invalid(format!("pool {} has no PG table", pool.id)))?;
+    let new: Vec<u32> = (m.osds.iter())
+        .map(|o| o.id)
+        .filter(|id| {
+            !pm.out.contains(id)
+                && !pm.osds.contains(id)
+                && !pm.temp.values().any(|t| t.contains(id))
+        })
+        .collect();
+    if new.is_empty() {
+        return Ok(new);
+    }
+    let mut out = pm.out.clone();
+    out.extend(&new);
+    out.sort_unstable();
+    let next = PgMap {
+        epoch: pm.epoch + 1,
+        out,
+        ..pm.clone()
+    };
+    let t = Txn {
+        compare: fence.to_vec(),
+        success: vec![put(pgmap_key(pool.id), json(&next))],
+        failure: vec![],
+    };
+    if !store.txn(t)?.succeeded {
+        return Err(MetaError::NotLeader);
+    }
+    Ok(new)
 }
 
 /// The leader's history of pool `pool` (empty for a new cluster): the
@@ -814,6 +992,8 @@ mod tests {
                 host: "h".into(),
                 rack: "r".into(),
                 weight: 4,
+                pg_logs: 0,
+                store: String::new(),
             })
             .collect()
     }
@@ -849,7 +1029,7 @@ mod tests {
         // Earlier builds: the whole history in one key.
         s.put(&history_key(1), json(&h), 0).unwrap();
         assert_eq!(load_history(&*s, 1).unwrap(), h);
-        save_pool_state(&*s, &pg, &h, None).unwrap();
+        save_pool_state(&*s, &pg, &h, None, &[]).unwrap();
         assert!(s.get(&history_key(1)).unwrap().is_none());
         assert_eq!(load_history(&*s, 1).unwrap(), h);
         let mut h2 = h.clone();
@@ -858,17 +1038,119 @@ mod tests {
         h2.last_active.insert(9, iv(5));
         let rev = s.range(&Range::prefix("/")).unwrap().1;
         let table = s.get(&pgmap_key(1)).unwrap().unwrap().version;
-        save_pool_state(&*s, &pg, &h2, Some((&pg, &h))).unwrap();
+        save_pool_state(&*s, &pg, &h2, Some((&pg, &h)), &[]).unwrap();
         assert_eq!(load_history(&*s, 1).unwrap(), h2);
         // One transaction, and the PG table (unchanged) not written again.
         assert_eq!(s.range(&Range::prefix("/")).unwrap().1, rev + 1);
         assert_eq!(s.get(&pgmap_key(1)).unwrap().unwrap().version, table);
-        save_pool_state(&*s, &pg, &h2, Some((&pg, &h2))).unwrap();
+        save_pool_state(&*s, &pg, &h2, Some((&pg, &h2)), &[]).unwrap();
         assert_eq!(
             s.range(&Range::prefix("/")).unwrap().1,
             rev + 1,
             "nothing changed"
         );
+    }
+
+    /// A store that takes at most `max` operations per transaction, as
+    /// etcd does.
+    struct Narrow {
+        inner: std::sync::Arc<Embedded>,
+        max: usize,
+        txns: std::sync::atomic::AtomicUsize,
+    }
+
+    impl MetaStore for Narrow {
+        fn range(&self, r: &Range) -> Result<(Vec<KeyValue>, crate::Revision)> {
+            self.inner.range(r)
+        }
+        fn txn(&self, t: Txn) -> Result<crate::TxnResponse> {
+            assert!(t.success.len() <= self.max, "{} ops", t.success.len());
+            self.txns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.txn(t)
+        }
+        fn watch(&self, r: &Range, start: crate::Revision) -> Result<crate::Watch> {
+            self.inner.watch(r, start)
+        }
+        fn lease_grant(&self, ttl_s: i64) -> Result<crate::LeaseId> {
+            self.inner.lease_grant(ttl_s)
+        }
+        fn lease_keepalive(&self, id: crate::LeaseId) -> Result<i64> {
+            self.inner.lease_keepalive(id)
+        }
+        fn lease_revoke(&self, id: crate::LeaseId) -> Result<()> {
+            self.inner.lease_revoke(id)
+        }
+        fn txn_ops_max(&self) -> usize {
+            self.max
+        }
+    }
+
+    /// A leader that no longer holds its election key stores nothing; a
+    /// store with a small transaction limit gets the change in pieces, the
+    /// PG table last.
+    #[test]
+    fn a_fenced_save_stores_nothing_and_a_narrow_store_gets_pieces() {
+        let d = tempfile::tempdir().unwrap();
+        let inner = Embedded::open(d.path()).unwrap();
+        let pg = init(&*inner, &osds(4), &pool()).unwrap();
+        let s = Narrow {
+            inner,
+            max: 5,
+            txns: 0.into(),
+        };
+        let mut h = PgHistory::default();
+        for p in 0..12 {
+            h.last_active.insert(
+                p,
+                Interval {
+                    epoch: 2,
+                    acting: vec![0, 1, 2],
+                    ..Interval::default()
+                },
+            );
+        }
+        let next = PgMap {
+            epoch: pg.epoch + 1,
+            ..pg.clone()
+        };
+        s.put(MON_LEADER_KEY, b"tcp:a:1 x".to_vec(), 0).unwrap();
+        let fence = |v: &[u8]| {
+            vec![Compare::Value(
+                MON_LEADER_KEY.into(),
+                CmpOp::Equal,
+                v.to_vec(),
+            )]
+        };
+        // Another leader's key: nothing is written.
+        assert!(matches!(
+            save_pool_state(
+                &s,
+                &next,
+                &h,
+                Some((&pg, &PgHistory::default())),
+                &fence(b"tcp:b:1 y")
+            ),
+            Err(MetaError::NotLeader)
+        ));
+        assert_eq!(load_history(&s, 1).unwrap(), PgHistory::default());
+        assert_eq!(load(&s).unwrap().pgmap(1).unwrap().epoch, pg.epoch);
+        // Its own: 12 intervals and the table in 3 transactions of <= 5.
+        let before = s.txns.load(std::sync::atomic::Ordering::Relaxed);
+        save_pool_state(
+            &s,
+            &next,
+            &h,
+            Some((&pg, &PgHistory::default())),
+            &fence(b"tcp:a:1 x"),
+        )
+        .unwrap();
+        assert_eq!(
+            s.txns.load(std::sync::atomic::Ordering::Relaxed) - before,
+            3
+        );
+        assert_eq!(load_history(&s, 1).unwrap(), h);
+        assert_eq!(load(&s).unwrap().pgmap(1).unwrap().epoch, next.epoch);
+        assert_eq!(leader_addr_of(b"tcp:a:1 x").as_deref(), Some("tcp:a:1"));
     }
 
     #[test]

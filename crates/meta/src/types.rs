@@ -182,6 +182,9 @@ pub enum MetaError {
     Unavailable(String),
     #[error("meta store storage: {0}")]
     Storage(String),
+    /// A write fenced by a leader's election key, which it no longer holds.
+    #[error("no longer the elected leader")]
+    NotLeader,
 }
 
 pub type Result<T> = std::result::Result<T, MetaError>;
@@ -235,6 +238,10 @@ pub trait MetaStore: Send + Sync {
     fn lease_keepalive(&self, id: LeaseId) -> Result<i64>;
     /// Ends the lease and deletes its keys.
     fn lease_revoke(&self, id: LeaseId) -> Result<()>;
+    /// Most operations one transaction may hold (etcd: 128).
+    fn txn_ops_max(&self) -> usize {
+        usize::MAX
+    }
 
     fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         Ok(self.range(&Range::key(key))?.0.into_iter().next())

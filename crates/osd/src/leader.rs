@@ -67,7 +67,13 @@ pub struct Leader<T: Transport> {
     auto_out: RefCell<std::collections::HashSet<u32>>,
     /// When temporary members were last looked at (`settle_temps`).
     settled: Cell<Duration>,
+    /// Whether this leader may still act (an elected monitor's term has
+    /// not ended); none: always.
+    authority: RefCell<Option<Authority>>,
 }
+
+/// Says whether a leader may still act; checked at every message.
+pub type Authority = Box<dyn Fn() -> bool>;
 
 /// `Ok`, or `Invalid` with the reason as UTF-8 text.
 fn refusal(h: &Header, r: Result<(), String>) -> (Header, Option<AlignedBuf>) {
@@ -132,6 +138,7 @@ impl<T: Transport> Leader<T> {
             down_since: RefCell::new(HashMap::new()),
             auto_out: RefCell::new(Default::default()),
             settled: Cell::new(Duration::ZERO),
+            authority: RefCell::new(None),
         }))
     }
 
@@ -303,8 +310,23 @@ impl<T: Transport> Leader<T> {
         self.stopped.set(true);
     }
 
+    /// From now on this leader answers only while `a` says it may act
+    /// (`Unavailable` otherwise, to everything): an elected monitor's term
+    /// can end while its process is paused, and the messages queued
+    /// meanwhile must not be answered as if it still led.
+    pub fn set_authority(&self, a: Authority) {
+        *self.authority.borrow_mut() = Some(a);
+    }
+
+    fn may_act(&self) -> bool {
+        !self.stopped.get() && self.authority.borrow().as_ref().is_none_or(|a| a())
+    }
+
     /// A new epoch with `change` applied: persisted, then pushed.
     fn change(self: &Rc<Self>, why: &str, change: impl FnOnce(&mut OsdMap)) -> Result<u64, Status> {
+        if !self.may_act() {
+            return Err(Status::Unavailable);
+        }
         let mut m = self.map.borrow().clone();
         if m.epoch() >= EPOCH_MAX {
             tracing::error!("leader: the map is at its last epoch {}", m.epoch());
@@ -551,6 +573,12 @@ impl<T: Transport> Handler for Leader<T> {
 
     async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
         let h = f.h;
+        if !self.may_act() {
+            // A leader that stepped down (its term ended) answers nothing:
+            // a heartbeat it answered would extend a read lease past the
+            // next leader's start.
+            return (h.reply(Status::Unavailable), None);
+        }
         match h.op {
             Op::Boot => match self.boot(h.sender, f.payload.as_deref().unwrap_or(&[])) {
                 Ok(()) => json_reply(&h, self.map.borrow().to_json()),

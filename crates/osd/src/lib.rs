@@ -96,7 +96,25 @@ pub struct OsdConfig {
     /// O_DIRECT (off only on file systems that refuse it, e.g. tmpfs).
     pub direct: bool,
     /// Where the cluster map's leader listens.
-    pub leader: Addr,
+    pub leader: LeaderAddr,
+}
+
+/// Where the cluster map's leader listens, shared with whoever learns of a
+/// new one (an OSD daemon's watch on the elected monitor's key): the next
+/// call to the leader goes to the new address.
+#[derive(Clone, Debug)]
+pub struct LeaderAddr(std::sync::Arc<std::sync::Mutex<Addr>>);
+
+impl LeaderAddr {
+    pub fn new(addr: Addr) -> LeaderAddr {
+        LeaderAddr(std::sync::Arc::new(std::sync::Mutex::new(addr)))
+    }
+    pub fn get(&self) -> Addr {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    pub fn set(&self, addr: Addr) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+    }
 }
 
 /// A PG this OSD is primary of, in the current epoch.
@@ -120,8 +138,9 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     pub id: u32,
     store: Store<D>,
     transport: T,
-    leader: Addr,
-    leader_conn: RefCell<Option<Rc<T::Conn>>>,
+    leader: LeaderAddr,
+    /// The connection to the leader, and the address it went to.
+    leader_conn: RefCell<Option<(Addr, Rc<T::Conn>)>>,
     /// Epoch 0 until the leader answered `Boot`.
     map: RefCell<OsdMap>,
     /// The epoch this incarnation was marked up in (0: not yet).
@@ -394,7 +413,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         id: u32,
         store: Store<D>,
         report: &OpenReport,
-        leader: Addr,
+        leader: LeaderAddr,
         transport: T,
     ) -> Rc<Self> {
         if let Some(why) = &report.replay_stopped {
@@ -570,11 +589,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     async fn leader_call(&self, h: Header, body: Option<AlignedBuf>) -> Result<Frame, NetError> {
         let cached = self.leader_conn.borrow().clone();
+        let addr = self.leader.get();
         let conn = match cached {
-            Some(c) if !c.is_closed() => c,
+            Some((a, c)) if a == addr && !c.is_closed() => c,
             _ => {
-                let c = self.transport.connect(&self.leader)?;
-                *self.leader_conn.borrow_mut() = Some(c.clone());
+                let c = self.transport.connect(&addr)?;
+                *self.leader_conn.borrow_mut() = Some((addr, c.clone()));
                 c
             }
         };

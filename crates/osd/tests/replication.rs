@@ -88,7 +88,7 @@ async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, nacre_o
         journal_bytes: None,
         pg_log_slots: s.pool.pg_count,
         direct: true,
-        leader: leader_addr(d),
+        leader: nacre_osd::LeaderAddr::new(leader_addr(d)),
     };
     let osd = Osd::open(&cfg).await.unwrap();
     let serving = osd.serve(Listener::bind(&cfg.addr).unwrap());
@@ -494,5 +494,45 @@ fn a_dead_report_marks_that_incarnation_down_and_no_other() {
         // Said twice: no second epoch.
         assert_eq!(dead(1, up_from).await, Status::Ok);
         assert_eq!(leader.map().epoch(), epoch + 1);
+    });
+}
+
+/// A leader whose term ended (an elected monitor paused past its lease)
+/// answers nothing and changes nothing, even to messages queued while it
+/// still led; with its authority back it answers again.
+#[test]
+fn a_leader_without_authority_answers_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
+        let may = Rc::new(std::cell::Cell::new(true));
+        let m2 = may.clone();
+        leader.set_authority(Box::new(move || m2.get()));
+        let (osd, _serving) = start_osd(d.path(), &st, 0).await;
+        let c = Conn::connect(&leader_addr(d.path())).unwrap();
+        let call = |op: Op| {
+            let mut h = Header::request(op, 0, ObjectId::default());
+            h.sender = 0;
+            h.obj_version = osd.up_from();
+            let c = c.clone();
+            async move { c.call(h, None).await.unwrap().h.status }
+        };
+        assert_eq!(call(Op::Ping).await, Status::Ok);
+        let epoch = leader.map().epoch();
+        may.set(false);
+        for op in [Op::Ping, Op::GetMap, Op::Boot, Op::MarkOut, Op::Dead] {
+            assert_eq!(call(op).await, Status::Unavailable, "{op:?}");
+        }
+        // Heartbeats stopped counting: the run loop may not mark anyone
+        // down either.
+        rt::sleep(Duration::from_millis(nacre_types::HEARTBEAT_GRACE_MS + 500)).await;
+        assert_eq!(
+            leader.map().epoch(),
+            epoch,
+            "a leader without authority made an epoch"
+        );
+        may.set(true);
+        assert_eq!(call(Op::GetMap).await, Status::Ok);
     });
 }

@@ -466,7 +466,13 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| panic!("osd.{id} does not reopen: {e}"));
         let net = self.net.for_node(&addr);
-        let osd = Osd::with_store(id, store, &report, leader_addr(), net.clone());
+        let osd = Osd::with_store(
+            id,
+            store,
+            &report,
+            nacre_osd::LeaderAddr::new(leader_addr()),
+            net.clone(),
+        );
         osd.set_recovery_rate(self.net.0.recovery_rate);
         osd.set_query_page_objects(self.net.0.query_page.get());
         net.attach_node(osd.clone());

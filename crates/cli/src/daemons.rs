@@ -1,0 +1,518 @@
+//! A cluster on many hosts around etcd (docs/internals/cluster.md
+//! *Running on many hosts*): `nacre cluster init`, `nacre pool create`,
+//! `nacre osd init` and `nacre osd run --dev` (an OSD on its own device),
+//! `nacre gateway nbd`. The monitors are in `crate::mon`.
+//!
+//! A device knows its cluster and OSD id: `osd init` writes them as the
+//! store's label (`nacre_blockstore::read_label`), and `osd run` refuses a
+//! device whose label names another cluster, or none.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nacre_blockstore::{FormatOptions, Store};
+use nacre_io::net::Addr;
+use nacre_io::{rt, FileDev, OpenFlags};
+use nacre_meta::map::{self, OsdRecord, PoolRecord};
+use nacre_meta::{MetaError, MetaStore, Range};
+use nacre_osd::{LeaderAddr, OsdConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::at::{elected_leader, EtcdArgs};
+use crate::commands::{block_stop_signals, human, signal_name, wait_for_signal};
+use crate::osds::{self, Serve};
+
+/// PG logs of a store `nacre osd init` makes when no pool exists yet (64
+/// MiB of the device).
+pub const PG_LOGS_DEFAULT: u32 = 1024;
+/// How often a waiting daemon looks again (for a pool, for a leader), and
+/// an OSD for a new leader's address.
+const POLL: Duration = Duration::from_millis(250);
+
+/// What `nacre osd init` writes into the store's label.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+struct Label {
+    cluster: String,
+    osd: u32,
+}
+
+/// `nacre cluster init --etcd URLS`.
+pub fn cluster_init(e: &EtcdArgs) -> anyhow::Result<()> {
+    let meta = e.meta()?;
+    let uuid = format!(
+        "{:016x}{:016x}",
+        nacre_client::random_u64(),
+        nacre_client::random_u64()
+    );
+    map::init_cluster(&*meta, &uuid)
+        .with_context(|| format!("under prefix {} of etcd {}", e.prefix, e.etcd))?;
+    println!(
+        "created cluster {uuid} under prefix {} of etcd {}",
+        e.prefix, e.etcd
+    );
+    println!("next: nacre osd init on each OSD's host, nacre pool create, then nacre mon, nacre osd run, nacre gateway nbd");
+    Ok(())
+}
+
+/// The id of the cluster on `meta`: one made by `nacre cluster init`.
+fn cluster_id(meta: &dyn MetaStore, e: &EtcdArgs) -> anyhow::Result<String> {
+    map::cluster_uuid(meta)
+        .with_context(|| format!("prefix {} of etcd {}", e.prefix, e.etcd))?
+        .with_context(|| {
+            format!(
+                "the cluster under prefix {} of etcd {} has no id (not made by nacre cluster init)",
+                e.prefix, e.etcd
+            )
+        })
+}
+
+pub struct PoolCreate {
+    pub name: String,
+    pub replicas: u8,
+    pub min_size: Option<u8>,
+    pub pgs: u32,
+    pub failure_domain: String,
+}
+
+/// `nacre pool create NAME ...`: the pool and its PG table over the OSDs
+/// registered now.
+pub fn pool_create(e: &EtcdArgs, p: &PoolCreate) -> anyhow::Result<()> {
+    let meta = e.meta()?;
+    cluster_id(&*meta, e)?;
+    map::check_volume_name(&p.name).map_err(|err| anyhow::anyhow!("pool name: {err}"))?;
+    if !(1..=crate::cluster::PGS_MAX).contains(&p.pgs) {
+        bail!("--pgs {}: give 1..={}", p.pgs, crate::cluster::PGS_MAX);
+    }
+    if !(1..=16).contains(&p.replicas) {
+        bail!("--replicas {}: give 1..=16", p.replicas);
+    }
+    let min_size = p.min_size.unwrap_or(p.replicas / 2 + 1);
+    if !(1..=p.replicas).contains(&min_size) {
+        bail!("--min-size {min_size}: give 1..={}", p.replicas);
+    }
+    let pool = PoolRecord {
+        id: 1,
+        name: p.name.clone(),
+        size: p.replicas,
+        min_size,
+        pg_count: p.pgs,
+        failure_domain: p.failure_domain.clone(),
+        object_bytes: crate::cluster::OBJECT_BYTES,
+    };
+    let m = map::create_pool(&*meta, &pool)?;
+    let osds: std::collections::BTreeSet<u32> = m.osds.iter().copied().collect();
+    println!(
+        "created pool {} ({} replicas, min_size {min_size}, {} PGs, failure domain {}) on {} OSDs",
+        p.name,
+        p.replicas,
+        p.pgs,
+        p.failure_domain,
+        osds.len()
+    );
+    Ok(())
+}
+
+/// A pool in JSON.
+fn pool_json(p: &PoolRecord, m: &map::ClusterMap) -> serde_json::Value {
+    let table = m.pgmap(p.id);
+    serde_json::json!({
+        "name": p.name, "id": p.id, "replicas": p.size, "min_size": p.min_size,
+        "pgs": p.pg_count, "failure_domain": p.failure_domain, "object_bytes": p.object_bytes,
+        "epoch": table.map(|t| t.epoch),
+    })
+}
+
+/// `nacre pool ls` and `nacre pool info NAME`.
+pub fn pool_show(
+    at: &crate::at::At,
+    name: Option<&str>,
+    format: crate::Format,
+) -> anyhow::Result<()> {
+    let meta = at.meta()?;
+    let m = map::load(&*meta)?;
+    let pools: Vec<&PoolRecord> = match name {
+        Some(n) => vec![m
+            .pools
+            .iter()
+            .find(|p| p.name == n)
+            .with_context(|| format!("no pool {n} in {}", at.name()))?],
+        None => m.pools.iter().collect(),
+    };
+    match format {
+        crate::Format::Json => {
+            let j: Vec<_> = pools.iter().map(|p| pool_json(p, &m)).collect();
+            if name.is_some() {
+                println!("{}", j[0]);
+            } else {
+                println!("{}", serde_json::Value::Array(j));
+            }
+        }
+        crate::Format::Table => {
+            println!(
+                "{:<20} {:>4} {:>8} {:>8} {:>6}  failure domain",
+                "name", "id", "replicas", "min_size", "pgs"
+            );
+            for p in pools {
+                println!(
+                    "{:<20} {:>4} {:>8} {:>8} {:>6}  {}",
+                    p.name, p.id, p.size, p.min_size, p.pg_count, p.failure_domain
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub struct OsdInit {
+    pub dev: PathBuf,
+    pub addr: Addr,
+    pub host: Option<String>,
+    pub rack: String,
+    pub weight: Option<u32>,
+    /// Create `dev` as a file of this size if it does not exist.
+    pub size_bytes: Option<u64>,
+    pub journal_bytes: Option<u64>,
+    pub pg_logs: Option<u32>,
+    /// Format a device that holds a Nacre store.
+    pub force: bool,
+}
+
+/// This machine's host name.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Can `path` (a file, or a block device) be opened with O_DIRECT?
+fn direct_works(path: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .is_ok()
+}
+
+/// `nacre osd init --dev PATH ...`: registers an OSD, then formats its
+/// device with the cluster's id and the OSD's in the store's label.
+pub fn osd_init(e: &EtcdArgs, o: &OsdInit) -> anyhow::Result<()> {
+    let meta = e.meta()?;
+    let cluster = cluster_id(&*meta, e)?;
+    let m = map::load(&*meta)?;
+    let pool_pgs = m.pools.first().map(|p| p.pg_count);
+    let pg_logs = o
+        .pg_logs
+        .unwrap_or(pool_pgs.unwrap_or(0).max(PG_LOGS_DEFAULT));
+    if let Some(pgs) = pool_pgs.filter(|&p| p > pg_logs) {
+        bail!("--pg-logs {pg_logs}: the pool has {pgs} PGs; give at least that");
+    }
+    if !o.dev.exists() && o.size_bytes.is_none() {
+        bail!(
+            "{} does not exist: give a block device, or --size to create a file",
+            o.dev.display()
+        );
+    }
+    let flags = OpenFlags {
+        create_bytes: o.size_bytes.filter(|_| !o.dev.exists()),
+        ..OpenFlags::default()
+    };
+    rt::block_on(format_osd(e, o, &*meta, &flags, &cluster, pg_logs))
+}
+
+/// The device part of [`osd_init`], on the runtime.
+async fn format_osd(
+    e: &EtcdArgs,
+    o: &OsdInit,
+    meta: &dyn MetaStore,
+    flags: &OpenFlags,
+    cluster: &str,
+    pg_logs: u32,
+) -> anyhow::Result<()> {
+    let created = !o.dev.exists();
+    let dev = FileDev::open(&o.dev, flags).with_context(|| format!("{}", o.dev.display()))?;
+    let bytes = nacre_io::BlockDev::size_bytes(&dev);
+    if !created {
+        if let Some(what) = held_by(&dev).await? {
+            if !o.force {
+                bail!(
+                    "{} holds {what}; give --force to destroy it",
+                    o.dev.display()
+                );
+            }
+            tracing::warn!("{}: destroying {what}", o.dev.display());
+        }
+    }
+    crate::cluster::plan_store(bytes, o.journal_bytes, pg_logs)
+        .map_err(|err| anyhow::anyhow!("{} ({}): {err}", o.dev.display(), human(bytes)))?;
+    let mut uuid = [0u8; 16];
+    uuid[..8].copy_from_slice(&nacre_client::random_u64().to_le_bytes());
+    uuid[8..].copy_from_slice(&nacre_client::random_u64().to_le_bytes());
+    let logs = nacre_osd::pg_log_region(pg_logs);
+    let rec = map::register_osd(
+        meta,
+        OsdRecord {
+            id: 0,
+            addr: o.addr.to_string(),
+            host: o.host.clone().unwrap_or_else(hostname),
+            rack: o.rack.clone(),
+            weight: o.weight.unwrap_or(((bytes >> 30) as u32).max(1)),
+            pg_logs: logs.slots,
+            store: nacre_blockstore::uuid_string(&uuid),
+        },
+    )?;
+    let label = serde_json::to_vec(&Label {
+        cluster: cluster.to_string(),
+        osd: rec.id,
+    })?;
+    let fo = FormatOptions {
+        block_bytes: crate::cluster::OBJECT_BYTES,
+        journal_bytes: o.journal_bytes,
+        pg_logs: logs,
+        uuid: Some(uuid),
+        label,
+        ..FormatOptions::default()
+    };
+    // The key that has it marked in at its first boot goes first: once
+    // the device is formatted there is nothing left to undo.
+    let formatted = async {
+        meta.put(&map::fresh_key(rec.id), Vec::new(), 0)?;
+        Store::format(&dev, &fo).await?;
+        anyhow::Ok(())
+    };
+    if let Err(err) = formatted.await {
+        // The id goes back: no device carries it. (A record left behind
+        // names a store no device holds: `osd run` would refuse any.)
+        let _ = meta.delete(&Range::key(&map::fresh_key(rec.id)));
+        let _ = meta.delete(&Range::key(&map::osd_key(rec.id)));
+        return Err(err.context(format!("formatting {}", o.dev.display())));
+    }
+    println!(
+        "osd.{} of cluster {cluster} on {} ({}, host {}, rack {}); start it with: nacre osd run --etcd {} --dev {}",
+        rec.id,
+        o.dev.display(),
+        human(bytes),
+        rec.host,
+        rec.rack,
+        e.etcd,
+        o.dev.display()
+    );
+    Ok(())
+}
+
+/// How many bytes at each end of a device must be zeros for `osd init` to
+/// take it as empty: file systems, partition tables and volume managers
+/// write their labels within the first MiB (btrfs at 64 KiB), and some at
+/// the end (the backup GPT, md 0.90 and 1.0).
+const EMPTY_PROBE_BYTES: usize = 1 << 20;
+
+/// What `dev` holds, if anything: a Nacre store (by its label), or data in
+/// its first or last [`EMPTY_PROBE_BYTES`].
+async fn held_by(dev: &FileDev) -> anyhow::Result<Option<String>> {
+    if let Ok((g, label)) = nacre_blockstore::read_label(dev).await {
+        return Ok(Some(
+            match label.as_deref().map(serde_json::from_slice::<Label>) {
+                Some(Ok(l)) => format!("osd.{} of cluster {}", l.osd, l.cluster),
+                _ => format!("Nacre store {}", nacre_blockstore::uuid_string(&g.uuid)),
+            },
+        ));
+    }
+    let size = nacre_io::BlockDev::size_bytes(dev);
+    let n = (EMPTY_PROBE_BYTES as u64).min(size);
+    let n = n - n % 4096;
+    for at in [0, (size - n) & !4095] {
+        if n == 0 {
+            break;
+        }
+        let b = nacre_io::BlockDev::read_at(dev, nacre_io::AlignedBuf::new(n as usize), at).await?;
+        if !b.iter().all(|&x| x == 0) {
+            return Ok(Some(
+                "data (its first or last MiB is not zeros: a file system, a partition table, another store?)"
+                    .into(),
+            ));
+        }
+    }
+    Ok(None)
+}
+
+/// Waits until `get` gives something, saying once what it waits for. A
+/// meta store that cannot be reached (an etcd member restarting, a
+/// network cut) counts as "not yet": a daemon waits for it rather than
+/// exit.
+pub fn wait_for<T>(
+    what: &str,
+    mut get: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let t0 = Instant::now();
+    let mut said = false;
+    loop {
+        match get() {
+            Ok(Some(x)) => return Ok(x),
+            Ok(None) => {}
+            Err(e) if unreachable_store(&e) => tracing::debug!("waiting for {what}: {e:#}"),
+            Err(e) => return Err(e),
+        }
+        if !said && t0.elapsed() > Duration::from_secs(2) {
+            tracing::warn!("waiting for {what}");
+            said = true;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Whether `e` says the meta store could not be reached (worth waiting
+/// for), not that it refused.
+fn unreachable_store(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<MetaError>(),
+            Some(MetaError::Unavailable(_))
+        )
+    })
+}
+
+/// The cluster's id, waiting while etcd cannot be reached (a daemon's
+/// first call).
+pub fn cluster_id_waiting(meta: &dyn MetaStore, e: &EtcdArgs) -> anyhow::Result<String> {
+    wait_for("etcd", || cluster_id(meta, e).map(Some))
+}
+
+pub struct OsdRun {
+    pub dev: PathBuf,
+    pub recovery_bytes_per_s: u64,
+    pub ratios: (f64, f64),
+}
+
+/// `nacre osd run --etcd URLS --dev PATH`: the OSD whose id the device's
+/// label holds, in the foreground until SIGTERM or SIGINT.
+pub fn osd_run(e: &EtcdArgs, o: &OsdRun) -> anyhow::Result<()> {
+    let set = block_stop_signals();
+    let meta = e.meta_waiting()?;
+    let cluster = cluster_id_waiting(&*meta, e)?;
+    let direct = direct_works(&o.dev);
+    let flags = OpenFlags {
+        direct,
+        ..OpenFlags::default()
+    };
+    let (g, label) = rt::block_on(async {
+        let dev = FileDev::open(&o.dev, &flags)?;
+        anyhow::Ok(nacre_blockstore::read_label(&dev).await?)
+    })
+    .with_context(|| {
+        format!(
+            "{}: no OSD store (nacre osd init makes one)",
+            o.dev.display()
+        )
+    })?;
+    let label: Label = match label.as_deref().map(serde_json::from_slice) {
+        Some(Ok(l)) => l,
+        Some(Err(err)) => bail!(
+            "{}: the store's label is not an OSD's: {err}",
+            o.dev.display()
+        ),
+        None => bail!(
+            "{}: a store without an OSD label (not made by nacre osd init)",
+            o.dev.display()
+        ),
+    };
+    if label.cluster != cluster {
+        bail!(
+            "{} is osd.{} of cluster {}, not of this cluster {cluster} (prefix {} of etcd {}): refusing to serve it here",
+            o.dev.display(),
+            label.osd,
+            label.cluster,
+            e.prefix,
+            e.etcd
+        );
+    }
+    let id = label.osd;
+    let m = wait_for("etcd", || Ok(Some(map::load(&*meta)?)))?;
+    let rec = (m.osd(id).cloned()).with_context(|| {
+        format!(
+            "osd.{id} of {} is not registered in the cluster (removed?)",
+            o.dev.display()
+        )
+    })?;
+    let store = nacre_blockstore::uuid_string(&g.uuid);
+    if !rec.store.is_empty() && rec.store != store {
+        bail!(
+            "{} holds store {store}, but osd.{id} was formatted as store {} (another device labelled osd.{id}?): refusing to serve it",
+            o.dev.display(),
+            rec.store
+        );
+    }
+    let pool = wait_for("a pool (nacre pool create)", || {
+        Ok(map::load(&*meta)?.pools.first().cloned())
+    })?;
+    let leader = wait_for("an elected monitor (nacre mon)", || elected_leader(&*meta))?;
+    let leader = LeaderAddr::new(leader);
+    follow_leader(meta.clone(), leader.clone())?;
+    let cfg = OsdConfig {
+        id,
+        path: o.dev.clone(),
+        size_bytes: 0,
+        addr: rec.addr.parse().map_err(anyhow::Error::msg)?,
+        object_bytes: pool.object_bytes,
+        journal_bytes: None,
+        pg_log_slots: pool.pg_count,
+        direct,
+        leader,
+    };
+    tracing::info!("osd.{id}: {} at {}", o.dev.display(), rec.addr);
+    osds::serve(
+        Serve {
+            meta,
+            cfg,
+            recovery_bytes_per_s: o.recovery_bytes_per_s,
+            ratios: o.ratios,
+            joins: true,
+        },
+        set,
+    )
+}
+
+/// Keeps `leader` at the elected monitor's address, from a thread that
+/// lives as long as the process.
+fn follow_leader(meta: Arc<dyn MetaStore>, leader: LeaderAddr) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("leader-addr".into())
+        .spawn(move || loop {
+            match elected_leader(&*meta) {
+                Ok(Some(a)) if a != leader.get() => {
+                    tracing::info!("the leader is now at {a}");
+                    leader.set(a);
+                }
+                Ok(_) => {}
+                Err(err) => tracing::debug!("looking for the leader: {err:#}"),
+            }
+            std::thread::sleep(POLL);
+        })?;
+    Ok(())
+}
+
+/// `nacre gateway nbd --etcd URLS --listen ADDR`: an NBD gateway in the
+/// foreground until SIGTERM or SIGINT.
+pub fn gateway_nbd(e: &EtcdArgs, listen: &Addr) -> anyhow::Result<()> {
+    let set = block_stop_signals();
+    let meta = e.meta_waiting()?;
+    cluster_id_waiting(&*meta, e)?;
+    wait_for("a pool (nacre pool create)", || {
+        Ok(map::load(&*meta)?.pools.first().cloned())
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w = crate::cluster::spawn_gateway(meta, listen.clone(), tx)?;
+    rx.recv()
+        .context("the gateway thread died while starting")??;
+    tracing::info!("gateway: serving NBD on {listen}");
+    let sig = wait_for_signal(&set);
+    tracing::info!("gateway: {}, stopping", signal_name(sig));
+    w.stop();
+    if let Addr::Unix(p) = listen {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}

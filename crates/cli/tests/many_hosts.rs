@@ -1,0 +1,368 @@
+//! Issue 10's scenarios on hosts that are network namespaces of this
+//! machine (`hosts::Net`): a 3-member etcd with a monitor beside each
+//! member on hosts m0..m2, four OSD hosts o0..o3 with two OSDs each, a
+//! gateway host g; pool size 3, min_size 2, failure domain host. A writer
+//! in the test process sends FUA writes through the gateway over the
+//! bridge the whole time and logs every acknowledgement; each scenario
+//! ends with every acknowledged byte read back and checked.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod common;
+mod hosts;
+use common::*;
+use hosts::Net;
+
+const OSD_HOSTS: usize = 4;
+const OSDS_PER_HOST: usize = 2;
+const NBD_PORT: u16 = 10809;
+
+struct Cluster {
+    net: Net,
+    etcd: String,
+    /// `nacre` from the root namespace, over the bridge.
+    cli: EtcdCli,
+    /// The writer, its stop flag and its log.
+    writer: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<Mutex<bool>>,
+    log: Arc<Mutex<AckLog>>,
+    uri: String,
+    acks: usize,
+}
+
+fn osd_name(h: usize, j: usize) -> String {
+    format!("osd{}", h * OSDS_PER_HOST + j)
+}
+
+impl Cluster {
+    /// Starts the whole cluster, makes volume `v` and starts the writer.
+    fn start() -> Cluster {
+        let names = ["m0", "m1", "m2", "o0", "o1", "o2", "o3", "g"];
+        let mut net = Net::new(&names);
+        let etcd: Vec<String> = (0..3)
+            .map(|i| format!("http://{}:2379", net.ip(&format!("m{i}"))))
+            .collect();
+        let initial: Vec<String> = (0..3)
+            .map(|i| format!("e{i}=http://{}:2380", net.ip(&format!("m{i}"))))
+            .collect();
+        let initial = initial.join(",");
+        for i in 0..3 {
+            let host = format!("m{i}");
+            let ip = net.ip(&host).to_string();
+            let data = net.path(&format!("etcd{i}")).display().to_string();
+            let args = etcd_args(i, &ip, &data, &initial);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            net.spawn(&format!("etcd{i}"), &host, "etcd", &args);
+        }
+        let urls = etcd.join(",");
+        let mut c = Cluster {
+            net,
+            cli: EtcdCli { urls: urls.clone() },
+            etcd: urls,
+            writer: None,
+            stop: Arc::new(Mutex::new(false)),
+            log: Arc::new(Mutex::new(AckLog::default())),
+            uri: String::new(),
+            acks: 0,
+        };
+        // etcd elects a leader; then the cluster is made.
+        let t0 = Instant::now();
+        while !c.cli.nacre(&["cluster", "init"]).status.success() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "etcd never answered"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for h in 0..OSD_HOSTS {
+            for j in 0..OSDS_PER_HOST {
+                let host = format!("o{h}");
+                let addr = format!("{}:{}", c.net.ip(&host), 6800 + j);
+                let dev = c.dev(h, j);
+                c.ok(&[
+                    "osd",
+                    "init",
+                    "--dev",
+                    &dev,
+                    "--size",
+                    "1G",
+                    "--journal-size",
+                    "64M",
+                    "--addr",
+                    &addr,
+                    "--host",
+                    &host,
+                ]);
+            }
+        }
+        c.ok(&[
+            "pool",
+            "create",
+            "rbd",
+            "--pgs",
+            "64",
+            "--failure-domain",
+            "host",
+        ]);
+        for i in 0..3 {
+            c.start_mon(i);
+        }
+        for h in 0..OSD_HOSTS {
+            for j in 0..OSDS_PER_HOST {
+                c.start_osd(h, j);
+            }
+        }
+        let listen = format!("{}:{NBD_PORT}", c.net.ip("g"));
+        let urls = c.etcd.clone();
+        c.net.spawn(
+            "gw",
+            "g",
+            env!("CARGO_BIN_EXE_nacre"),
+            &["gateway", "nbd", "--etcd", &urls, "--listen", &listen],
+        );
+        c.status_until("HEALTH_OK", healthy);
+        c.ok(&["volume", "create", "v", "--size", "256M"]);
+        c.uri = format!("nbd://{}:{NBD_PORT}/v", c.net.ip("g"));
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect((c.net.ip("g"), NBD_PORT)).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "no gateway");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (uri, stop, log) = (c.uri.clone(), c.stop.clone(), c.log.clone());
+        c.writer = Some(std::thread::spawn(move || {
+            fua_writer(uri, 64 << 20, 11, stop, log)
+        }));
+        c.more_acks(300);
+        c
+    }
+
+    fn dev(&self, h: usize, j: usize) -> String {
+        self.net
+            .path(&format!("o{h}-{j}.img"))
+            .display()
+            .to_string()
+    }
+
+    fn start_mon(&mut self, i: usize) {
+        let host = format!("m{i}");
+        let addr = format!("{}:6789", self.net.ip(&host));
+        let urls = self.etcd.clone();
+        self.net.spawn(
+            &format!("mon{i}"),
+            &host,
+            env!("CARGO_BIN_EXE_nacre"),
+            &["mon", "--etcd", &urls, "--addr", &addr],
+        );
+    }
+
+    fn start_osd(&mut self, h: usize, j: usize) {
+        let dev = self.dev(h, j);
+        let urls = self.etcd.clone();
+        self.net.spawn(
+            &osd_name(h, j),
+            &format!("o{h}"),
+            env!("CARGO_BIN_EXE_nacre"),
+            &["osd", "run", "--etcd", &urls, "--dev", &dev],
+        );
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        self.cli.ok(args)
+    }
+
+    fn status(&self) -> serde_json::Value {
+        self.cli.status()
+    }
+
+    fn status_until(&self, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
+        self.cli.status_until(what, ok)
+    }
+
+    /// Waits for `n` more acknowledged writes.
+    fn more_acks(&mut self, n: usize) {
+        self.acks += n;
+        wait_acks(&self.log, self.acks);
+    }
+
+    /// Stops the writer and checks every acknowledged write; then every
+    /// daemon stops cleanly at SIGTERM.
+    fn finish(mut self, what: &str) {
+        let w = self.writer.take().unwrap();
+        stop_and_verify(w, &self.stop, &self.log, &self.uri, what);
+        let mut names: Vec<String> = vec!["gw".into()];
+        names.extend((0..OSD_HOSTS).flat_map(|h| (0..OSDS_PER_HOST).map(move |j| osd_name(h, j))));
+        names.extend((0..3).map(|i| format!("mon{i}")));
+        for n in &names {
+            if self.net.runs(n) {
+                self.net.stop(n);
+            }
+        }
+    }
+}
+
+fn etcd_args(i: usize, ip: &str, data: &str, initial: &str) -> Vec<String> {
+    [
+        "--name",
+        &format!("e{i}"),
+        "--data-dir",
+        data,
+        "--listen-client-urls",
+        &format!("http://{ip}:2379"),
+        "--advertise-client-urls",
+        &format!("http://{ip}:2379"),
+        "--listen-peer-urls",
+        &format!("http://{ip}:2380"),
+        "--initial-advertise-peer-urls",
+        &format!("http://{ip}:2380"),
+        "--initial-cluster",
+        initial,
+        "--initial-cluster-state",
+        "new",
+        "--heartbeat-interval",
+        "100",
+        "--election-timeout",
+        "1000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn up(st: &serde_json::Value) -> u64 {
+    st["osds"]["up"].as_u64().unwrap_or(0)
+}
+
+const ALL: u64 = (OSD_HOSTS * OSDS_PER_HOST) as u64;
+
+/// Scenario 1: `kill -9` of one OSD; writes go on at two copies; it comes
+/// back and catches up.
+#[test]
+fn an_osd_killed() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    c.net.kill9(&osd_name(1, 0));
+    c.status_until("osd down", |s| up(s) == ALL - 1);
+    c.more_acks(300);
+    c.start_osd(1, 0);
+    c.status_until("HEALTH_OK again", healthy);
+    c.more_acks(100);
+    c.finish("an OSD was killed and came back");
+}
+
+/// Scenario 2: a whole host dies (every process of it at once).
+#[test]
+fn a_host_killed() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    c.net.kill_host("o2");
+    c.status_until("its OSDs down", |s| up(s) == ALL - 2);
+    c.more_acks(300);
+    for j in 0..OSDS_PER_HOST {
+        c.start_osd(2, j);
+    }
+    c.status_until("HEALTH_OK again", healthy);
+    c.more_acks(100);
+    c.finish("a host was killed and came back");
+}
+
+/// Scenario 3: a host is cut off the network while primary for some PGs,
+/// then comes back: the others go on without it, and it rejoins.
+#[test]
+fn a_host_cut_off_and_back() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    c.net.cut("o0");
+    c.status_until("its OSDs down", |s| up(s) == ALL - 2);
+    c.more_acks(300);
+    c.net.heal("o0");
+    c.status_until("HEALTH_OK again", healthy);
+    c.more_acks(100);
+    c.finish("a host was cut off and came back");
+}
+
+/// Scenario 4: two hosts die: PGs with two copies there wait (below
+/// min_size), nothing is lost, and I/O resumes when one host returns.
+#[test]
+fn two_hosts_killed() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    c.net.kill_host("o1");
+    c.net.kill_host("o3");
+    c.status_until("PGs below min_size inactive", |s| {
+        up(s) == ALL - 4 && s["pgs"]["inactive"].as_u64().unwrap_or(0) > 0
+    });
+    for j in 0..OSDS_PER_HOST {
+        c.start_osd(1, j);
+    }
+    // Every PG has two copies again: all of them serve.
+    c.status_until("every PG active with one host back", |s| {
+        let p = &s["pgs"];
+        p["inactive"] == 0 && p["unknown"] == 0 && p["peering"] == 0 && p["total"] == 64
+    });
+    c.more_acks(300);
+    for j in 0..OSDS_PER_HOST {
+        c.start_osd(3, j);
+    }
+    c.status_until("HEALTH_OK again", healthy);
+    c.finish("two hosts were killed and came back");
+}
+
+/// Scenario 8: the leading monitor dies, then each etcd member in turn
+/// (the leader among them) is killed and restarted, during I/O.
+#[test]
+fn etcd_and_monitor_leaders_restart() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    let st = c.status();
+    let leader = st["leader"].as_str().unwrap().to_string();
+    let m = (0..3)
+        .find(|i| leader.contains(c.net.ip(&format!("m{i}"))))
+        .unwrap();
+    c.net.kill9(&format!("mon{m}"));
+    c.status_until("another leader", |s| {
+        s["leader"].as_str().is_some_and(|l| l != leader) && healthy(s)
+    });
+    c.more_acks(300);
+    c.start_mon(m);
+    // Each member in turn, so the leader too; the next only once the
+    // restarted one serves again (two down would lose the quorum).
+    for i in 0..3 {
+        let name = format!("etcd{i}");
+        c.net.kill9(&name);
+        c.more_acks(200);
+        let host = format!("m{i}");
+        let ip = c.net.ip(&host).to_string();
+        let data = c.net.path(&name).display().to_string();
+        let initial: Vec<String> = (0..3)
+            .map(|k| format!("e{k}=http://{}:2380", c.net.ip(&format!("m{k}"))))
+            .collect();
+        let args = etcd_args(i, &ip, &data, &initial.join(","));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        c.net.spawn(&name, &host, "etcd", &args);
+        let alone = EtcdCli {
+            urls: format!("http://{ip}:2379"),
+        };
+        let t0 = Instant::now();
+        while !alone.nacre(&["pool", "ls"]).status.success() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{name} does not serve again"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    c.status_until("HEALTH_OK", healthy);
+    c.more_acks(100);
+    c.finish("the monitor leader died and every etcd member restarted");
+}
