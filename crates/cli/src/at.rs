@@ -37,6 +37,13 @@ impl EtcdArgs {
         Ok(e)
     }
 
+    /// [`EtcdArgs::meta`] with another deadline per call.
+    pub fn meta_with(&self, timeout: Duration) -> anyhow::Result<Arc<dyn MetaStore>> {
+        let e = nacre_etcd::Etcd::connect_with(&self.etcd, &self.prefix, timeout)
+            .with_context(|| format!("etcd at {}", self.etcd))?;
+        Ok(e)
+    }
+
     /// [`EtcdArgs::meta`] for a daemon: while no member answers (etcd
     /// starting, restarting, cut off), it waits instead of exiting.
     pub fn meta_waiting(&self) -> anyhow::Result<Arc<dyn MetaStore>> {

@@ -261,6 +261,9 @@ pub struct LeaderStart {
     pub stored: bool,
     /// While the leader may act (an elected monitor's term); none: always.
     pub authority: Option<Box<dyn Fn() -> bool + Send>>,
+    /// For how long from its start the leader takes no PG event
+    /// (`Leader::hold_events_until`).
+    pub hold_events: Duration,
 }
 
 /// The leader's thread: it serves on `addr`, persists every map to `meta`
@@ -281,6 +284,7 @@ pub fn spawn_leader(
         fence,
         stored,
         authority,
+        hold_events,
     } = s;
     let thread = std::thread::Builder::new()
         .name("leader".into())
@@ -319,6 +323,7 @@ pub fn spawn_leader(
                     if let Some(a) = authority {
                         leader.set_authority(a);
                     }
+                    leader.hold_events_until(rt::monotonic() + hold_events);
                     Ok((leader, Listener::bind(&addr)?))
                 };
                 let (leader, l) = match start() {
@@ -604,6 +609,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             fence: Vec::new(),
             stored: false,
             authority: None,
+            hold_events: Duration::ZERO,
         };
         running.workers.push(spawn_leader(start, tx.clone())?);
         rx.recv()

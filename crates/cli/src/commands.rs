@@ -792,11 +792,18 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     let pg = m.pgmap(pool.id).context("no PG table")?;
     let (pgs, pg_checks) = pg_summary(pg.pg_count(), pg.epoch, &stats);
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
+    // Out: marked out, or registered and never yet in a PG table (`nacre
+    // osd init`, until the OSD first boots and is marked in).
+    let mut outs = pg.out.clone();
+    outs.extend((m.osds.iter()).map(|o| o.id).filter(|id| {
+        !pg.osds.contains(id) && !pg.out.contains(id) && !pg.temp.values().any(|t| t.contains(id))
+    }));
+    outs.sort_unstable();
     let mut checks = damage_checks(&stats);
     // A down OSD that is still in holds copies the cluster lacks; one
     // marked out has handed its PGs over.
     let down_in: Vec<String> = (m.osds.iter())
-        .filter(|o| !m.is_up(o.id) && !pg.out.contains(&o.id))
+        .filter(|o| !m.is_up(o.id) && !outs.contains(&o.id))
         .map(|o| format!("osd.{}", o.id))
         .collect();
     if !down_in.is_empty() {
@@ -823,7 +830,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     let vols = map::list_volumes(&*meta)?;
     let provisioned: u64 = vols.iter().map(|v| v.size_bytes).sum();
     let config = map::get_config(&*meta)?;
-    let usable = usable_bytes(&stats, &pg.out, pool.size);
+    let usable = usable_bytes(&stats, &outs, pool.size);
     if let Some(c) = overcommit_check(provisioned, usable, pool.size, config.overcommit_ratio) {
         checks.push(c);
     }
@@ -851,7 +858,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         "health": health,
         "checks": checks,
         "leader": leader.clone().flatten(),
-        "osds": {"total": m.osds.len(), "up": up_count, "in": m.osds.len() - pg.out.len(), "out": pg.out},
+        "osds": {"total": m.osds.len(), "up": up_count, "in": m.osds.len() - outs.len(), "out": outs},
         "pgs": pgs,
         "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
         "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
@@ -881,11 +888,11 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
             println!(
                 "osds      {} total, {up_count} up, {} in{}",
                 m.osds.len(),
-                m.osds.len() - pg.out.len(),
-                if pg.out.is_empty() {
+                m.osds.len() - outs.len(),
+                if outs.is_empty() {
                     String::new()
                 } else {
-                    let out: Vec<String> = pg.out.iter().map(|o| format!("osd.{o}")).collect();
+                    let out: Vec<String> = outs.iter().map(|o| format!("osd.{o}")).collect();
                     format!(" ({} out)", out.join(", "))
                 }
             );

@@ -501,6 +501,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             reclaim_interval,
         } => mon::run(&mon::MonOpts {
             meta: etcd.meta_waiting()?,
+            keepalive_meta: mon::keepalive_meta(&etcd)?,
             etcd,
             addr,
             out_delay,

@@ -16,17 +16,17 @@
 //!   arrived, which is later, so its authority ends before etcd can hand
 //!   the key to another. It then stops answering anything (a heartbeat it
 //!   answered would extend an OSD's read lease).
-//! - A new leader waits `READ_LEASE_MS` plus the margin after winning
-//!   before it answers anyone: every read lease the old leader granted has
-//!   ended by then, so no old primary serves a read once a new interval can
-//!   go active. It starts from the stored map in a new epoch, every OSD
+//! - A new leader lets no interval go active until [`TAKEOVER_WAIT`] after
+//!   winning (`Leader::hold_events_until`; OSDs boot and peer meanwhile):
+//!   every read lease the old leader granted has ended by then, so no old
+//!   primary serves a read once a new interval can go active. It starts from the stored map in a new epoch, every OSD
 //!   down until it boots with it (as `nacre up` after a restart).
 //! - A monitor that stops (SIGTERM) steps down first, then revokes its
 //!   lease, so a standby takes over at once instead of after the TTL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use nacre_io::net::Addr;
@@ -37,20 +37,47 @@ use crate::cluster::{self, LeaderStart, Worker};
 use crate::commands::{block_stop_signals, signal_name, wait_for_signal};
 
 /// TTL of the elected monitor's lease: a monitor that dies or is cut off
-/// from etcd is replaced within about this long.
-pub const MON_LEASE_TTL_S: i64 = 5;
-/// How often the leader renews its lease.
-const KEEPALIVE_EVERY: Duration = Duration::from_millis(1_000);
+/// from etcd is replaced within about this long. (Reads pause from when
+/// the OSDs' read leases run out, `READ_LEASE_MS` after their last
+/// answered heartbeat, until the next leader has waited
+/// [`TAKEOVER_WAIT`] and they booted with it: about TTL + 2 s − 2 s.)
+pub const MON_LEASE_TTL_S: i64 = 3;
+/// How often the leader renews its lease: two renewals may fail (an etcd
+/// election) before its authority lapses.
+const KEEPALIVE_EVERY: Duration = Duration::from_millis(500);
 /// How far before its lease could end, by its own clock, a leader stops
-/// acting: covers its check interval and clock rate drift.
-pub const AUTHORITY_MARGIN: Duration = Duration::from_millis(1_000);
+/// acting: covers the drift between its clock's rate and etcd's.
+pub const AUTHORITY_MARGIN: Duration = Duration::from_millis(500);
+/// Covers the drift between two monitors' clock rates.
+const DRIFT_MARGIN: Duration = Duration::from_millis(500);
+/// Deadline of one keepalive call: one sent to a member that died must
+/// fail, and the next go elsewhere, well within the lease.
+const KEEPALIVE_CALL_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// How long after winning a new leader lets no interval go active.
+/// The old leader answered its last heartbeat before its authority ended,
+/// at least [`AUTHORITY_MARGIN`] before etcd gave the key away, and the
+/// read lease it granted lasts `READ_LEASE_MS` from that heartbeat's
+/// sending: every such lease has ended `READ_LEASE_MS - AUTHORITY_MARGIN`
+/// after the win; [`DRIFT_MARGIN`] more covers clock rates.
+pub const TAKEOVER_WAIT: Duration = Duration::from_millis(
+    nacre_types::READ_LEASE_MS - AUTHORITY_MARGIN.as_millis() as u64
+        + DRIFT_MARGIN.as_millis() as u64,
+);
 /// How often a standby looks at the election key, and the leader at its
 /// authority.
 const POLL: Duration = Duration::from_millis(200);
 
+/// The store for [`MonOpts::keepalive_meta`].
+pub fn keepalive_meta(e: &crate::at::EtcdArgs) -> anyhow::Result<Arc<dyn MetaStore>> {
+    crate::daemons::wait_for("etcd", || e.meta_with(KEEPALIVE_CALL_TIMEOUT).map(Some))
+}
+
 pub struct MonOpts {
     pub etcd: crate::at::EtcdArgs,
     pub meta: Arc<dyn MetaStore>,
+    /// The same store, its calls' deadline [`KEEPALIVE_CALL_TIMEOUT`]: for
+    /// the lease's keepalives.
+    pub keepalive_meta: Arc<dyn MetaStore>,
     /// Where the leader listens when this monitor leads; OSDs and commands
     /// reach it there.
     pub addr: Addr,
@@ -64,6 +91,8 @@ struct Term {
     value: Vec<u8>,
     /// Until when this monitor may act, by [`boottime`].
     until: Arc<Mutex<Duration>>,
+    /// When it won, by [`boottime`].
+    won: Duration,
     lost: Arc<AtomicBool>,
 }
 
@@ -175,6 +204,7 @@ fn campaign(o: &MonOpts) -> anyhow::Result<Result<Term, String>> {
     Ok(Ok(Term {
         lease,
         value,
+        won: boottime(),
         until: Arc::new(Mutex::new(until)),
         lost: Arc::new(AtomicBool::new(false)),
     }))
@@ -232,7 +262,7 @@ fn holds(lost: &AtomicBool, until: &Mutex<Duration>) -> bool {
 fn lead(o: &MonOpts, term: &Term, stop: &AtomicBool) -> anyhow::Result<()> {
     tracing::info!("mon: elected leader (lease {})", term.lease);
     let done = Arc::new(AtomicBool::new(false));
-    keep_alive(o.meta.clone(), term, done.clone())?;
+    keep_alive(o.keepalive_meta.clone(), term, done.clone())?;
     let r = lead_term(o, term, stop);
     done.store(true, Ordering::Release);
     if !stop.load(Ordering::Acquire) {
@@ -243,16 +273,6 @@ fn lead(o: &MonOpts, term: &Term, stop: &AtomicBool) -> anyhow::Result<()> {
 
 fn lead_term(o: &MonOpts, term: &Term, stop: &AtomicBool) -> anyhow::Result<()> {
     let ending = || stop.load(Ordering::Acquire) || !term.holds();
-    // Every read lease granted by an earlier leader ends before this one
-    // answers a boot (module doc).
-    let wait = Duration::from_millis(nacre_types::READ_LEASE_MS) + AUTHORITY_MARGIN;
-    let t0 = Instant::now();
-    while t0.elapsed() < wait {
-        if ending() {
-            return Ok(());
-        }
-        std::thread::sleep(POLL);
-    }
     let fence = vec![Compare::Value(
         map::MON_LEADER_KEY.into(),
         CmpOp::Equal,
@@ -287,6 +307,9 @@ fn lead_term(o: &MonOpts, term: &Term, stop: &AtomicBool) -> anyhow::Result<()> 
         fence,
         stored: true,
         authority: Some(term.authority()),
+        // Every read lease granted by an earlier leader ends before this
+        // one lets an interval go active (module doc).
+        hold_events: TAKEOVER_WAIT.saturating_sub(boottime().saturating_sub(term.won)),
     };
     let (tx, rx) = mpsc::channel();
     let leader = cluster::spawn_leader(start, tx)?;

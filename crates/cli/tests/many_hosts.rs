@@ -38,7 +38,8 @@ fn osd_name(h: usize, j: usize) -> String {
 impl Cluster {
     /// Starts the whole cluster, makes volume `v` and starts the writer.
     fn start() -> Cluster {
-        let names = ["m0", "m1", "m2", "o0", "o1", "o2", "o3", "g"];
+        // o4 stays empty until a scenario adds it.
+        let names = ["m0", "m1", "m2", "o0", "o1", "o2", "o3", "o4", "g"];
         let mut net = Net::new(&names);
         let etcd: Vec<String> = (0..3)
             .map(|i| format!("http://{}:2379", net.ip(&format!("m{i}"))))
@@ -76,25 +77,7 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(200));
         }
         for h in 0..OSD_HOSTS {
-            for j in 0..OSDS_PER_HOST {
-                let host = format!("o{h}");
-                let addr = format!("{}:{}", c.net.ip(&host), 6800 + j);
-                let dev = c.dev(h, j);
-                c.ok(&[
-                    "osd",
-                    "init",
-                    "--dev",
-                    &dev,
-                    "--size",
-                    "1G",
-                    "--journal-size",
-                    "64M",
-                    "--addr",
-                    &addr,
-                    "--host",
-                    &host,
-                ]);
-            }
+            c.init_host(h);
         }
         c.ok(&[
             "pool",
@@ -135,6 +118,29 @@ impl Cluster {
         }));
         c.more_acks(300);
         c
+    }
+
+    /// `nacre osd init` for the OSDs of host oH.
+    fn init_host(&self, h: usize) {
+        for j in 0..OSDS_PER_HOST {
+            let host = format!("o{h}");
+            let addr = format!("{}:{}", self.net.ip(&host), 6800 + j);
+            let dev = self.dev(h, j);
+            self.ok(&[
+                "osd",
+                "init",
+                "--dev",
+                &dev,
+                "--size",
+                "1G",
+                "--journal-size",
+                "64M",
+                "--addr",
+                &addr,
+                "--host",
+                &host,
+            ]);
+        }
     }
 
     fn dev(&self, h: usize, j: usize) -> String {
@@ -191,7 +197,7 @@ impl Cluster {
         let w = self.writer.take().unwrap();
         stop_and_verify(w, &self.stop, &self.log, &self.uri, what);
         let mut names: Vec<String> = vec!["gw".into()];
-        names.extend((0..OSD_HOSTS).flat_map(|h| (0..OSDS_PER_HOST).map(move |j| osd_name(h, j))));
+        names.extend((0..=OSD_HOSTS).flat_map(|h| (0..OSDS_PER_HOST).map(move |j| osd_name(h, j))));
         names.extend((0..3).map(|i| format!("mon{i}")));
         for n in &names {
             if self.net.runs(n) {
@@ -365,4 +371,57 @@ fn etcd_and_monitor_leaders_restart() {
     c.status_until("HEALTH_OK", healthy);
     c.more_acks(100);
     c.finish("the monitor leader died and every etcd member restarted");
+}
+
+/// The objects OSD `id` holds, from its own report in `nacre status`.
+fn objects_on(st: &serde_json::Value, id: u64) -> Option<u64> {
+    let o = st["osd"].as_array()?.iter().find(|o| o["id"] == id)?;
+    o["stats"]["objects"].as_u64()
+}
+
+/// Scenario 5: a host with two new OSDs joins while I/O runs: they are
+/// marked in at their first boot, take their share of the PGs, and the
+/// data moves to them while the PGs serve.
+#[test]
+fn a_host_added() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    c.init_host(OSD_HOSTS);
+    // Registered but not started: out, holding nothing.
+    c.status_until("the new OSDs registered, out", |s| {
+        s["osds"]["total"] == ALL + 2 && healthy(s)
+    });
+    for j in 0..OSDS_PER_HOST {
+        c.start_osd(OSD_HOSTS, j);
+    }
+    let new: Vec<u64> = (0..OSDS_PER_HOST as u64).map(|j| ALL + j).collect();
+    c.status_until("the new OSDs in, holding data, every PG clean", |s| {
+        s["osds"]["in"] == ALL + 2
+            && healthy(s)
+            && new
+                .iter()
+                .all(|&id| objects_on(s, id).is_some_and(|n| n > 0))
+    });
+    c.more_acks(300);
+    c.finish("a host was added");
+}
+
+/// Scenario 6 (its first half; deep scrub comes with scrub): an OSD marked
+/// out hands its PGs over with no loss of redundancy, the cluster is back
+/// to full redundancy, and the out OSD's copies are deleted.
+#[test]
+fn an_osd_marked_out() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    c.ok(&["osd", "out", "3"]);
+    c.more_acks(300);
+    c.status_until("osd.3 out, every PG clean, its copies deleted", |s| {
+        s["osds"]["out"] == serde_json::json!([3]) && healthy(s) && objects_on(s, 3) == Some(0)
+    });
+    c.more_acks(100);
+    c.finish("an OSD was marked out");
 }

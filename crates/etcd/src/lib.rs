@@ -79,6 +79,12 @@ impl Etcd {
     /// its keys under `prefix` (starts and ends with `/`). Fails unless one
     /// endpoint answers.
     pub fn connect(urls: &str, prefix: &str) -> Result<Arc<Etcd>> {
+        Self::connect_with(urls, prefix, Duration::from_millis(ETCD_CALL_TIMEOUT_MS))
+    }
+
+    /// [`Etcd::connect`], each call's deadline `timeout` (an elected
+    /// monitor's keepalives must fail fast, well within its lease).
+    pub fn connect_with(urls: &str, prefix: &str, timeout: Duration) -> Result<Arc<Etcd>> {
         let endpoints = (urls.split(',').filter(|u| !u.trim().is_empty()))
             .map(Endpoint::parse)
             .collect::<std::result::Result<Vec<_>, _>>()
@@ -100,7 +106,7 @@ impl Etcd {
             endpoints,
             next: AtomicUsize::new(0),
             prefix: prefix.to_string(),
-            timeout: Duration::from_millis(ETCD_CALL_TIMEOUT_MS),
+            timeout,
         });
         // A read: asking each endpoint in turn is safe (an error that was
         // no refusal moves `next` on).

@@ -70,6 +70,9 @@ pub struct Leader<T: Transport> {
     /// Whether this leader may still act (an elected monitor's term has
     /// not ended); none: always.
     authority: RefCell<Option<Authority>>,
+    /// Before this instant (`rt::monotonic`) no PG event is taken: a new
+    /// elected leader's wait for its predecessor's read leases.
+    events_after: Cell<Duration>,
 }
 
 /// Says whether a leader may still act; checked at every message.
@@ -139,6 +142,7 @@ impl<T: Transport> Leader<T> {
             auto_out: RefCell::new(Default::default()),
             settled: Cell::new(Duration::ZERO),
             authority: RefCell::new(None),
+            events_after: Cell::new(Duration::ZERO),
         }))
     }
 
@@ -316,6 +320,15 @@ impl<T: Transport> Leader<T> {
     /// meanwhile must not be answered as if it still led.
     pub fn set_authority(&self, a: Authority) {
         *self.authority.borrow_mut() = Some(a);
+    }
+
+    /// Takes no PG event (no interval goes active, none ends) before `at`
+    /// (`rt::monotonic`): an event that comes sooner waits. OSDs boot and
+    /// peer meanwhile. An elected leader's predecessor may have granted
+    /// read leases that last until then; a new interval going active
+    /// before they end would let an old primary serve a stale read.
+    pub fn hold_events_until(&self, at: Duration) {
+        self.events_after.set(at);
     }
 
     fn may_act(&self) -> bool {
@@ -601,6 +614,13 @@ impl<T: Transport> Handler for Leader<T> {
                 refusal(&h, addr.and_then(|a| self.add_osd(h.sender, a)))
             }
             Op::PgEvent => {
+                let wait = self.events_after.get().saturating_sub(rt::monotonic());
+                if !wait.is_zero() {
+                    rt::sleep(wait).await;
+                    if !self.may_act() {
+                        return (h.reply(Status::Unavailable), None);
+                    }
+                }
                 let body = f.payload.as_deref().unwrap_or(&[]);
                 let s = self.pg_event(&h, body);
                 let mut r = h.reply(s);

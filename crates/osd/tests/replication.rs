@@ -536,3 +536,36 @@ fn a_leader_without_authority_answers_nothing() {
         assert_eq!(call(Op::GetMap).await, Status::Ok);
     });
 }
+
+/// A new elected leader holds PG events until its predecessor's read
+/// leases have ended: OSDs boot and peer meanwhile, but no interval goes
+/// active (none is recorded) before the hold ends; then every PG does.
+#[test]
+fn no_interval_goes_active_while_the_leader_holds_events() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
+        let hold = Duration::from_millis(1_500);
+        leader.hold_events_until(rt::monotonic() + hold);
+        let t0 = rt::monotonic();
+        let mut osds = Vec::new();
+        for o in &st.osds {
+            osds.push(start_osd(d.path(), &st, o.id).await);
+        }
+        rt::sleep(Duration::from_millis(500)).await;
+        if rt::monotonic() - t0 < hold {
+            assert!(
+                leader.map().last_active.is_empty(),
+                "an interval went active during the hold: {:?}",
+                leader.map().last_active.keys().collect::<Vec<_>>()
+            );
+        }
+        for pg in 0..st.pool.pg_count {
+            let primary = leader.map().primary(pg).unwrap();
+            let osd = &osds.iter().find(|(o, _)| o.id == primary).unwrap().0;
+            active(&leader, osd, pg).await;
+        }
+        assert_eq!(leader.map().last_active.len(), st.pool.pg_count as usize);
+    });
+}
