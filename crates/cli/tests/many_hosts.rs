@@ -284,6 +284,16 @@ fn a_host_cut_off_and_back() {
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     let mut c = Cluster::start();
+    // Its OSDs lead some PGs (each primary reports the PGs it leads).
+    let st = c.status();
+    let led = |id: u64| -> u64 {
+        let o = st["osd"]
+            .as_array()
+            .and_then(|a| a.iter().find(|o| o["id"] == id));
+        let states = o.and_then(|o| o["stats"]["pg_states"].as_object());
+        states.map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum())
+    };
+    assert!(led(0) + led(1) > 0, "o0 leads no PG: {st}");
     c.net.cut("o0");
     c.status_until("its OSDs down", |s| up(s) == ALL - 2);
     c.more_acks(300);
