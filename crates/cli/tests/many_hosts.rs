@@ -39,7 +39,7 @@ impl Cluster {
     /// Starts the whole cluster, makes volume `v` and starts the writer.
     fn start() -> Cluster {
         // o4 stays empty until a scenario adds it.
-        let names = ["m0", "m1", "m2", "o0", "o1", "o2", "o3", "o4", "g"];
+        let names = ["m0", "m1", "m2", "o0", "o1", "o2", "o3", "o4", "g", "g2"];
         let mut net = Net::new(&names);
         let etcd: Vec<String> = (0..3)
             .map(|i| format!("http://{}:2379", net.ip(&format!("m{i}"))))
@@ -196,7 +196,7 @@ impl Cluster {
     fn finish(mut self, what: &str) {
         let w = self.writer.take().unwrap();
         stop_and_verify(w, &self.stop, &self.log, &self.uri, what);
-        let mut names: Vec<String> = vec!["gw".into()];
+        let mut names: Vec<String> = vec!["gw".into(), "gw2".into()];
         names.extend((0..=OSD_HOSTS).flat_map(|h| (0..OSDS_PER_HOST).map(move |j| osd_name(h, j))));
         names.extend((0..3).map(|i| format!("mon{i}")));
         for n in &names {
@@ -434,4 +434,76 @@ fn an_osd_marked_out() {
     });
     c.more_acks(100);
     c.finish("an OSD was marked out");
+}
+
+/// Scenario 9: two gateways on two hosts serve one volume to two clients,
+/// with a resize in between: a grow is usable through the other gateway
+/// once its client reconnects, and a shrink made elsewhere stops writes
+/// past the new end through both at once (ENOSPC); the data below it is
+/// intact, and every write the first client had acknowledged reads back.
+#[test]
+fn two_gateways_and_a_resize() {
+    use nacre_io::rt;
+    use nacre_nbd::client::NbdClient;
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    let listen = format!("{}:{NBD_PORT}", c.net.ip("g2"));
+    let urls = c.etcd.clone();
+    c.net.spawn(
+        "gw2",
+        "g2",
+        env!("CARGO_BIN_EXE_nacre"),
+        &["gateway", "nbd", "--etcd", &urls, "--listen", &listen],
+    );
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect((c.net.ip("g2"), NBD_PORT)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no second gateway");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let uri2 = format!("nbd://{}:{NBD_PORT}/v", c.net.ip("g2"));
+    const MIB: u64 = 1 << 20;
+    // Client B, through the second gateway: data above the writer's span.
+    rt::block_on(async {
+        let b = NbdClient::connect(&uri2).await.unwrap();
+        assert_eq!(b.size_bytes, 256 * MIB);
+        b.write(200 * MIB, piece(1), true).await.unwrap();
+    });
+    c.ok(&["volume", "resize", "v", "--size", "512M"]);
+    rt::block_on(async {
+        // A new connection sees the new size and writes past the old end.
+        let b = NbdClient::connect(&uri2).await.unwrap();
+        assert_eq!(b.size_bytes, 512 * MIB);
+        b.write(400 * MIB, piece(2), true).await.unwrap();
+        assert_eq!(b.read(200 * MIB, 4096).await.unwrap()[..], piece(1)[..]);
+        // Shrunk from the command line while B holds its connection
+        // (`--force`): B's writes past the new end fail at once.
+        let out = c
+            .cli
+            .nacre(&["volume", "resize", "v", "--size", "256M", "--force"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let e = b.write(400 * MIB, piece(3), true).await.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        assert_eq!(b.read(200 * MIB, 4096).await.unwrap()[..], piece(1)[..]);
+    });
+    // Grown again, the cut-off range reads as zeros through either gateway.
+    c.ok(&["volume", "resize", "v", "--size", "512M"]);
+    for uri in [uri2.clone(), c.uri.clone()] {
+        rt::block_on(async move {
+            let x = NbdClient::connect(&uri).await.unwrap();
+            let got = x.read(400 * MIB, 4096).await.unwrap();
+            assert!(
+                got.iter().all(|&b| b == 0),
+                "{uri}: data past a shrink came back"
+            );
+            assert_eq!(x.read(200 * MIB, 4096).await.unwrap()[..], piece(1)[..]);
+        });
+    }
+    c.more_acks(100);
+    c.finish("two gateways served one volume across resizes");
 }

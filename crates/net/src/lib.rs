@@ -643,7 +643,11 @@ struct Pending {
     deadline: std::time::Duration,
 }
 
-type PendingMap = Rc<RefCell<HashMap<u64, Pending>>>;
+/// Requests awaiting their replies, by the sender's client id and request
+/// id (a reply echoes both): two clients' requests forwarded over one
+/// connection (a primary's sub-ops carry each client's own ids, for the
+/// replicas' retry cache) may share a request id, never both.
+type PendingMap = Rc<RefCell<HashMap<(u64, u64), Pending>>>;
 
 /// The client side of a connection: requests out, replies matched by id,
 /// each with a deadline (`RPC_TIMEOUT_MS` unless connected with another).
@@ -722,11 +726,16 @@ impl Conn {
             h.request_id = self.next_id.get() | OWN_ID_BIT;
             self.next_id.set(self.next_id.get() + 1);
         }
-        debug_assert!(
-            !self.pending.borrow().contains_key(&h.request_id),
-            "request id reused"
-        );
-        let id = h.request_id;
+        let id = (h.client, h.request_id);
+        // The same request twice at once (a retry forwarded while the
+        // first attempt still runs): the second waits for the first's
+        // reply, which would otherwise be taken for its own.
+        while self.pending.borrow().contains_key(&id) {
+            if self.is_closed() {
+                return Err(NetError::Closed);
+            }
+            self.slots.wait().await;
+        }
         let (tx, rx) = oneshot();
         let deadline = rt::monotonic() + self.timeout;
         self.pending.borrow_mut().insert(
@@ -740,15 +749,17 @@ impl Conn {
         // `rt::timeout`) before its frame is queued, the
         // request must not wait in `pending` for a reply that never comes
         // (its deadline would tear the connection down).
-        struct Unsent<'a>(&'a PendingMap, u64, bool);
+        struct Unsent<'a>(&'a PendingMap, (u64, u64), bool, &'a Notify);
         impl Drop for Unsent<'_> {
             fn drop(&mut self) {
                 if self.2 {
                     self.0.borrow_mut().remove(&self.1);
+                    // A duplicate may wait for this id to be free.
+                    self.3.notify();
                 }
             }
         }
-        let mut unsent = Unsent(&self.pending, id, true);
+        let mut unsent = Unsent(&self.pending, id, true, &self.slots);
         self.tx.send(h, payload).await?;
         unsent.2 = false;
         let f = rx.await.unwrap_or(Err(NetError::Closed))?;
@@ -785,7 +796,7 @@ async fn deadline_watch(conn: std::rc::Weak<Conn>) {
         let now = rt::monotonic();
         let late: Vec<Waiter> = {
             let mut p = c.pending.borrow_mut();
-            let ids: Vec<u64> = p
+            let ids: Vec<(u64, u64)> = p
                 .iter()
                 .filter(|(_, w)| w.deadline <= now)
                 .map(|(&id, _)| id)
@@ -823,7 +834,7 @@ async fn reply_reader(
     let why = loop {
         match rd.next().await {
             Ok(Some(f)) if f.h.reply => {
-                let w = pending.borrow_mut().remove(&f.h.request_id);
+                let w = pending.borrow_mut().remove(&(f.h.client, f.h.request_id));
                 match w {
                     Some(w) => w.waiter.send(Ok(f)),
                     None => break format!("reply to unknown request {}", f.h.request_id),
