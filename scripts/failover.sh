@@ -136,6 +136,8 @@ print(f"{sys.argv[2]:<24} {j['iops']:>8.0f} {p.get('50.000000', 0)/1e3:>9.0f} "
 EOF
 }
 
+# In this shell, not a pipeline's subshell: the daemons `run` starts again
+# must be in PID for the cleanup.
 {
     echo "4 KiB QD1 (writes fsync'd)    IOPS   p50 µs    p99 µs  longest ms"
     for rw in write read; do
@@ -144,4 +146,5 @@ EOF
         run "$rw, etcd leader killed" etcd $rw
         run "$rw, osd killed" osd $rw
     done
-} | tee "$D/table.txt"
+} >"$D/table.txt"
+cat "$D/table.txt"
