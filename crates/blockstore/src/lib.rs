@@ -51,5 +51,5 @@ mod writer;
 pub use error::{Error, Result};
 pub use format::{Geometry, LogRegion};
 pub use pglog::{LogEntry, LogOp, PgLog};
-pub use replay::{read_label, uuid_string};
+pub use replay::{random_uuid, read_label, uuid_string};
 pub use store::{FormatOptions, Memory, OpenReport, Space, Stats, Store, StoreOptions};

@@ -34,7 +34,8 @@ use crate::writer::apply_record;
 /// Bytes zeroed per write when clearing the journal at format.
 const ZERO_CHUNK_BYTES: u64 = 4 << 20;
 
-fn random_uuid() -> [u8; 16] {
+/// 16 random bytes: a new store's id (and other ids that must not repeat).
+pub fn random_uuid() -> [u8; 16] {
     let mut u = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         use std::io::Read;

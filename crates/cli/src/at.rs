@@ -32,9 +32,7 @@ pub struct EtcdArgs {
 
 impl EtcdArgs {
     pub fn meta(&self) -> anyhow::Result<Arc<dyn MetaStore>> {
-        let e = nacre_etcd::Etcd::connect(&self.etcd, &self.prefix)
-            .with_context(|| format!("etcd at {}", self.etcd))?;
-        Ok(e)
+        self.meta_with(Duration::from_millis(nacre_etcd::ETCD_CALL_TIMEOUT_MS))
     }
 
     /// [`EtcdArgs::meta`] with another deadline per call.

@@ -340,13 +340,8 @@ pub fn spawn_leader(
                     // An OSD registered but not yet added to the map (`nacre
                     // osd init` while this leader runs) holds no PG until it
                     // boots and asks to be marked in.
-                    let known = |id: &u32| {
-                        prev.osds.contains(id)
-                            || prev.out.contains(id)
-                            || prev.temp.values().any(|t| t.contains(id))
-                    };
                     let mut out = out.to_vec();
-                    out.extend(osds.iter().map(|o| o.id).filter(|id| !known(id)));
+                    out.extend(osds.iter().map(|o| o.id).filter(|&id| !prev.knows(id)));
                     map::place(&osds, &pool, &out, Some(prev)).map_err(|e| e.to_string())
                 }));
                 leader.set_out_delay(out_delay);

@@ -795,9 +795,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     // Out: marked out, or registered and never yet in a PG table (`nacre
     // osd init`, until the OSD first boots and is marked in).
     let mut outs = pg.out.clone();
-    outs.extend((m.osds.iter()).map(|o| o.id).filter(|id| {
-        !pg.osds.contains(id) && !pg.out.contains(id) && !pg.temp.values().any(|t| t.contains(id))
-    }));
+    outs.extend((m.osds.iter()).map(|o| o.id).filter(|&id| !pg.knows(id)));
     outs.sort_unstable();
     let mut checks = damage_checks(&stats);
     // A down OSD that is still in holds copies the cluster lacks; one

@@ -41,11 +41,7 @@ struct Label {
 /// `nacre cluster init --etcd URLS`.
 pub fn cluster_init(e: &EtcdArgs) -> anyhow::Result<()> {
     let meta = e.meta()?;
-    let uuid = format!(
-        "{:016x}{:016x}",
-        nacre_client::random_u64(),
-        nacre_client::random_u64()
-    );
+    let uuid = nacre_blockstore::uuid_string(&nacre_blockstore::random_uuid());
     map::init_cluster(&*meta, &uuid)
         .with_context(|| format!("under prefix {} of etcd {}", e.prefix, e.etcd))?;
     println!(
@@ -211,14 +207,15 @@ pub fn osd_init(e: &EtcdArgs, o: &OsdInit) -> anyhow::Result<()> {
     if let Some(pgs) = pool_pgs.filter(|&p| p > pg_logs) {
         bail!("--pg-logs {pg_logs}: the pool has {pgs} PGs; give at least that");
     }
-    if !o.dev.exists() && o.size_bytes.is_none() {
+    let created = !o.dev.exists();
+    if created && o.size_bytes.is_none() {
         bail!(
             "{} does not exist: give a block device, or --size to create a file",
             o.dev.display()
         );
     }
     let flags = OpenFlags {
-        create_bytes: o.size_bytes.filter(|_| !o.dev.exists()),
+        create_bytes: o.size_bytes.filter(|_| created),
         ..OpenFlags::default()
     };
     rt::block_on(format_osd(e, o, &*meta, &flags, &cluster, pg_logs))
@@ -233,7 +230,7 @@ async fn format_osd(
     cluster: &str,
     pg_logs: u32,
 ) -> anyhow::Result<()> {
-    let created = !o.dev.exists();
+    let created = flags.create_bytes.is_some();
     let dev = FileDev::open(&o.dev, flags).with_context(|| format!("{}", o.dev.display()))?;
     let bytes = nacre_io::BlockDev::size_bytes(&dev);
     if !created {
@@ -249,9 +246,7 @@ async fn format_osd(
     }
     crate::cluster::plan_store(bytes, o.journal_bytes, pg_logs)
         .map_err(|err| anyhow::anyhow!("{} ({}): {err}", o.dev.display(), human(bytes)))?;
-    let mut uuid = [0u8; 16];
-    uuid[..8].copy_from_slice(&nacre_client::random_u64().to_le_bytes());
-    uuid[8..].copy_from_slice(&nacre_client::random_u64().to_le_bytes());
+    let uuid = nacre_blockstore::random_uuid();
     let logs = nacre_osd::pg_log_region(pg_logs);
     let rec = map::register_osd(
         meta,

@@ -19,8 +19,9 @@
 //! - A new leader lets no interval go active until [`TAKEOVER_WAIT`] after
 //!   winning (`Leader::hold_events_until`; OSDs boot and peer meanwhile):
 //!   every read lease the old leader granted has ended by then, so no old
-//!   primary serves a read once a new interval can go active. It starts from the stored map in a new epoch, every OSD
-//!   down until it boots with it (as `nacre up` after a restart).
+//!   primary serves a read once a new interval can go active. It starts
+//!   from the stored map in a new epoch, every OSD down until it boots
+//!   with it (as `nacre up` after a restart).
 //! - A monitor that stops (SIGTERM) steps down first, then revokes its
 //!   lease, so a standby takes over at once instead of after the TTL.
 
@@ -182,9 +183,8 @@ fn campaign(o: &MonOpts) -> anyhow::Result<Result<Term, String>> {
         }],
         failure: vec![TxnOp::Get(Range::key(map::MON_LEADER_KEY))],
     };
-    let r = o.meta.txn(t);
-    let won = match r {
-        Ok(r) if r.succeeded => true,
+    match o.meta.txn(t) {
+        Ok(r) if r.succeeded => {}
         Ok(r) => {
             let _ = o.meta.lease_revoke(lease);
             let leader = match r.results.first() {
@@ -198,8 +198,7 @@ fn campaign(o: &MonOpts) -> anyhow::Result<Result<Term, String>> {
             let _ = o.meta.lease_revoke(lease);
             return Err(e.into());
         }
-    };
-    debug_assert!(won);
+    }
     let until = (sent + ttl_of(MON_LEASE_TTL_S)).saturating_sub(AUTHORITY_MARGIN);
     Ok(Ok(Term {
         lease,

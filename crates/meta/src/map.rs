@@ -167,6 +167,15 @@ impl PgMap {
 
     /// Whether PG `pg`'s acting set is its placement, whole: every OSD
     /// placement gives it up, and no temporary member in it.
+    /// Whether OSD `osd` is in this table at all: placed, out, or a
+    /// temporary member. One that is registered but not known is new (`nacre
+    /// osd init`): out until it first boots and asks to be marked in.
+    pub fn knows(&self, osd: u32) -> bool {
+        self.osds.contains(&osd)
+            || self.out.contains(&osd)
+            || self.temp.values().any(|t| t.contains(&osd))
+    }
+
     pub fn whole(&self, pg: u32) -> bool {
         self.members(pg)
             .all(|o| self.placement(pg).contains(&o) != self.down.contains(&o))
@@ -726,11 +735,7 @@ pub fn out_new_osds(
         .ok_or_else(|| MetaError::Invalid(format!("pool {} has no PG table", pool.id)))?;
     let new: Vec<u32> = (m.osds.iter())
         .map(|o| o.id)
-        .filter(|id| {
-            !pm.out.contains(id)
-                && !pm.osds.contains(id)
-                && !pm.temp.values().any(|t| t.contains(id))
-        })
+        .filter(|&id| !pm.knows(id))
         .collect();
     if new.is_empty() {
         return Ok(new);
