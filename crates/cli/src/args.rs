@@ -96,6 +96,20 @@ pub fn check_ratios(nearfull: f64, full: f64) -> anyhow::Result<(f64, f64)> {
 
 /// "10s", "500ms", "2m", "10" (seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration_upto(s, 86_400.0)?;
+    if d.as_secs_f64() > 86_400.0 {
+        return Err(format!("duration {s:?} must be between 0 and 24 hours"));
+    }
+    Ok(d)
+}
+
+/// A time between scheduled tasks: like [`parse_duration`], also in
+/// hours (h) and days (d), up to a year.
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    parse_duration_upto(s, 365.0 * 86_400.0)
+}
+
+fn parse_duration_upto(s: &str, max_secs: f64) -> Result<Duration, String> {
     let t = s.trim();
     let split = t
         .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -108,10 +122,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "m" | "min" => n * 60.0,
+        "h" if max_secs > 86_400.0 => n * 3600.0,
+        "d" if max_secs > 86_400.0 => n * 86_400.0,
         u => return Err(format!("duration {s:?}: unknown unit {u:?}")),
     };
-    if !(0.0..=86_400.0).contains(&secs) {
-        return Err(format!("duration {s:?} must be between 0 and 24 hours"));
+    if !(0.0..=max_secs).contains(&secs) {
+        return Err(format!(
+            "duration {s:?} must be between 0 and {} days",
+            max_secs / 86_400.0
+        ));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -190,6 +209,50 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("1h").is_err());
+        assert_eq!(parse_interval("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_interval("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(parse_interval("0"), Ok(Duration::ZERO));
+        assert!(parse_interval("400d").is_err());
         assert!(parse_duration("x").is_err());
     }
+}
+
+/// When and how fast each OSD scrubs its PGs (`nacre_osd::ScrubConfig`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ScrubArgs {
+    /// Time between light scrubs of a PG (its copies' versions and logs
+    /// compared), e.g. 24h; 0 never (`nacre pg scrub` still does).
+    #[arg(long, value_parser = parse_interval, default_value = "24h")]
+    pub scrub_interval: Duration,
+    /// Time between deep scrubs of a PG (every copy read whole, each
+    /// 4 KiB checked against its checksum, the bytes compared), e.g. 7d;
+    /// 0 never.
+    #[arg(long, value_parser = parse_interval, default_value = "7d")]
+    pub deep_scrub_interval: Duration,
+    /// Bytes per second an OSD's deep scrubs read, over every copy, e.g.
+    /// 50M.
+    #[arg(long, value_parser = parse_rate, default_value = "50M")]
+    pub scrub_rate: u64,
+}
+
+impl ScrubArgs {
+    pub fn config(&self) -> nacre_osd::ScrubConfig {
+        nacre_osd::ScrubConfig {
+            interval: self.scrub_interval,
+            deep_interval: self.deep_scrub_interval,
+            bytes_per_s: self.scrub_rate,
+        }
+    }
+}
+
+/// The `nacre osd run` flags that give `s`.
+pub fn scrub_flags(s: &nacre_osd::ScrubConfig) -> Vec<String> {
+    vec![
+        "--scrub-interval".into(),
+        format!("{}", s.interval.as_secs_f64()),
+        "--deep-scrub-interval".into(),
+        format!("{}", s.deep_interval.as_secs_f64()),
+        "--scrub-rate".into(),
+        s.bytes_per_s.to_string(),
+    ]
 }

@@ -52,6 +52,7 @@ pub struct UpOpts {
     pub recovery_bytes_per_s: u64,
     /// The used fractions at which an OSD is near full and full.
     pub ratios: (f64, f64),
+    pub scrub: nacre_osd::ScrubConfig,
     /// An OSD down this long is marked out (zero: never).
     pub out_delay: Duration,
     /// Written into the meta store at start, for `nacre status`.
@@ -617,6 +618,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
                 journal_bytes: o.journal_bytes,
                 recovery_bytes_per_s: o.recovery_bytes_per_s,
                 ratios: o.ratios,
+                scrub: o.scrub,
             })
             .collect();
         let sup = running

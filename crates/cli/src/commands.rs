@@ -101,6 +101,8 @@ pub struct UpArgs {
     /// cluster can still recover and be emptied.
     #[arg(long, value_parser = parse_ratio, default_value = "0.95")]
     full_ratio: f64,
+    #[command(flatten)]
+    scrub: crate::args::ScrubArgs,
     /// How long an OSD may be down before it is marked out and its PGs
     /// move to the others (it is marked in again when it comes back), e.g.
     /// 10m or 30s; 0 never.
@@ -146,6 +148,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         restart: !a.no_restart,
         recovery_bytes_per_s: a.recovery_rate,
         ratios: crate::args::check_ratios(a.nearfull_ratio, a.full_ratio)?,
+        scrub: a.scrub.config(),
         out_delay: a.out_delay,
         config: map::ClusterConfig {
             overcommit_ratio: a.overcommit_ratio,
@@ -649,6 +652,59 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
     out
 }
 
+/// What the OSDs' scrubs found since they started (`stats`: each OSD's
+/// `Op::Stat` answer), and the health check of objects left unrepaired.
+fn scrub_summary(
+    stats: &[(u32, Option<serde_json::Value>)],
+    pool: u32,
+) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let sum = |k: &str| -> u64 {
+        (stats.iter())
+            .filter_map(|(_, v)| v.as_ref()?[k].as_u64())
+            .sum()
+    };
+    let mut unrepaired_pgs = Vec::new();
+    let mut running = Vec::new();
+    let mut last = None;
+    for (id, v) in stats {
+        let Some(v) = v else { continue };
+        for p in v["pgs_scrub_unrepaired"].as_array().into_iter().flatten() {
+            if let (Some(pg), Some(n)) = (p[0].as_u64(), p[1].as_u64()) {
+                unrepaired_pgs.push(format!("{pool}.{pg} ({n} objects, osd.{id})"));
+            }
+        }
+        if let Some(s) = v["scrubbing"].as_str() {
+            running.push(format!("{pool}.{s} on osd.{id}"));
+        }
+        if let Some(f) = v["last_scrub_finding"].as_str() {
+            last = Some(format!("osd.{id}: {f}"));
+        }
+    }
+    let mut checks = Vec::new();
+    if !unrepaired_pgs.is_empty() {
+        checks.push(serde_json::json!({
+            "code": "PG_INCONSISTENT",
+            "severity": "HEALTH_ERR",
+            "message": format!(
+                "scrubs found copies that differ and could not repair them (no copy could be read, or the rewrite failed): {}; see the OSDs' logs, then `nacre pg scrub --deep PG`",
+                unrepaired_pgs.join(", ")
+            ),
+        }));
+    }
+    let json = serde_json::json!({
+        "scrubs": sum("scrubs"),
+        "deep_scrubs": sum("deep_scrubs"),
+        "objects": sum("scrub_objects"),
+        "inconsistent": sum("scrub_inconsistent"),
+        "repaired": sum("scrub_repaired"),
+        "unrepaired": sum("scrub_unrepaired"),
+        "unrepaired_pgs": unrepaired_pgs,
+        "scrubbing": running,
+        "last_finding": last,
+    });
+    (json, checks)
+}
+
 /// The PGs of a pool of `total` as their primaries report them (`stats`:
 /// each OSD's `Op::Stat` answer), and the health checks their states
 /// raise: a PG no primary reports (its primary is down or unreachable)
@@ -813,6 +869,8 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     }
     checks.extend(space_checks(&stats));
     checks.extend(pg_checks);
+    let (scrub, scrub_checks) = scrub_summary(&stats, pool.id);
+    checks.extend(scrub_checks);
     // A cluster on etcd: the elected monitor, or none.
     let leader = match &at.etcd {
         Some(_) => Some(crate::at::elected_leader(&*meta)?.map(|a| a.to_string())),
@@ -858,6 +916,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         "leader": leader.clone().flatten(),
         "osds": {"total": m.osds.len(), "up": up_count, "in": m.osds.len() - outs.len(), "out": outs},
         "pgs": pgs,
+        "scrub": scrub,
         "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
         "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
                       "read_bytes_per_s": sum("read_bytes_per_s") as u64, "write_bytes_per_s": sum("write_bytes_per_s") as u64},
@@ -904,6 +963,31 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                     pgs["recovery_objects_left"],
                     human(sum("recovered_bytes") as u64)
                 );
+            }
+            if scrub["scrubs"].as_u64().unwrap_or(0) + scrub["deep_scrubs"].as_u64().unwrap_or(0)
+                > 0
+                || scrub["scrubbing"].as_array().is_some_and(|a| !a.is_empty())
+            {
+                let now: Vec<&str> = (scrub["scrubbing"].as_array().into_iter().flatten())
+                    .filter_map(|s| s.as_str())
+                    .collect();
+                println!(
+                    "scrub     {} light and {} deep scrubs since the OSDs started, {} objects compared: {} found apart, {} repaired, {} unrepaired{}",
+                    scrub["scrubs"],
+                    scrub["deep_scrubs"],
+                    scrub["objects"],
+                    scrub["inconsistent"],
+                    scrub["repaired"],
+                    scrub["unrepaired"],
+                    if now.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; scrubbing {}", now.join(", "))
+                    }
+                );
+                if let Some(f) = scrub["last_finding"].as_str() {
+                    println!("          last found: {f}");
+                }
             }
             println!(
                 "pool      {} (replicated size {}, min_size {})",
@@ -1284,6 +1368,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             restart: true,
             recovery_bytes_per_s: nacre_osd::RECOVERY_BYTES_PER_S_DEFAULT,
             ratios: (0.85, 0.95),
+            scrub: nacre_osd::ScrubConfig::default(),
             out_delay: Duration::from_secs(nacre_types::OSD_OUT_DELAY_S),
             config: map::ClusterConfig::default(),
             reclaim_interval: cluster::RECLAIM_INTERVAL_DEFAULT,

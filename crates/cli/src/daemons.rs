@@ -380,6 +380,7 @@ pub struct OsdRun {
     pub dev: PathBuf,
     pub recovery_bytes_per_s: u64,
     pub ratios: (f64, f64),
+    pub scrub: nacre_osd::ScrubConfig,
 }
 
 /// `nacre osd run --etcd URLS --dev PATH`: the OSD whose id the device's
@@ -464,6 +465,7 @@ pub fn osd_run(e: &EtcdArgs, o: &OsdRun) -> anyhow::Result<()> {
             cfg,
             recovery_bytes_per_s: o.recovery_bytes_per_s,
             ratios: o.ratios,
+            scrub: o.scrub,
             joins: true,
         },
         set,

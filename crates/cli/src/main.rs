@@ -7,6 +7,7 @@ mod commands;
 mod daemons;
 mod mon;
 mod osds;
+mod pg;
 mod targets;
 
 use std::path::PathBuf;
@@ -85,6 +86,11 @@ enum Cmd {
         /// deletes them.
         #[arg(long, value_parser = args::parse_duration, default_value = "60s")]
         reclaim_interval: Duration,
+    },
+    /// Placement groups: scrub on demand.
+    Pg {
+        #[command(subcommand)]
+        cmd: pg::PgCmd,
     },
     /// Gateways of a cluster on etcd.
     Gateway {
@@ -297,6 +303,8 @@ enum OsdCmd {
         /// space are refused (ENOSPC), keeping the rest for recovery.
         #[arg(long, value_parser = args::parse_ratio, default_value = "0.95")]
         full_ratio: f64,
+        #[command(flatten)]
+        scrub: args::ScrubArgs,
     },
 }
 
@@ -356,6 +364,11 @@ enum StoreCmd {
         /// The store's file or block device.
         #[arg(long)]
         path: PathBuf,
+        /// Also list every object with its version and where on the device
+        /// its data block starts (if it has one; a small write may still
+        /// live in the journal only).
+        #[arg(long)]
+        objects: bool,
         /// Output: a table for people, or JSON for scripts.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -416,8 +429,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 recovery_rate,
                 nearfull_ratio,
                 full_ratio,
+                scrub,
             } => {
                 let ratios = args::check_ratios(nearfull_ratio, full_ratio)?;
+                let scrub = scrub.config();
                 match (dir, id, etcd, dev) {
                     (Some(dir), Some(id), None, None) => osds::run(&osds::RunOpts {
                         dir,
@@ -426,6 +441,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         journal_bytes: journal_size,
                         recovery_bytes_per_s: recovery_rate,
                         ratios,
+                        scrub,
                     }),
                     (None, None, Some(etcd), Some(dev)) => daemons::osd_run(
                         &at::EtcdArgs { etcd, prefix },
@@ -433,6 +449,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             dev,
                             recovery_bytes_per_s: recovery_rate,
                             ratios,
+                            scrub,
                         },
                     ),
                     _ => anyhow::bail!("give --dir DIR --id ID, or --etcd URLS --dev PATH"),
@@ -473,6 +490,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Cluster {
             cmd: ClusterCmd::Init { etcd },
         } => daemons::cluster_init(&etcd),
+        Cmd::Pg { cmd } => pg::run(cmd),
         Cmd::Pool { cmd } => match cmd {
             PoolCmd::Create {
                 name,
@@ -569,14 +587,26 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
             );
             Ok(())
         }),
-        StoreCmd::Info { path, format } => rt::block_on(async {
+        StoreCmd::Info {
+            path,
+            objects,
+            format,
+        } => rt::block_on(async {
             let dev = FileDev::open(&path, &OpenFlags::default())?;
             let (s, report) = Store::open(dev, StoreOptions::default()).await?;
             let g = s.geometry().clone();
             let space = s.space();
             let mem = s.memory();
+            let listed: Vec<serde_json::Value> = (s.list().into_iter())
+                .filter(|_| objects)
+                .map(|(oid, version)| {
+                    let at = s.block_of(oid).map(|b| g.block_offset(b));
+                    serde_json::json!({"volume": oid.volume.0, "block": oid.block, "version": version, "data_at": at})
+                })
+                .collect();
             let info = serde_json::json!({
                 "uuid": uuid_string(&g.uuid),
+                "data_offset": g.data_offset,
                 "lineage": s.lineage(),
                 "block_bytes": g.block_bytes,
                 "blocks": g.nblocks,
@@ -601,6 +631,7 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
                     "csum_cache_bytes": mem.csum_cache_bytes,
                     "overlay_cache_bytes": mem.overlay_cache_bytes,
                 },
+                "objects_listed": listed,
             });
             s.close().await?;
             match format {
@@ -631,6 +662,17 @@ fn store(cmd: StoreCmd) -> anyhow::Result<()> {
                     }
                     if let Some(why) = &report.replay_stopped {
                         println!("WARNING      journal replay stopped early: {why}");
+                    }
+                    for o in &listed {
+                        println!(
+                            "object       {}/{} v{:#x} data at {}",
+                            o["volume"],
+                            o["block"],
+                            o["version"].as_u64().unwrap_or(0),
+                            o["data_at"]
+                                .as_u64()
+                                .map_or("(journal only)".into(), |a| format!("byte {a}"))
+                        );
                     }
                 }
             }

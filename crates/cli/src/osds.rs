@@ -120,6 +120,7 @@ pub struct RunOpts {
     pub recovery_bytes_per_s: u64,
     /// The used fractions at which the store is near full and full.
     pub ratios: (f64, f64),
+    pub scrub: nacre_osd::ScrubConfig,
 }
 
 impl RunOpts {
@@ -143,6 +144,7 @@ impl RunOpts {
         if let Some(j) = self.journal_bytes {
             a.extend(["--journal-size".into(), j.to_string()]);
         }
+        a.extend(crate::args::scrub_flags(&self.scrub));
         a
     }
 }
@@ -300,6 +302,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
             cfg,
             recovery_bytes_per_s: o.recovery_bytes_per_s,
             ratios: o.ratios,
+            scrub: o.scrub,
             joins: false,
         },
         set,
@@ -312,6 +315,7 @@ pub struct Serve {
     pub cfg: OsdConfig,
     pub recovery_bytes_per_s: u64,
     pub ratios: (f64, f64),
+    pub scrub: nacre_osd::ScrubConfig,
     /// A cluster on many hosts: the OSD gives the leader its address
     /// before it boots (it may have been registered while another leader
     /// ran), and after its first boot asks to be marked in
@@ -328,6 +332,7 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
         cfg,
         recovery_bytes_per_s: recovery_rate,
         ratios,
+        scrub,
         joins,
     } = s;
     let stop = Arc::new(Event::new()?);
@@ -346,6 +351,7 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("osd.{}: {e}", cfg.id))?;
         osd.set_recovery_rate(recovery_rate);
         osd.set_full_ratios(ratios.0, ratios.1);
+        osd.set_scrub(scrub);
         let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
         let serving = osd.serve(l);
         if joins {

@@ -418,9 +418,10 @@ fn a_host_added() {
     c.finish("a host was added");
 }
 
-/// Scenario 6 (its first half; deep scrub comes with scrub): an OSD marked
-/// out hands its PGs over with no loss of redundancy, the cluster is back
-/// to full redundancy, and the out OSD's copies are deleted.
+/// Scenario 6: an OSD marked out hands its PGs over with no loss of
+/// redundancy, the cluster is back to full redundancy, the out OSD's
+/// copies are deleted, and a deep scrub of every PG, while the writer
+/// runs, finds every copy identical.
 #[test]
 fn an_osd_marked_out() {
     let _one = hosts::ONE_AT_A_TIME
@@ -432,8 +433,113 @@ fn an_osd_marked_out() {
     c.status_until("osd.3 out, every PG clean, its copies deleted", |s| {
         s["osds"]["out"] == serde_json::json!([3]) && healthy(s) && objects_on(s, 3) == Some(0)
     });
+    let r = c.deep_scrub_all();
+    assert_eq!(r.inconsistent, 0, "copies differ after the move: {r:?}");
     c.more_acks(100);
     c.finish("an OSD was marked out");
+}
+
+/// What a deep scrub of every PG found, summed over the PGs.
+#[derive(Debug, Default)]
+struct Scrubbed {
+    objects: u64,
+    inconsistent: u64,
+    repaired: u64,
+    findings: Vec<String>,
+}
+
+impl Cluster {
+    /// `nacre pg scrub --all --deep`, which must succeed (every PG
+    /// scrubbed to its end, nothing left unrepaired).
+    fn deep_scrub_all(&self) -> Scrubbed {
+        let out = self.ok(&["pg", "scrub", "--all", "--deep", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("scrub reports");
+        let mut s = Scrubbed::default();
+        for r in v.as_array().expect("one report per PG") {
+            s.objects += r["objects"].as_u64().unwrap();
+            s.inconsistent += r["inconsistent"].as_u64().unwrap();
+            s.repaired += r["repaired"].as_u64().unwrap();
+            for f in r["findings"].as_array().unwrap() {
+                s.findings.push(f.as_str().unwrap().to_string());
+            }
+        }
+        assert_ne!(s.objects, 0, "the scrub compared nothing");
+        s
+    }
+}
+
+/// Scenario 7: bytes flip in an OSD's data file (while it is stopped, so
+/// that the flips land on the disk under it): reads never return them, a
+/// deep scrub finds each damaged copy and rewrites it from a good one,
+/// the OSD counts every damaged copy repaired (the cluster is healthy),
+/// and a second deep scrub finds every copy identical.
+#[test]
+fn bytes_flipped_in_an_osd_data_file() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    c.net.kill9(&osd_name(0, 0));
+    let dev = c.dev(0, 0);
+    let info = std::process::Command::new(env!("CARGO_BIN_EXE_nacre"))
+        .args([
+            "store",
+            "info",
+            "--path",
+            &dev,
+            "--objects",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(info.status.success(), "{info:?}");
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).expect("store info");
+    let at: Vec<u64> = (info["objects_listed"].as_array().unwrap().iter())
+        .filter_map(|o| o["data_at"].as_u64())
+        // Fewer than `nacre status` takes for a failing disk (10 repairs).
+        .take(8)
+        .collect();
+    assert_eq!(at.len(), 8, "few objects in blocks: {at:?}");
+    {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev)
+            .unwrap();
+        for &a in &at {
+            let mut b = [0u8; 1];
+            f.seek(SeekFrom::Start(a + 5000)).unwrap();
+            f.read_exact(&mut b).unwrap();
+            f.seek(SeekFrom::Start(a + 5000)).unwrap();
+            f.write_all(&[b[0] ^ 0x5a]).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    c.start_osd(0, 0);
+    c.status_until("HEALTH_OK with the OSD back", healthy);
+    c.more_acks(100);
+    let r = c.deep_scrub_all();
+    // Objects the writer rewrote whole since, or that recovery brought up
+    // to date while the OSD was down, no longer hold a flip.
+    assert!(r.repaired >= 1, "no damage found: {r:?}");
+    assert_eq!(r.inconsistent, r.repaired, "{r:?}");
+    assert!(
+        r.findings.iter().all(|f| f.contains("damaged")),
+        "{:?}",
+        r.findings
+    );
+    let st = c.status();
+    assert!(healthy(&st), "{st}");
+    let osd0 = (st["osd"].as_array().unwrap().iter())
+        .find(|o| o["id"] == 0)
+        .expect("osd.0");
+    let damaged = osd0["stats"]["damaged_reads"].as_u64().unwrap();
+    assert_eq!(osd0["stats"]["repaired"].as_u64(), Some(damaged), "{osd0}");
+    assert_eq!(c.deep_scrub_all().inconsistent, 0);
+    c.more_acks(100);
+    c.finish("bytes flipped in an OSD's data file");
 }
 
 /// Scenario 9: two gateways on two hosts serve one volume to two clients,

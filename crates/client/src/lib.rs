@@ -770,6 +770,72 @@ impl Cluster {
         Ok(report)
     }
 
+    /// Has PG `pg` (of the default pool) scrubbed now by its primary,
+    /// deeply (every copy read whole) or not, and waits for the report
+    /// (`nacre_osd::ScrubReport`, JSON). Follows the PG to a new primary
+    /// (map changes) for up to `CLIENT_OP_TIMEOUT_MS` of attempts; the
+    /// scrub itself may take as long as it takes.
+    pub async fn scrub_pg(&self, pg: u32, deep: bool) -> Result<serde_json::Value> {
+        let pool = self.default_pool().id;
+        let mut last = String::new();
+        let until = rt::monotonic() + Duration::from_millis(CLIENT_OP_TIMEOUT_MS);
+        let mut delay = Duration::ZERO;
+        while rt::monotonic() < until {
+            rt::sleep(delay).await;
+            delay = (delay * 2).clamp(RETRY_DELAY, RETRY_DELAY_MAX);
+            let (primary, epoch, count) = {
+                let m = self.map.borrow();
+                let pm = (m.pgmap(pool)).ok_or_else(|| {
+                    ClientError::Unavailable(format!("pool {pool} has no PG table"))
+                })?;
+                (pm.primary(pg), pm.epoch, pm.pg_count())
+            };
+            if pg >= count {
+                return Err(ClientError::Invalid(format!(
+                    "PG {pg}: the pool has {count} PGs"
+                )));
+            }
+            let Some(primary) = primary else {
+                last = format!("PG {pg}: no OSD of it is up");
+                self.reload_map()?;
+                continue;
+            };
+            let mut h = Header::request(Op::Scrub, 0, ObjectId::default());
+            h.pg = pg;
+            h.epoch = epoch;
+            h.length = if deep {
+                nacre_wire::SCRUB_START_DEEP
+            } else {
+                nacre_wire::SCRUB_START
+            };
+            let r = match self.conn(primary) {
+                Ok(c) => c.call(h, None).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match r {
+                Ok(f) if f.h.status == Status::Ok => {
+                    let body = f.payload.as_deref().unwrap_or(&[]);
+                    return serde_json::from_slice(body).map_err(|e| {
+                        ClientError::Unavailable(format!("osd.{primary}'s scrub report: {e}"))
+                    });
+                }
+                Ok(f) => {
+                    last = format!("osd.{primary}: {:?}", f.h.status);
+                    if f.h.status == Status::Invalid {
+                        return Err(ClientError::Invalid(last));
+                    }
+                    self.reload_map()?;
+                }
+                Err(e) => {
+                    last = format!("osd.{primary}: {e}");
+                    self.conns.borrow_mut().remove(&primary);
+                    self.reload_map()?;
+                }
+            }
+        }
+        Err(ClientError::Unavailable(last))
+    }
+
     /// Every OSD's counters and space (`None` for an OSD that did not answer).
     ///
     /// Only OSDs that are up are asked (one that is down, or cut off from

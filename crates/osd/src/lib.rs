@@ -38,6 +38,7 @@ pub mod leader;
 pub mod map;
 mod peering;
 mod recovery;
+mod scrub;
 mod stats;
 mod stray;
 
@@ -62,6 +63,10 @@ use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 pub use map::{OsdMap, PgEvent};
 pub use peering::PG_QUERY_PAGE_OBJECTS;
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
+pub use scrub::{
+    ScrubConfig, ScrubReport, DEEP_SCRUB_INTERVAL_DEFAULT, SCRUB_BYTES_PER_S_DEFAULT,
+    SCRUB_INTERVAL_DEFAULT,
+};
 pub use stats::{OsdReport, OsdStats, PgReport, VolumeUsage, PG_REPORT_MAX};
 pub use stray::STRAY_CHECK_MS;
 
@@ -203,6 +208,15 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Asking the leader to mark this OSD out for its damaged reads
     /// ([`Osd::note_damage`]) is under way.
     asking_out: Cell<bool>,
+    /// The PG being scrubbed here (and whether deeply), a wake-up for
+    /// scrubs waiting their turn, the schedule and pace (`scrub.rs`): per
+    /// PG when its next light and deep scrubs are due, and when the
+    /// budget next allows a read.
+    scrubbing: Cell<Option<(u32, bool)>>,
+    scrub_idle: Notify,
+    scrub_cfg: Cell<ScrubConfig>,
+    scrub_due: RefCell<HashMap<u32, (Duration, Duration)>>,
+    scrub_next: Cell<Duration>,
     pub stats: OsdStats,
 }
 
@@ -463,6 +477,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             strays_none: Cell::new((0, Duration::ZERO)),
             said_full: Cell::new(false),
             asking_out: Cell::new(false),
+            scrubbing: Cell::new(None),
+            scrub_idle: Notify::new(),
+            scrub_cfg: Cell::new(ScrubConfig::default()),
+            scrub_due: RefCell::new(HashMap::new()),
+            scrub_next: Cell::new(Duration::ZERO),
             stats,
         })
     }
@@ -518,6 +537,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub fn stat_report(&self) -> OsdReport {
         let mut r = self.stats.report(self.id, &self.store);
         (r.nearfull_ratio, r.full_ratio) = self.ratios.get();
+        r.scrubbing = (self.scrubbing.get())
+            .map(|(pg, deep)| format!("{pg}{}", if deep { " deep" } else { "" }));
         let m = self.map.borrow();
         r.epoch = m.epoch();
         let mut pgs: Vec<(u32, PgState)> = (self.pgs.borrow().iter())
@@ -659,6 +680,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                             if !self.beating.replace(true) {
                                 rt::spawn(Self::heartbeat(Rc::downgrade(self)));
                                 rt::spawn(Self::stray_loop(Rc::downgrade(self)));
+                                rt::spawn(Self::scrub_loop(Rc::downgrade(self)));
                             }
                             return Ok(());
                         }
@@ -1243,7 +1265,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Rewrites this OSD's damaged copy of `oid` at `version` with `data`,
     /// read from OSD `from`'s copy at that version ([`Store::repair`]).
-    async fn repair(&self, oid: ObjectId, version: u64, data: AlignedBuf, from: u32) {
+    async fn repair(&self, oid: ObjectId, version: u64, data: AlignedBuf, from: u32) -> bool {
         match self.store.repair(oid, version, data).await {
             Ok(()) => {
                 self.stats.repaired();
@@ -1251,11 +1273,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     "osd.{}: {oid} v{version:#x} repaired from osd.{from}'s copy",
                     self.id
                 );
+                true
             }
-            Err(e) => tracing::warn!(
-                "osd.{}: {oid} v{version:#x} read from osd.{from}, not repaired: {e}",
-                self.id
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    "osd.{}: {oid} v{version:#x} read from osd.{from}, not repaired: {e}",
+                    self.id
+                );
+                false
+            }
         }
     }
 
@@ -1366,7 +1392,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         match h.op {
             Op::Read => h.length as usize,
             Op::Pull => self.store.block_bytes() as usize,
-            Op::Stat => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
+            Op::Stat | Op::Scrub => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
             Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
             _ => 0,
         }
@@ -1391,7 +1417,13 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         let route = route.or_else(|| {
             (matches!(
                 h.op,
-                Op::RepWrite | Op::RepDelete | Op::Push | Op::LogSync | Op::PgQuery | Op::Pull
+                Op::RepWrite
+                    | Op::RepDelete
+                    | Op::Push
+                    | Op::LogSync
+                    | Op::PgQuery
+                    | Op::Pull
+                    | Op::Scrub
             ) && self.removing.borrow().contains(&h.pg))
             .then_some(Status::Unavailable)
         });
@@ -1498,6 +1530,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             }
             Op::PgQuery => self.answer_query(&h, f.payload).await,
             Op::Pull => self.answer_pull(&h).await,
+            Op::Scrub => self.answer_scrub(&h, f.payload).await,
             Op::Push => {
                 let s = self.answer_push(&h, f.payload).await;
                 (h.reply(s), None)

@@ -429,7 +429,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Checks that `h` comes from the primary of its PG in this OSD's
     /// epoch, learning a newer epoch first; the refusal otherwise.
-    async fn check_peer_op(self: &Rc<Self>, h: &Header) -> Option<Status> {
+    pub(crate) async fn check_peer_op(self: &Rc<Self>, h: &Header) -> Option<Status> {
         if h.epoch > self.epoch() && !self.catch_up(h.epoch).await {
             return Some(Status::Unavailable);
         }
@@ -1179,8 +1179,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             match self.fetch_copy(o, pg, epoch, oid, version).await {
                 Ok(d) => {
                     if repair {
-                        self.repair(oid, version, AlignedBuf::from_slice(&d), o)
-                            .await;
+                        (self.repair(oid, version, AlignedBuf::from_slice(&d), o)).await;
                     }
                     return Some(d);
                 }
@@ -1192,7 +1191,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// The whole of `oid` at `version` from OSD `from`'s copy; failing,
     /// also whether `from` is this OSD and the read found its copy damaged.
-    async fn fetch_copy(
+    pub(crate) async fn fetch_copy(
         self: &Rc<Self>,
         from: u32,
         pg: u32,
@@ -1278,7 +1277,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Writes `oid` as `data` (or deletes it) on every member of `acting`
     /// at a new version of `epoch`: what undoes a divergent write.
-    async fn rewrite(
+    pub(crate) async fn rewrite(
         self: &Rc<Self>,
         pg: u32,
         epoch: u64,

@@ -440,16 +440,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Waits for this OSD's recovery budget to cover `bytes`.
     async fn pace(&self, bytes: u64) {
-        let rate = self.recovery_rate.get().max(1);
-        let cost = Duration::from_nanos(
-            u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(rate)).unwrap_or(u64::MAX),
-        );
-        let now = rt::monotonic();
-        let start = self.recovery_next.get().max(now);
-        self.recovery_next.set(start + cost);
-        if start > now {
-            rt::sleep(start - now).await;
-        }
+        pace(&self.recovery_next, self.recovery_rate.get(), bytes).await;
     }
 
     /// Recovers PG `pg`'s plan of `epoch` in the background, paced, until
@@ -515,6 +506,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 }
             }
         }
+    }
+}
+
+/// Waits until a budget of `rate` bytes per second (at least 1) covers
+/// `bytes` more; `next` is when the budget next allows anything, moved on
+/// by their cost.
+pub(crate) async fn pace(next: &std::cell::Cell<Duration>, rate: u64, bytes: u64) {
+    let cost = Duration::from_nanos(
+        u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(rate.max(1)))
+            .unwrap_or(u64::MAX),
+    );
+    let now = rt::monotonic();
+    let start = next.get().max(now);
+    next.set(start + cost);
+    if start > now {
+        rt::sleep(start - now).await;
     }
 }
 

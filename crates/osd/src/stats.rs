@@ -10,6 +10,8 @@ use nacre_io::BlockDev;
 use nacre_types::ObjectId;
 use serde::{Deserialize, Serialize};
 
+use crate::scrub::ScrubReport;
+
 /// Damaged objects an OSD remembers by name (counts past it stay there:
 /// the threshold that matters is far lower).
 const DAMAGED_OBJECTS_KEPT: usize = 1024;
@@ -52,6 +54,17 @@ pub struct OsdStats {
     /// from their logs, and on listings of their objects.
     compared_by_log: Cell<u64>,
     compared_by_listing: Cell<u64>,
+    /// Scrubs this OSD finished as primary (light, deep), and what all of
+    /// its scrubs compared and found.
+    scrubs: Cell<u64>,
+    deep_scrubs: Cell<u64>,
+    scrub_objects: Cell<u64>,
+    scrub_inconsistent: Cell<u64>,
+    scrub_repaired: Cell<u64>,
+    scrub_unrepaired: Cell<u64>,
+    last_scrub_finding: RefCell<Option<String>>,
+    /// PGs whose last scrub left objects unrepaired, with how many.
+    scrub_unrepaired_pgs: RefCell<BTreeMap<u32, u64>>,
 }
 
 /// What `Op::Stat` answers (JSON).
@@ -127,6 +140,31 @@ pub struct OsdReport {
     pub compared_by_log: u64,
     #[serde(default)]
     pub compared_by_listing: u64,
+    /// Scrubs of its PGs this OSD finished as primary since it started,
+    /// light and deep; the objects all its scrubs compared, those whose
+    /// copies differed, and of them the ones rewritten from the
+    /// authority and the ones left alone; the last difference found.
+    #[serde(default)]
+    pub scrubs: u64,
+    #[serde(default)]
+    pub deep_scrubs: u64,
+    #[serde(default)]
+    pub scrub_objects: u64,
+    #[serde(default)]
+    pub scrub_inconsistent: u64,
+    #[serde(default)]
+    pub scrub_repaired: u64,
+    #[serde(default)]
+    pub scrub_unrepaired: u64,
+    #[serde(default)]
+    pub last_scrub_finding: Option<String>,
+    /// PGs whose last scrub left objects unrepaired (`[pg, objects]`, at
+    /// most [`PG_REPORT_MAX`]).
+    #[serde(default)]
+    pub pgs_scrub_unrepaired: Vec<[u64; 2]>,
+    /// The PG being scrubbed now, e.g. `5` or `5 deep`.
+    #[serde(default)]
+    pub scrubbing: Option<String>,
     /// The used fractions at which this OSD is near full and full.
     #[serde(default = "one")]
     pub nearfull_ratio: f64,
@@ -236,6 +274,36 @@ impl OsdStats {
         add(&self.stray_removed, objects);
     }
 
+    /// A scrub of PG `r.pg` ended.
+    pub fn scrubbed(&self, r: &ScrubReport) {
+        if r.error.is_none() {
+            add(
+                if r.deep {
+                    &self.deep_scrubs
+                } else {
+                    &self.scrubs
+                },
+                1,
+            );
+            let mut pgs = self.scrub_unrepaired_pgs.borrow_mut();
+            if r.unrepaired == 0 {
+                pgs.remove(&r.pg);
+            }
+        }
+        if r.unrepaired != 0 {
+            self.scrub_unrepaired_pgs
+                .borrow_mut()
+                .insert(r.pg, r.unrepaired);
+        }
+        add(&self.scrub_objects, r.objects);
+        add(&self.scrub_inconsistent, r.inconsistent);
+        add(&self.scrub_repaired, r.repaired);
+        add(&self.scrub_unrepaired, r.unrepaired);
+        if let Some(f) = r.findings.last() {
+            *self.last_scrub_finding.borrow_mut() = Some(format!("PG {}: {f}", r.pg));
+        }
+    }
+
     pub fn replica_done(&self) {
         add(&self.replica_ops, 1);
     }
@@ -310,6 +378,17 @@ impl OsdStats {
             log_delta_misses: self.log_delta_misses.get(),
             compared_by_log: self.compared_by_log.get(),
             compared_by_listing: self.compared_by_listing.get(),
+            scrubs: self.scrubs.get(),
+            deep_scrubs: self.deep_scrubs.get(),
+            scrub_objects: self.scrub_objects.get(),
+            scrub_inconsistent: self.scrub_inconsistent.get(),
+            scrub_repaired: self.scrub_repaired.get(),
+            scrub_unrepaired: self.scrub_unrepaired.get(),
+            last_scrub_finding: self.last_scrub_finding.borrow().clone(),
+            pgs_scrub_unrepaired: (self.scrub_unrepaired_pgs.borrow().iter())
+                .take(PG_REPORT_MAX)
+                .map(|(&pg, &n)| [u64::from(pg), n])
+                .collect(),
             ..OsdReport::default()
         }
     }

@@ -29,7 +29,7 @@ use nacre_net::{Rpc, Transport};
 use nacre_types::{pg_of, ObjectId};
 use nacre_wire::{Header, Op, Status};
 
-use crate::{pg_key, Osd, PgState};
+use crate::{pg_key, Osd};
 
 /// How often an OSD looks for stray copies to delete, while the map keeps
 /// changing or strays are left.
@@ -206,10 +206,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if m.primary(h.pg) != Some(self.id) {
             return Status::NotPrimary;
         }
-        let clean = matches!(self.pgs.borrow().get(&h.pg), Some(PgState::Active))
-            && self.recovery_progress(h.pg).is_none()
-            && m.pgmap.whole(h.pg);
-        if clean {
+        drop(m);
+        if self.is_clean(h.pg) {
             Status::Ok
         } else {
             Status::Unavailable

@@ -76,6 +76,10 @@ struct NetState {
     recovery_rate: u64,
     /// Objects per PG query answer (`Cluster::set_query_page`).
     query_page: Cell<usize>,
+    /// In half the runs the OSDs scrub their PGs every second or two
+    /// (light and deep), through the faults: a scrub must never find the
+    /// copies of a clean PG apart, nor repair one into losing a write.
+    scrub: Option<nacre_osd::ScrubConfig>,
 }
 
 /// The in-process network: a [`Transport`] whose links are function calls
@@ -105,6 +109,13 @@ impl Net {
                     _ => nacre_osd::RECOVERY_BYTES_PER_S_DEFAULT,
                 },
                 query_page: Cell::new(nacre_osd::PG_QUERY_PAGE_OBJECTS),
+                scrub: (SplitMix(seed ^ 0x0073_6372_7562).below(2) == 0).then_some(
+                    nacre_osd::ScrubConfig {
+                        interval: Duration::from_secs(1),
+                        deep_interval: Duration::from_secs(2),
+                        bytes_per_s: 64 << 20,
+                    },
+                ),
             }),
             None,
         )
@@ -341,6 +352,10 @@ pub struct Cluster {
     pub nodes: RefCell<Vec<Node>>,
     /// `log_delta_misses` of OSD instances that crashed.
     misses: Cell<u64>,
+    /// `scrub_inconsistent`, and scrubs finished, of OSD instances that
+    /// crashed.
+    scrub_found: Cell<u64>,
+    scrubs: Cell<u64>,
 }
 
 fn leader_addr() -> Addr {
@@ -447,6 +462,8 @@ impl Cluster {
             leader,
             nodes: RefCell::new(nodes),
             misses: Cell::new(0),
+            scrub_found: Cell::new(0),
+            scrubs: Cell::new(0),
         });
         for id in 0..osds {
             c.start(id).await;
@@ -475,6 +492,9 @@ impl Cluster {
         );
         osd.set_recovery_rate(self.net.0.recovery_rate);
         osd.set_query_page_objects(self.net.0.query_page.get());
+        if let Some(s) = self.net.0.scrub {
+            osd.set_scrub(s);
+        }
         net.attach_node(osd.clone());
         self.nodes.borrow_mut()[id as usize].osd = Some(osd.clone());
         if let Err(e) = osd.boot().await {
@@ -541,7 +561,10 @@ impl Cluster {
         let n = &mut nodes[id as usize];
         self.net.detach(&n.addr);
         if let Some(o) = n.osd.take() {
-            (self.misses).set(self.misses.get() + o.stat_report().log_delta_misses);
+            let r = o.stat_report();
+            (self.misses).set(self.misses.get() + r.log_delta_misses);
+            (self.scrub_found).set(self.scrub_found.get() + r.scrub_inconsistent);
+            (self.scrubs).set(self.scrubs.get() + r.scrubs + r.deep_scrubs);
             o.halt();
         }
         let (dev, _) = n.dev.power_cut(seed);
@@ -567,6 +590,20 @@ impl Cluster {
             .map(|o| o.stat_report().log_delta_misses)
             .sum();
         self.misses.get() + live
+    }
+
+    /// Scrubs finished, and objects whose copies a scrub found apart,
+    /// over every OSD instance of the run; `None` if this run's OSDs do
+    /// not scrub.
+    pub fn scrubs(&self) -> Option<(u64, u64)> {
+        self.net.0.scrub?;
+        let live = (self.nodes.borrow().iter())
+            .filter_map(|n| n.osd.as_ref())
+            .map(|o| o.stat_report())
+            .fold((0, 0), |(s, i), r| {
+                (s + r.scrubs + r.deep_scrubs, i + r.scrub_inconsistent)
+            });
+        Some((self.scrubs.get() + live.0, self.scrub_found.get() + live.1))
     }
 
     pub fn is_up(&self, id: u32) -> bool {

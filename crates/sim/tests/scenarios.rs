@@ -876,3 +876,166 @@ fn a_damaged_primary_copy_is_read_from_another_and_repaired() {
         c.stop();
     });
 }
+
+/// Scrubs PG `pg` on its primary and checks that it covered the whole
+/// PG; the report.
+async fn scrubbed(c: &Cluster, pg: u32, deep: bool) -> nacre_osd::ScrubReport {
+    let primary = c.leader.map().primary(pg).unwrap();
+    let r = c.osd(primary).unwrap().scrub_pg(pg, deep).await;
+    assert_eq!(r.error, None, "{r:?}");
+    r
+}
+
+/// A deep scrub reads every copy: a replica's copy with a flipped bit is
+/// found and rewritten in place from another copy at the same version
+/// (the replica counts it damaged and repaired, so no health check stays
+/// raised), a light scrub (versions and logs only) does not see it, and a
+/// second deep scrub finds every copy identical.
+#[test]
+fn deep_scrub_finds_a_damaged_replica_copy_and_repairs_it() {
+    rt::block_on_virtual(async {
+        let c = cluster(21).await;
+        let oids: Vec<ObjectId> = (0..12).map(|b| ObjectId::new(1, b)).collect();
+        let mut data = Vec::new();
+        for (k, &oid) in oids.iter().enumerate() {
+            data.push(put_whole(&c, oid, k as u64 + 1).await);
+        }
+        let oid = oids[3];
+        let (pg, acting) = c.route(oid);
+        damage(&c, acting[1], oid).await;
+        assert_eq!(scrubbed(&c, pg, false).await.inconsistent, 0);
+        let r = scrubbed(&c, pg, true).await;
+        let in_pg = oids.iter().filter(|&&o| c.route(o).0 == pg).count() as u64;
+        assert_eq!(r.objects, in_pg);
+        assert_eq!(
+            (r.inconsistent, r.repaired, r.unrepaired),
+            (1, 1, 0),
+            "{r:?}"
+        );
+        assert!(r.findings[0].contains("damaged"), "{:?}", r.findings);
+        let v = c.osd(acting[0]).unwrap().store().version(oid).unwrap();
+        for &id in &acting {
+            let s = c.osd(id).unwrap();
+            assert_eq!(s.store().version(oid), Some(v), "osd.{id}");
+            let got = s.store().read(oid, 0, OBJECT_BYTES).await.unwrap();
+            assert_eq!(&got[..], &data[3][..], "osd.{id}");
+        }
+        assert_eq!(scrubbed(&c, pg, true).await.inconsistent, 0);
+        for (k, &oid) in oids.iter().enumerate() {
+            assert_eq!(read(&c, oid).await.as_ref(), Some(&data[k]), "{oid}");
+        }
+        let rep = c.osd(acting[0]).unwrap().stat_report();
+        assert_eq!((rep.deep_scrubs, rep.scrub_repaired), (2, 1));
+        let rep = c.osd(acting[1]).unwrap().stat_report();
+        assert_eq!((rep.damaged_reads, rep.repaired), (1, 1));
+        c.stop();
+    });
+}
+
+/// Copies that differ with every checksum intact: bytes rewritten at the
+/// same version on one copy (deep scrub: the majority's bytes win), an
+/// object one copy lost, and an object only one copy holds (light scrub:
+/// versions; the majority's state wins, absent included).
+#[test]
+fn scrub_makes_copies_that_differ_silently_agree_with_the_majority() {
+    rt::block_on_virtual(async {
+        let c = cluster(22).await;
+        let oids: Vec<ObjectId> = (0..40).map(|b| ObjectId::new(1, b)).collect();
+        let mut data = Vec::new();
+        for (k, &oid) in oids.iter().enumerate() {
+            data.push(put_whole(&c, oid, k as u64 + 1).await);
+        }
+        let pg = c.route(oids[0]).0;
+        let mine: Vec<usize> = (0..oids.len())
+            .filter(|&k| c.route(oids[k]).0 == pg)
+            .collect();
+        assert!(mine.len() >= 3, "objects of PG {pg}: {mine:?}");
+        let acting = c.route(oids[0]).1;
+        let (a, b) = (c.osd(acting[1]).unwrap(), c.osd(acting[2]).unwrap());
+        // Other bytes under the same version, checksums to match.
+        let k0 = mine[0];
+        let v0 = a.store().version(oids[k0]).unwrap();
+        let other = AlignedBuf::from_slice(&vec![0x5a; OBJECT_BYTES as usize]);
+        a.store().repair(oids[k0], v0, other).await.unwrap();
+        // A copy that lost an object.
+        let k1 = mine[1];
+        let v1 = b.store().version(oids[k1]).unwrap();
+        b.store().delete(oids[k1], v1 + 1).await.unwrap();
+        // An object of the PG that only one copy holds.
+        let stray = (100..)
+            .map(|n| ObjectId::new(1, n))
+            .find(|&o| c.route(o).0 == pg)
+            .unwrap();
+        let junk = AlignedBuf::from_slice(&vec![0x77; OBJECT_BYTES as usize]);
+        b.store().write(stray, 1, 0, junk).await.unwrap();
+
+        let light = scrubbed(&c, pg, false).await;
+        assert_eq!((light.inconsistent, light.repaired), (2, 2), "{light:?}");
+        assert_eq!(b.store().version(stray), None);
+        let deep = scrubbed(&c, pg, true).await;
+        assert_eq!((deep.inconsistent, deep.repaired), (1, 1), "{deep:?}");
+        assert_eq!(scrubbed(&c, pg, true).await.inconsistent, 0);
+        for &id in &acting {
+            let s = c.osd(id).unwrap();
+            for &k in &mine {
+                let got = s.store().read(oids[k], 0, OBJECT_BYTES).await.unwrap();
+                assert_eq!(&got[..], &data[k][..], "osd.{id} {}", oids[k]);
+            }
+            assert_eq!(s.store().version(stray), None, "osd.{id}");
+        }
+        for (k, &oid) in oids.iter().enumerate() {
+            assert_eq!(read(&c, oid).await.as_ref(), Some(&data[k]), "{oid}");
+        }
+        c.stop();
+    });
+}
+
+/// A scrub runs only on an active+clean PG: with a copy down it says so
+/// and compares nothing; and the schedule scrubs every PG on its own.
+#[test]
+fn scrub_waits_for_a_clean_pg_and_the_schedule_scrubs_every_pg() {
+    rt::block_on_virtual(async {
+        let c = cluster(23).await;
+        let oid = ObjectId::new(1, 1);
+        put_whole(&c, oid, 1).await;
+        let (pg, acting) = c.route(oid);
+        c.crash(acting[2], 1);
+        while !c.leader.map().pgmap.down.contains(&acting[2]) {
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        c.settle(SETTLE).await.unwrap();
+        let primary = c.leader.map().primary(pg).unwrap();
+        let r = c.osd(primary).unwrap().scrub_pg(pg, true).await;
+        assert_eq!(r.objects, 0);
+        assert!(
+            r.error
+                .as_deref()
+                .is_some_and(|e| e.contains("not active+clean")),
+            "{r:?}"
+        );
+        c.start(acting[2]).await;
+        c.settle(SETTLE).await.unwrap();
+        let cfg = nacre_osd::ScrubConfig {
+            interval: Duration::from_secs(5),
+            deep_interval: Duration::from_secs(10),
+            bytes_per_s: 1 << 30,
+        };
+        for id in 0..3 {
+            c.osd(id).unwrap().set_scrub(cfg);
+        }
+        rt::sleep(Duration::from_secs(30)).await;
+        let pgs = c.leader.map().pgmap.pg_count();
+        let (mut light, mut deep) = (0, 0);
+        for id in 0..3 {
+            let r = c.osd(id).unwrap().stat_report();
+            light += r.scrubs;
+            deep += r.deep_scrubs;
+            assert_eq!(r.scrub_inconsistent, 0, "osd.{id}");
+        }
+        assert!(
+            deep >= u64::from(pgs) && light >= u64::from(pgs),
+            "{light} light, {deep} deep"
+        );
+        c.stop();
+    });
+}

@@ -299,6 +299,19 @@ fn run_on(seed: u64, osds: u32, paged: bool) {
             0,
             "seed {seed}: copies differed where their PG logs said nothing"
         );
+        if c.scrubs().is_some() {
+            // The healed PGs are scrubbed too.
+            let until = rt::monotonic() + Duration::from_secs(10);
+            while c.scrubs().unwrap().0 == 0 && rt::monotonic() < until {
+                rt::sleep(Duration::from_millis(200)).await;
+            }
+            let (scrubs, found) = c.scrubs().unwrap();
+            assert_eq!(
+                found, 0,
+                "seed {seed}: a scrub found the copies of a clean PG apart"
+            );
+            assert_ne!(scrubs, 0, "seed {seed}: no scrub ran");
+        }
         c.stop();
     });
 }

@@ -27,6 +27,11 @@ pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
 /// Largest payload of a control frame (stats).
 pub const CONTROL_PAYLOAD_MAX_BYTES: u32 = 64 << 10;
 
+/// `Op::Scrub` kinds (in `length`) an admin sends a PG's primary: scrub
+/// it now, light or deep.
+pub const SCRUB_START: u32 = 3;
+pub const SCRUB_START_DEEP: u32 = 4;
+
 /// Flag: this frame answers the request with the same id.
 pub const FLAG_REPLY: u16 = 1;
 /// Flag of a `Push`: the object's version has no log entry to go with it
@@ -102,6 +107,15 @@ pub enum Op {
     /// map at the address in the payload (UTF-8), marked out. A refusal
     /// carries its reason as UTF-8 text.
     AddOsd = 21,
+    /// Scrub (`nacre_osd::scrub`), its kind in `length`. Admin → primary:
+    /// scrub PG `pg` now (`length` 3 light, 4 deep); the reply, once it is
+    /// done, carries the report (JSON). Primary → member of the acting
+    /// set: list the PG's objects after `oid` (0, from the first if
+    /// `offset` is 0), or check the objects named in the payload (1 their
+    /// versions and logs, 2 also their bytes); the answer is binary. Or
+    /// (5) rewrite its damaged copy of `oid` at `obj_version` with the
+    /// payload, that version's bytes from another copy.
+    Scrub = 22,
 }
 
 impl Op {
@@ -128,6 +142,7 @@ impl Op {
             19 => Op::VolumeUsage,
             20 => Op::PgClean,
             21 => Op::AddOsd,
+            22 => Op::Scrub,
             _ => return None,
         })
     }
@@ -397,8 +412,9 @@ impl Header {
         let carries_data = match (op, self.reply) {
             (Op::Write | Op::RepWrite, false) => true,
             (Op::Read, true) => self.status == Status::Ok,
-            // A statistics report, or a leader's reason for a refusal.
-            (Op::Stat | Op::MarkOut | Op::AddOsd, true) | (Op::AddOsd, false) => {
+            // A statistics report, a leader's reason for a refusal, a
+            // scrub's objects and findings.
+            (Op::Stat | Op::MarkOut | Op::AddOsd | Op::Scrub, true) | (Op::AddOsd, false) => {
                 if len > CONTROL_PAYLOAD_MAX_BYTES {
                     return bad("larger than a control payload");
                 }
@@ -408,9 +424,10 @@ impl Header {
             // by their payload (bounded above), parsed by the receiver.
             // (A PG query may name the objects it asks about.)
             (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull | Op::VolumeUsage, true)
-            | (Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::LogSync | Op::PgQuery, false) => {
-                return Ok(())
-            }
+            | (
+                Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::LogSync | Op::PgQuery | Op::Scrub,
+                false,
+            ) => return Ok(()),
             _ => false,
         };
         match (carries_data, len == self.length) {
