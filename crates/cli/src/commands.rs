@@ -612,15 +612,15 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
     let mut out = Vec::new();
     for (id, v) in stats {
         let Some(v) = v else { continue };
-        let n = v["damaged_reads"].as_u64().unwrap_or(0);
+        let unrepaired = v["damaged_unrepaired"].as_u64().unwrap_or(0);
         let repaired = v["repaired"].as_u64().unwrap_or(0);
         let last = v["last_damage"].as_str().unwrap_or("?");
-        if n > repaired {
+        if unrepaired > 0 {
             out.push(serde_json::json!({
                 "code": "OSD_DAMAGED",
                 "severity": "HEALTH_ERR",
                 "osd": id,
-                "message": format!("osd.{id} holds damaged data: {} reads found it damaged (a checksum that failed, a read error) since it started and no other copy repaired it (last: {last})", n - repaired)
+                "message": format!("osd.{id} holds damaged data: {unrepaired} objects found damaged (a checksum that failed, a read error) since it started that no other copy has repaired yet (last: {last}); a deep scrub repairs what another copy holds whole: nacre pg scrub --all --deep")
             }));
         }
         if repaired >= REPAIRS_WARN {
@@ -716,13 +716,17 @@ fn pg_summary(
 ) -> (serde_json::Value, Vec<serde_json::Value>) {
     let mut counts: std::collections::BTreeMap<String, u32> = Default::default();
     let mut named: Vec<nacre_osd::PgReport> = Vec::new();
-    let mut left = 0u64;
+    let (mut left, mut degraded_left, mut misplaced_left) = (0u64, 0u64, 0u64);
+    let (mut objects_per_s, mut bytes_per_s, mut object_bytes) = (0.0, 0.0, 0u64);
     for v in stats.iter().filter_map(|(_, v)| v.as_ref()) {
-        // A report from an epoch before the stored map's speaks for PGs
-        // that may have another primary now.
         let Ok(r) = serde_json::from_value::<nacre_osd::OsdReport>(v.clone()) else {
             continue;
         };
+        objects_per_s += r.recovery_objects_per_s;
+        bytes_per_s += r.recovery_bytes_per_s;
+        object_bytes = object_bytes.max(r.object_bytes);
+        // A report from an epoch before the stored map's speaks for PGs
+        // that may have another primary now.
         if r.epoch < epoch {
             continue;
         }
@@ -730,8 +734,23 @@ fn pg_summary(
             *counts.entry(state).or_default() += n;
         }
         left += r.recovery_objects_left;
+        degraded_left += r.degraded_objects_left;
+        misplaced_left += r.misplaced_objects_left;
         named.extend(r.pgs_not_clean);
     }
+    // At the pace of the last second: degraded PGs recover first.
+    let eta =
+        |objects: u64| (objects > 0 && objects_per_s > 0.0).then(|| objects as f64 / objects_per_s);
+    let recovery = serde_json::json!({
+        "degraded_objects": degraded_left,
+        "misplaced_objects": misplaced_left,
+        "degraded_bytes": degraded_left * object_bytes,
+        "misplaced_bytes": misplaced_left * object_bytes,
+        "objects_per_s": objects_per_s,
+        "bytes_per_s": bytes_per_s,
+        "full_redundancy_eta_s": eta(degraded_left),
+        "clean_eta_s": eta(left),
+    });
     named.sort_by_key(|p| p.pg);
     named.truncate(nacre_osd::PG_REPORT_MAX);
     let n = |s: &str| counts.get(s).copied().unwrap_or(0);
@@ -824,6 +843,7 @@ fn pg_summary(
         "recovering": recovering,
         "remapped": remapped + backfilling,
         "recovery_objects_left": left,
+        "recovery": recovery,
         "peering": peering,
         "inactive": inactive,
         "unknown": unknown,
@@ -957,12 +977,33 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                 "pgs       {} total: {} active+clean, {} degraded, {} recovering, {} remapped, {} peering, {} inactive, {} unknown",
                 pgs["total"], pgs["active_clean"], pgs["degraded"], pgs["recovering"], pgs["remapped"], pgs["peering"], pgs["inactive"], pgs["unknown"]
             );
-            if pgs["recovering"].as_u64().unwrap_or(0) > 0 {
+            let rec = &pgs["recovery"];
+            let u = |k: &str| rec[k].as_u64().unwrap_or(0);
+            if u("degraded_objects") + u("misplaced_objects") > 0 {
+                let eta = |k: &str| {
+                    rec[k]
+                        .as_f64()
+                        .map_or("unknown (no recovery in the last second)".into(), |s| {
+                            humantime(Duration::from_secs_f64(s))
+                        })
+                };
                 println!(
-                    "recovery  {} object copies left, {} recovered since the OSDs started",
-                    pgs["recovery_objects_left"],
+                    "recovery  {} object copies degraded ({}), {} misplaced ({}); {}/s, {:.0} objects/s; {} recovered since the OSDs started",
+                    u("degraded_objects"),
+                    human(u("degraded_bytes")),
+                    u("misplaced_objects"),
+                    human(u("misplaced_bytes")),
+                    human(rec["bytes_per_s"].as_f64().unwrap_or(0.0) as u64),
+                    rec["objects_per_s"].as_f64().unwrap_or(0.0),
                     human(sum("recovered_bytes") as u64)
                 );
+                if u("degraded_objects") > 0 {
+                    println!(
+                        "          full redundancy in {}",
+                        eta("full_redundancy_eta_s")
+                    );
+                }
+                println!("          every PG clean in {}", eta("clean_eta_s"));
             }
             if scrub["scrubs"].as_u64().unwrap_or(0) + scrub["deep_scrubs"].as_u64().unwrap_or(0)
                 > 0
@@ -1294,7 +1335,12 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
 }
 
 fn humantime(d: Duration) -> String {
-    format!("{:.0}s", d.as_secs_f64())
+    let s = d.as_secs_f64().round() as u64;
+    match s {
+        0..90 => format!("{s}s"),
+        90..5400 => format!("{} min", (s + 30) / 60),
+        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+    }
 }
 
 #[derive(Args)]

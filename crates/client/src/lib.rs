@@ -36,6 +36,8 @@ pub const STAT_TIMEOUT_MS: u64 = 2_000;
 /// Pause before the second attempt of an op; it doubles up to the next.
 const RETRY_DELAY: Duration = Duration::from_millis(50);
 const RETRY_DELAY_MAX: Duration = Duration::from_millis(1000);
+/// How often `Cluster::scrub_pg` asks for the report of a scrub.
+const SCRUB_POLL: Duration = Duration::from_millis(200);
 /// Largest single volume I/O (the NBD gateway's limit is lower).
 pub const IO_MAX_BYTES: u64 = 64 << 20;
 /// Objects deleted at once by a trim.
@@ -770,12 +772,56 @@ impl Cluster {
         Ok(report)
     }
 
-    /// Has PG `pg` (of the default pool) scrubbed now by its primary,
-    /// deeply (every copy read whole) or not, and waits for the report
-    /// (`nacre_osd::ScrubReport`, JSON). Follows the PG to a new primary
-    /// (map changes) for up to `CLIENT_OP_TIMEOUT_MS` of attempts; the
-    /// scrub itself may take as long as it takes.
+    /// Has PG `pg` (of the default pool) scrubbed by its primary, deeply
+    /// (every copy read whole) or not, and waits for the report
+    /// (`nacre_osd::ScrubReport`, JSON): the primary queues the scrub and
+    /// answers with a ticket, then its report once done (asked every
+    /// [`SCRUB_POLL`]). Follows the PG to a new primary (map changes) for
+    /// up to `CLIENT_OP_TIMEOUT_MS` of attempts to start it; the scrub
+    /// itself may take as long as it takes, but a primary that stops
+    /// answering, or restarts (forgetting the ticket), fails it.
     pub async fn scrub_pg(&self, pg: u32, deep: bool) -> Result<serde_json::Value> {
+        let (primary, ticket) = self.scrub_start(pg, deep).await?;
+        let mut h = Header::request(Op::Scrub, 0, ObjectId::default());
+        h.pg = pg;
+        h.length = nacre_wire::SCRUB_REPORT;
+        h.obj_version = ticket;
+        let mut lost = 0;
+        loop {
+            rt::sleep(SCRUB_POLL).await;
+            let r = match self.conn(primary) {
+                Ok(c) => c.call(h, None).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match r {
+                Ok(f) if f.h.status == Status::Ok => {
+                    lost = 0;
+                    let Some(body) = f.payload else { continue };
+                    return serde_json::from_slice(&body).map_err(|e| {
+                        ClientError::Unavailable(format!("osd.{primary}'s scrub report: {e}"))
+                    });
+                }
+                Ok(f) => {
+                    return Err(ClientError::Unavailable(format!(
+                        "osd.{primary} has no report of the scrub of PG {pg} ({:?}): it restarted; scrub again",
+                        f.h.status
+                    )))
+                }
+                Err(e) => {
+                    self.conns.borrow_mut().remove(&primary);
+                    lost += 1;
+                    if lost * SCRUB_POLL > Duration::from_millis(CLIENT_OP_TIMEOUT_MS) {
+                        return Err(ClientError::Unavailable(format!(
+                            "osd.{primary}, scrubbing PG {pg}: {e}"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks PG `pg`'s primary to scrub it; the primary and its ticket.
+    async fn scrub_start(&self, pg: u32, deep: bool) -> Result<(u32, u64)> {
         let pool = self.default_pool().id;
         let mut last = String::new();
         let until = rt::monotonic() + Duration::from_millis(CLIENT_OP_TIMEOUT_MS);
@@ -813,12 +859,7 @@ impl Cluster {
                 Err(e) => Err(e.to_string()),
             };
             match r {
-                Ok(f) if f.h.status == Status::Ok => {
-                    let body = f.payload.as_deref().unwrap_or(&[]);
-                    return serde_json::from_slice(body).map_err(|e| {
-                        ClientError::Unavailable(format!("osd.{primary}'s scrub report: {e}"))
-                    });
-                }
+                Ok(f) if f.h.status == Status::Ok => return Ok((primary, f.h.obj_version)),
                 Ok(f) => {
                     last = format!("osd.{primary}: {:?}", f.h.status);
                     if f.h.status == Status::Invalid {

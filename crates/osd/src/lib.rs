@@ -217,6 +217,15 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     scrub_cfg: Cell<ScrubConfig>,
     scrub_due: RefCell<HashMap<u32, (Duration, Duration)>>,
     scrub_next: Cell<Duration>,
+    /// Volumes this OSD was asked to purge since it started: their copies
+    /// differ while the purge goes from OSD to OSD, and scrub leaves them
+    /// alone (the monitor's sweep deletes what a purge left).
+    purged: RefCell<HashSet<u64>>,
+    /// Scrubs admins asked for: the last ticket given, those queued or
+    /// running (ticket, PG, deep), and the reports of those done.
+    scrub_tickets: Cell<u64>,
+    scrub_asked: RefCell<Vec<(u64, u32, bool)>>,
+    scrub_reports: RefCell<BTreeMap<u64, ScrubReport>>,
     pub stats: OsdStats,
 }
 
@@ -482,6 +491,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             scrub_cfg: Cell::new(ScrubConfig::default()),
             scrub_due: RefCell::new(HashMap::new()),
             scrub_next: Cell::new(Duration::ZERO),
+            purged: RefCell::new(HashSet::new()),
+            scrub_tickets: Cell::new(0),
+            scrub_asked: RefCell::new(Vec::new()),
+            scrub_reports: RefCell::new(BTreeMap::new()),
             stats,
         })
     }
@@ -539,6 +552,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         (r.nearfull_ratio, r.full_ratio) = self.ratios.get();
         r.scrubbing = (self.scrubbing.get())
             .map(|(pg, deep)| format!("{pg}{}", if deep { " deep" } else { "" }));
+        // Only PGs this OSD still leads: another primary speaks for the rest.
+        (r.pgs_scrub_unrepaired).retain(|[pg, _]| {
+            u32::try_from(*pg).is_ok_and(|pg| self.pgs.borrow().contains_key(&pg))
+        });
         let m = self.map.borrow();
         r.epoch = m.epoch();
         let mut pgs: Vec<(u32, PgState)> = (self.pgs.borrow().iter())
@@ -570,11 +587,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     r.recovery_objects_left += left as u64;
                     let what = format!("{left} of {total} object copies left to recover");
                     if complete >= size {
+                        r.misplaced_objects_left += left as u64;
                         (
                             "active+remapped+backfilling",
                             Some(format!("{what}; {}", leaving())),
                         )
                     } else {
+                        r.degraded_objects_left += left as u64;
                         let up = if acting.len() >= size {
                             String::new()
                         } else {
@@ -937,6 +956,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         Some((epoch << 32) | s.1)
     }
 
+    /// Counts a damaged copy rewritten if `e` (applied here) wrote its
+    /// object whole or deleted it.
+    fn replaced(&self, e: &LogEntry) {
+        if e.op == LogOp::Delete || (e.offset == 0 && e.len == self.store.block_bytes()) {
+            self.stats.replaced(e.oid);
+        }
+    }
+
     /// The log entry of op `h` at `version`.
     fn entry(&self, h: &Header, version: u64) -> LogEntry {
         let (op, offset, len) = match h.op {
@@ -1089,7 +1116,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             None => self.store.delete_logged(entry).await,
         };
         let mut status = match &local {
-            Ok(()) => Status::Ok,
+            Ok(()) => {
+                self.replaced(&entry);
+                Status::Ok
+            }
             Err(e) => {
                 tracing::debug!("osd.{}: {} v{:#x}: {e}", self.id, entry.oid, entry.version);
                 status_of(e)
@@ -1214,7 +1244,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             None => self.store.delete_logged(entry).await,
         };
         match r {
-            Ok(()) => Status::Ok,
+            Ok(()) => {
+                self.replaced(&entry);
+                Status::Ok
+            }
             Err(e) => {
                 tracing::debug!("osd.{}: replica {} v{}: {e}", self.id, h.oid, h.obj_version);
                 status_of(&e)
@@ -1268,7 +1301,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     async fn repair(&self, oid: ObjectId, version: u64, data: AlignedBuf, from: u32) -> bool {
         match self.store.repair(oid, version, data).await {
             Ok(()) => {
-                self.stats.repaired();
+                self.stats.repaired(oid);
                 tracing::warn!(
                     "osd.{}: {oid} v{version:#x} repaired from osd.{from}'s copy",
                     self.id
@@ -1355,6 +1388,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Deletes every local object of a volume.
     async fn purge_volume(self: &Rc<Self>, volume: u64) -> Status {
+        self.purged.borrow_mut().insert(volume);
         let victims: Vec<(ObjectId, u64)> = (self.store.list().into_iter())
             .filter(|(o, _)| o.volume.0 == volume)
             .collect();

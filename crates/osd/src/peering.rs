@@ -699,7 +699,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             (None, None) => return Status::Invalid,
         };
         match r {
-            Ok(()) => Status::Ok,
+            Ok(()) => {
+                self.stats.replaced(oid);
+                Status::Ok
+            }
             Err(e) => {
                 tracing::warn!("osd.{}: recovery of {oid} v{version:#x}: {e}", self.id);
                 status_of(&e)

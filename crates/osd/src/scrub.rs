@@ -36,6 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
+use nacre_blockstore::LogOp;
 use nacre_io::{rt, AlignedBuf, BlockDev};
 use nacre_net::Transport;
 use nacre_types::{crc32c, pg_of, ObjectId};
@@ -48,7 +49,7 @@ use crate::{pg_key, Osd, PgState};
 const LIST: u32 = 0;
 const CHECK: u32 = 1;
 const CHECK_DEEP: u32 = 2;
-use nacre_wire::{SCRUB_START as START, SCRUB_START_DEEP as START_DEEP};
+use nacre_wire::{SCRUB_REPORT as REPORT, SCRUB_START as START, SCRUB_START_DEEP as START_DEEP};
 const MEND: u32 = 5;
 
 /// Objects per listing page (16 bytes each in the answer).
@@ -57,12 +58,19 @@ const LIST_PAGE: usize = 2048;
 /// that long (a deep chunk reads every copy of each).
 const CHUNK_LIGHT: usize = 64;
 const CHUNK_DEEP: usize = 8;
+/// Scrubs an admin asked for that may wait their turn on one OSD, and
+/// reports of them it keeps for the asker to fetch.
+const ASKED_MAX: usize = 256;
+const REPORTS_KEPT: usize = 256;
 /// Findings a report names (the rest are counted).
 const FINDINGS_MAX: usize = 16;
 /// How often the schedule looks for a PG that is due, and how long a PG
 /// whose scrub could not run waits before it is tried again.
 const SCHEDULE_TICK: Duration = Duration::from_millis(500);
 const SCHEDULE_RETRY: Duration = Duration::from_secs(60);
+/// The longest a scrub waits for a member's answer (it holds the chunk's
+/// object locks meanwhile).
+const SCRUB_CALL_MAX: Duration = Duration::from_secs(5);
 
 pub const SCRUB_INTERVAL_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 pub const DEEP_SCRUB_INTERVAL_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -126,7 +134,8 @@ pub(crate) struct Seen {
     pub logged: u64,
     /// crc32c of the whole object (deep checks of a held object).
     pub digest: u32,
-    /// `DAMAGED`, `UNREADABLE`, `MOVED`.
+    /// `DAMAGED`, `UNREADABLE`, `MOVED` (the copy cannot be read: it has
+    /// no say), `LOGGED_DELETE`, `PURGED`.
     pub flags: u32,
 }
 
@@ -136,6 +145,13 @@ const DAMAGED: u32 = 1;
 const UNREADABLE: u32 = 2;
 /// The object changed while it was read.
 const MOVED: u32 = 4;
+const UNREAD: u32 = DAMAGED | UNREADABLE | MOVED;
+/// The newest log entry for it (`logged`) is a delete.
+const LOGGED_DELETE: u32 = 8;
+/// Its volume is being deleted: the copies may differ while the purge
+/// goes from OSD to OSD (each deletes its objects unlogged), so the
+/// object is not judged.
+const PURGED: u32 = 16;
 const SEEN_BYTES: usize = 32;
 
 impl Seen {
@@ -156,15 +172,31 @@ impl Seen {
             digest: u32_at(16),
             flags: u32_at(20),
         };
-        if s.flags & !(DAMAGED | UNREADABLE | MOVED) != 0 || u64_at(24) != 0 {
+        if s.flags & !(UNREAD | LOGGED_DELETE | PURGED) != 0 || u64_at(24) != 0 {
             return Err(format!("scrub check: flags {:#x}", s.flags));
         }
         Ok(s)
     }
 
-    /// Whether this copy has a say in the authority.
     fn readable(&self) -> bool {
-        self.flags == 0
+        self.flags & UNREAD == 0
+    }
+
+    /// Whether the copy contradicts its own log: the newest entry for the
+    /// object is a write of a version it does not hold (it lost the
+    /// write), or a delete of a version it still holds.
+    fn contradicts_log(&self) -> bool {
+        match (self.logged, self.flags & LOGGED_DELETE != 0) {
+            (0, _) => false,
+            (l, false) => self.version < l,
+            (l, true) => self.version != 0 && self.version <= l,
+        }
+    }
+
+    /// Whether this copy has a say in the authority: it could be read and
+    /// agrees with its own log.
+    fn votes(&self) -> bool {
+        self.readable() && !self.contradicts_log()
     }
 
     fn describe(&self, deep: bool) -> String {
@@ -177,7 +209,15 @@ impl Seen {
             v => format!("v{v:#x}"),
         };
         if self.logged != 0 {
-            s += &format!(" (log v{:#x})", self.logged);
+            let op = if self.flags & LOGGED_DELETE != 0 {
+                "delete"
+            } else {
+                "write"
+            };
+            s += &format!(" (log: {op} v{:#x})", self.logged);
+        }
+        if self.contradicts_log() {
+            s += " contradicting its log";
         }
         s
     }
@@ -208,44 +248,53 @@ pub(crate) enum Verdict {
 }
 
 /// Judges one object from what each copy (`(osd, seen)`, the primary
-/// `primary` among them) holds; `tail` is the highest log tail among the
-/// copies: entries at or below it some log may have trimmed.
-pub(crate) fn judge(copies: &[(u32, Seen)], tail: u64, primary: u32, deep: bool) -> Verdict {
+/// `primary` among them) holds; `floor` is the highest among the copies'
+/// log floors: entries at or below it some log may no longer hold.
+///
+/// A copy has a say only if it could be read and agrees with its own log
+/// (`Seen::contradicts_log`: a copy that lost a write its log names must
+/// not outvote the copies that hold it). The authority is the state a
+/// strict majority of those copies hold; without one, the primary's —
+/// but never "absent" over a copy that holds the object. With no
+/// authority the object is left alone.
+pub(crate) fn judge(copies: &[(u32, Seen)], floor: u64, primary: u32, deep: bool) -> Verdict {
     let state = |s: &Seen| (s.version, if deep && s.version != 0 { s.digest } else { 0 });
-    let logged = |s: &Seen| if s.logged > tail { s.logged } else { 0 };
+    let logged = |s: &Seen| {
+        if s.logged > floor {
+            (s.logged, s.flags & LOGGED_DELETE != 0)
+        } else {
+            (0, false)
+        }
+    };
     let Some((_, first)) = copies.first() else {
         return Verdict::Consistent;
     };
     if (copies.iter())
-        .all(|(_, s)| s.readable() && state(s) == state(first) && logged(s) == logged(first))
+        .all(|(_, s)| s.votes() && state(s) == state(first) && logged(s) == logged(first))
     {
         return Verdict::Consistent;
     }
     let why = (copies.iter())
-        .map(|(o, s)| {
-            let s = Seen {
-                logged: logged(s),
-                ..*s
-            };
-            format!("osd.{o} {}", s.describe(deep))
-        })
+        .map(|(o, s)| format!("osd.{o} {}", s.describe(deep)))
         .collect::<Vec<_>>()
         .join(", ");
-    let readable: Vec<(u32, (u64, u32))> = (copies.iter())
-        .filter(|(_, s)| s.readable())
+    let voters: Vec<(u32, (u64, u32))> = (copies.iter())
+        .filter(|(_, s)| s.votes())
         .map(|(o, s)| (*o, state(s)))
         .collect();
     let mut votes: BTreeMap<(u64, u32), usize> = BTreeMap::new();
-    for (_, st) in &readable {
+    for (_, st) in &voters {
         *votes.entry(*st).or_default() += 1;
     }
     let majority = (votes.iter())
-        .find(|(_, &n)| n * 2 > readable.len())
+        .find(|(_, &n)| n * 2 > voters.len())
         .map(|(st, _)| *st);
     let auth = majority.or_else(|| {
-        (readable.iter())
+        let mine = (voters.iter())
             .find(|(o, _)| *o == primary)
-            .map(|(_, st)| *st)
+            .map(|(_, st)| *st)?;
+        let held = voters.iter().any(|(_, st)| st.0 != 0);
+        (mine.0 != 0 || !held).then_some(mine)
     });
     let Some(auth) = auth else {
         return Verdict::Unrepairable {
@@ -254,19 +303,19 @@ pub(crate) fn judge(copies: &[(u32, Seen)], tail: u64, primary: u32, deep: bool)
     };
     // The primary's own copy if it is the authority's (no pull), else
     // the first that is.
-    let source = (readable.iter())
+    let source = (voters.iter())
         .filter(|(_, st)| *st == auth)
         .map(|(o, _)| *o)
         .min_by_key(|&o| o != primary)
-        .expect("the authority is some readable copy's state");
+        .expect("the authority is some voting copy's state");
     let auth_logged = (copies.iter())
         .find(|(o, _)| *o == source)
-        .map_or(0, |(_, s)| logged(s));
+        .map_or((0, false), |(_, s)| logged(s));
     let in_place = auth.0 != 0
         && (copies.iter()).all(|(_, s)| {
             logged(s) == auth_logged
                 && if s.readable() {
-                    state(s) == auth
+                    state(s) == auth && !s.contradicts_log()
                 } else {
                     s.version == auth.0 && s.flags & MOVED == 0
                 }
@@ -396,6 +445,34 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         r
     }
 
+    /// Queues a scrub of PG `pg` an admin asked for; its ticket, which
+    /// `Op::Scrub` `SCRUB_REPORT` answers with its report once it is done.
+    /// One already queued or running for the PG (as deep) takes the ask
+    /// instead; `None` when too many wait.
+    fn scrub_ask(self: &Rc<Self>, pg: u32, deep: bool) -> Option<u64> {
+        let mut asked = self.scrub_asked.borrow_mut();
+        if let Some(a) = asked.iter().find(|a| a.1 == pg && (a.2 || !deep)) {
+            return Some(a.0);
+        }
+        if asked.len() >= ASKED_MAX {
+            return None;
+        }
+        let ticket = self.scrub_tickets.get() + 1;
+        self.scrub_tickets.set(ticket);
+        asked.push((ticket, pg, deep));
+        let me = self.clone();
+        rt::spawn(async move {
+            let r = me.scrub_pg(pg, deep).await;
+            me.scrub_asked.borrow_mut().retain(|a| a.0 != ticket);
+            let mut reports = me.scrub_reports.borrow_mut();
+            reports.insert(ticket, r);
+            while reports.len() > REPORTS_KEPT {
+                reports.pop_first();
+            }
+        });
+        Some(ticket)
+    }
+
     /// Why PG `pg` cannot be scrubbed (on) in `epoch`, if it cannot.
     fn scrub_blocked(&self, pg: u32, epoch: u64) -> Result<(), String> {
         if self.halted.get() {
@@ -444,10 +521,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let oids: Vec<ObjectId> = oids.into_iter().collect();
             for c in oids.chunks(chunk) {
                 self.scrub_blocked(pg, epoch)?;
+                let mut locked = Locked(self, Vec::with_capacity(c.len()));
                 for &o in c {
                     self.lock(o).await;
+                    locked.1.push(o);
                 }
-                let locked = Locked(self, c.to_vec());
                 let bytes = self.scrub_chunk(pg, epoch, &acting, c, deep, r).await;
                 drop(locked);
                 self.scrub_pace(bytes?).await;
@@ -478,11 +556,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 )
             })
             .collect();
-        let mut tail = 0;
+        let mut floor = 0;
         let mut seen: Vec<Vec<Seen>> = Vec::new();
         for a in asks {
-            let (t, s) = a.await?;
-            tail = tail.max(t);
+            let (f, s) = a.await?;
+            floor = floor.max(f);
             seen.push(s);
         }
         // A write of another object failed meanwhile, or the epoch moved:
@@ -498,7 +576,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 bytes += bb * copies.iter().filter(|(_, s)| s.version != 0).count() as u64;
             }
             r.objects += 1;
-            let verdict = judge(&copies, tail, self.id, deep);
+            if copies.iter().any(|(_, s)| s.flags & PURGED != 0) {
+                continue;
+            }
+            let verdict = judge(&copies, floor, self.id, deep);
+            if !matches!(verdict, Verdict::Consistent) {
+                // Nothing is rewritten once the PG stopped.
+                self.scrub_blocked(pg, epoch)?;
+            }
             let (why, fixed) = match verdict {
                 Verdict::Consistent => continue,
                 Verdict::Unrepairable { why } => (why, Err("left alone".to_string())),
@@ -535,6 +620,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             };
             let line = clip(format!("{oid}: {why}; {what}"), 400);
             tracing::warn!("osd.{}: PG {pg} scrub: {line}", self.id);
+            self.stats.scrub_found(format!("PG {pg}: {line}"));
             if r.findings.len() < FINDINGS_MAX {
                 r.findings.push(line);
             }
@@ -543,6 +629,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 self.scrub_blocked(pg, epoch)?;
             }
         }
+        r.bytes += bytes;
         Ok(bytes)
     }
 
@@ -577,6 +664,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 self.scrub_mend_on(o, pg, epoch, oid, version, d).await?;
             }
             return Ok(());
+        }
+        // A whole-object rewrite takes a new block on every copy: where
+        // one is full it would fail there and end the interval.
+        if data.is_some() {
+            let full = {
+                let m = self.map.borrow();
+                acting.iter().copied().find(|o| m.full.contains(o))
+            };
+            if let Some(o) = full.or_else(|| (self.store.spare_blocks() == 0).then_some(self.id)) {
+                return Err(format!("osd.{o} is full"));
+            }
         }
         match self.rewrite(pg, epoch, acting, oid, data).await {
             Ok(()) => Ok(()),
@@ -616,9 +714,24 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let mut h = self.scrub_header(MEND, pg, epoch, oid).with_payload(data);
         h.obj_version = version;
-        match self.call_osd(o, h, Some(data)).await?.h.status {
+        match self.scrub_call(o, h, Some(data)).await?.h.status {
             Status::Ok => Ok(()),
             s => Err(format!("osd.{o}'s copy was not rewritten: {s:?}")),
+        }
+    }
+
+    /// `call_osd` for a scrub step, which holds object locks meanwhile:
+    /// bounded by [`SCRUB_CALL_MAX`] (a member that died is not waited
+    /// for through every retry).
+    async fn scrub_call(
+        &self,
+        m: u32,
+        h: Header,
+        data: Option<&AlignedBuf>,
+    ) -> Result<nacre_net::Frame, String> {
+        match rt::timeout(SCRUB_CALL_MAX, self.call_osd(m, h, data)).await {
+            Some(r) => r,
+            None => Err(format!("osd.{m} did not answer within {SCRUB_CALL_MAX:?}")),
         }
     }
 
@@ -646,7 +759,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let mut h = self.scrub_header(LIST, pg, epoch, after.unwrap_or_default());
         h.offset = u32::from(after.is_some());
-        let f = self.call_osd(m, h, None).await?;
+        let f = self.scrub_call(m, h, None).await?;
         if f.h.status != Status::Ok {
             return Err(format!("osd.{m} listing PG {pg}: {:?}", f.h.status));
         }
@@ -671,7 +784,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         Ok((oids, more))
     }
 
-    /// Member `m`'s state of each of `oids` and its log's tail.
+    /// Member `m`'s state of each of `oids` and its log's floor (entries
+    /// at or below it it may lack).
     async fn scrub_check_on(
         self: Rc<Self>,
         m: u32,
@@ -693,7 +807,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             )
             .with_payload(&body);
         let f = self
-            .call_osd(m, h, Some(&AlignedBuf::from_slice(&body)))
+            .scrub_call(m, h, Some(&AlignedBuf::from_slice(&body)))
             .await?;
         if f.h.status != Status::Ok {
             return Err(format!("osd.{m} checking PG {pg}: {:?}", f.h.status));
@@ -733,7 +847,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// This copy's state of each of `oids` of PG `pg` (deep: each read
-    /// whole), and its log's tail.
+    /// whole), and its log's floor.
     async fn scrub_check(
         self: &Rc<Self>,
         pg: u32,
@@ -742,33 +856,44 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     ) -> (u64, Vec<Seen>) {
         let key = pg_key(self.map.borrow().pgmap.pool, pg);
         let log = self.store.pg_log(key).unwrap_or_default();
-        let mut logged: HashMap<ObjectId, u64> = HashMap::new();
+        // Entries are in version order: the last one of an object is its
+        // newest.
+        let mut logged: HashMap<ObjectId, (u64, bool)> = HashMap::new();
         for e in log.entries.values() {
-            let v = logged.entry(e.oid).or_default();
-            *v = (*v).max(e.version);
+            logged.insert(e.oid, (e.version, e.op == LogOp::Delete));
         }
+        // Below its first entry a log may lack entries above its tail (a
+        // recovered copy's log keeps only what fits).
+        let floor = (log.entries.keys().next()).map_or(log.tail, |&v| log.tail.max(v - 1));
         let bb = self.store.block_bytes();
         let mut out = Vec::with_capacity(oids.len());
         for &oid in oids {
+            let (l, delete) = logged.get(&oid).copied().unwrap_or((0, false));
             let mut s = Seen {
                 version: self.store.version(oid).unwrap_or(0),
-                logged: logged.get(&oid).copied().unwrap_or(0),
+                logged: l,
                 ..Default::default()
             };
+            if delete {
+                s.flags |= LOGGED_DELETE;
+            }
+            if self.purged.borrow().contains(&oid.volume.0) {
+                s.flags |= PURGED;
+            }
             if deep && s.version != 0 {
                 match self.store.read(oid, 0, bb).await {
-                    Ok(_) if self.store.version(oid) != Some(s.version) => s.flags = MOVED,
+                    Ok(_) if self.store.version(oid) != Some(s.version) => s.flags |= MOVED,
                     Ok(d) => s.digest = crc32c(&d),
-                    Err(e) if self.note_damage(oid, &e) => s.flags = DAMAGED,
+                    Err(e) if self.note_damage(oid, &e) => s.flags |= DAMAGED,
                     Err(e) => {
                         tracing::warn!("osd.{}: scrub read of {oid}: {e}", self.id);
-                        s.flags = UNREADABLE;
+                        s.flags |= UNREADABLE;
                     }
                 }
             }
             out.push(s);
         }
-        (log.tail, out)
+        (floor, out)
     }
 
     /// Answers `Op::Scrub`: a scrub an admin asks for, or a step of one
@@ -796,12 +921,32 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 if !self.pgs.borrow().contains_key(&h.pg) {
                     return refuse(Status::NotPrimary);
                 }
-                let r = self.scrub_pg(h.pg, h.length == START_DEEP).await;
-                let body = serde_json::to_vec(&r).expect("a report serialises");
-                (
-                    h.reply(Status::Ok).with_payload(&body),
-                    Some(AlignedBuf::from_slice(&body)),
-                )
+                match self.scrub_ask(h.pg, h.length == START_DEEP) {
+                    Some(ticket) => {
+                        let mut r = h.reply(Status::Ok);
+                        r.obj_version = ticket;
+                        (r, None)
+                    }
+                    None => refuse(Status::Unavailable),
+                }
+            }
+            REPORT => {
+                if h.sender != SENDER_CLIENT || !b.is_empty() {
+                    return refuse(Status::Invalid);
+                }
+                let ticket = h.obj_version;
+                if let Some(r) = self.scrub_reports.borrow().get(&ticket) {
+                    let body = serde_json::to_vec(r).expect("a report serialises");
+                    return (
+                        h.reply(Status::Ok).with_payload(&body),
+                        Some(AlignedBuf::from_slice(&body)),
+                    );
+                }
+                if self.scrub_asked.borrow().iter().any(|a| a.0 == ticket) {
+                    // Queued or running: no payload yet.
+                    return (h.reply(Status::Ok), None);
+                }
+                refuse(Status::NotFound)
             }
             LIST | CHECK | CHECK_DEEP | MEND => {
                 if let Some(s) = self.check_peer_op(h).await {
@@ -829,7 +974,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     r.obj_version = u64::from(more);
                     return (r, Some(AlignedBuf::from_slice(&body)));
                 }
-                if !b.len().is_multiple_of(16) || b.len() / 16 > CHUNK_LIGHT.max(CHUNK_DEEP) {
+                let most = if h.length == CHECK_DEEP {
+                    CHUNK_DEEP
+                } else {
+                    CHUNK_LIGHT
+                };
+                if !b.len().is_multiple_of(16) || b.len() / 16 > most {
                     return refuse(Status::Invalid);
                 }
                 let oids = decode_oids(b);
@@ -1061,6 +1211,63 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_copy_that_contradicts_its_log_has_no_say() {
+        let good = seen(0x105, 7);
+        // The primary lost an object its log says it wrote: the replica's
+        // copy is the authority, though one each.
+        let lost = Seen { version: 0, ..good };
+        assert!(matches!(
+            judge(&[(0, lost), (1, good)], 0, 0, false),
+            Verdict::Repair {
+                version: 0x105,
+                source: 1,
+                mend: None,
+                ..
+            }
+        ));
+        // Or holds an older version than its log's write.
+        let behind = Seen {
+            version: 0x104,
+            ..good
+        };
+        assert!(matches!(
+            judge(&[(0, behind), (1, good), (2, behind)], 0, 0, false),
+            Verdict::Repair {
+                version: 0x105,
+                source: 1,
+                ..
+            }
+        ));
+        // One each, no log to tell: never "absent" over a held copy.
+        let unlogged = Seen { logged: 0, ..good };
+        assert!(matches!(
+            judge(&[(0, Seen::default()), (1, unlogged)], 0, 0, false),
+            Verdict::Unrepairable { .. }
+        ));
+        // A copy still holding what its log says was deleted.
+        let deleted = Seen {
+            version: 0,
+            logged: 0x106,
+            flags: LOGGED_DELETE,
+            ..Seen::default()
+        };
+        let kept = Seen {
+            version: 0x105,
+            ..deleted
+        };
+        assert!(kept.contradicts_log() && !deleted.contradicts_log());
+        assert!(matches!(
+            judge(&[(0, deleted), (1, kept)], 0, 0, false),
+            Verdict::Repair { version: 0, .. }
+        ));
+        // Logs at or below the floor are not compared.
+        assert_eq!(
+            judge(&[(0, good), (1, unlogged)], 0x105, 0, false),
+            Verdict::Consistent
+        );
     }
 
     #[test]

@@ -16,6 +16,10 @@ use crate::scrub::ScrubReport;
 /// the threshold that matters is far lower).
 const DAMAGED_OBJECTS_KEPT: usize = 1024;
 
+/// Counters with a rate: reads, writes, their bytes, object copies
+/// recovered and their bytes.
+const RATES: usize = 6;
+
 #[derive(Default)]
 pub struct OsdStats {
     reads: Cell<u64>,
@@ -27,8 +31,8 @@ pub struct OsdStats {
     write_us_sum: Cell<u64>,
     /// Counters at the start of the current one-second window, and the
     /// rates of the last complete one.
-    window: Cell<Option<(Instant, [u64; 4])>>,
-    rates: Cell<[f64; 4]>,
+    window: Cell<Option<(Instant, [u64; RATES])>>,
+    rates: Cell<[f64; RATES]>,
     /// Reads that found this OSD's copy damaged, and what the last one
     /// said.
     damaged_reads: Cell<u64>,
@@ -37,6 +41,9 @@ pub struct OsdStats {
     damaged_objects: RefCell<std::collections::HashSet<ObjectId>>,
     /// Damaged copies rewritten from another copy.
     repaired: Cell<u64>,
+    /// Objects found damaged whose copy here has not been rewritten since
+    /// (up to [`DAMAGED_OBJECTS_KEPT`]).
+    unrepaired: RefCell<std::collections::HashSet<ObjectId>>,
     /// Why the store's journal replay stopped before its end at open.
     replay_stopped: RefCell<Option<String>>,
     /// Object copies this OSD recovered as primary, and their bytes.
@@ -99,6 +106,10 @@ pub struct OsdReport {
     /// refused with EIO, or served from another copy but not rewritten).
     #[serde(default)]
     pub repaired: u64,
+    /// Objects found damaged here whose copy has not been rewritten since
+    /// (repaired, or written whole or deleted): damage nothing fixed yet.
+    #[serde(default)]
+    pub damaged_unrepaired: u64,
     /// Replay of the store's journal stopped before its end at open
     /// (damage in the journal, not a torn tail).
     #[serde(default)]
@@ -121,6 +132,20 @@ pub struct OsdReport {
     pub recovered_bytes: u64,
     #[serde(default)]
     pub recovery_objects_left: u64,
+    /// Of those, the copies of degraded PGs (fewer complete copies than
+    /// the pool's size: redundancy lost) and of PGs that move with every
+    /// copy kept (misplaced); and the pace over the last second.
+    #[serde(default)]
+    pub degraded_objects_left: u64,
+    #[serde(default)]
+    pub misplaced_objects_left: u64,
+    #[serde(default)]
+    pub recovery_objects_per_s: f64,
+    #[serde(default)]
+    pub recovery_bytes_per_s: f64,
+    /// The store's object (block) size: a recovered copy is one.
+    #[serde(default)]
+    pub object_bytes: u64,
     /// Objects of stray copies (PGs placement gave to other OSDs) this
     /// OSD has deleted since it started, once those PGs were clean.
     #[serde(default)]
@@ -235,6 +260,10 @@ impl OsdStats {
     pub fn damaged(&self, oid: ObjectId, what: String) -> u64 {
         add(&self.damaged_reads, 1);
         *self.last_damage.borrow_mut() = Some(what);
+        let mut unrepaired = self.unrepaired.borrow_mut();
+        if unrepaired.len() < DAMAGED_OBJECTS_KEPT {
+            unrepaired.insert(oid);
+        }
         let mut objects = self.damaged_objects.borrow_mut();
         if objects.len() < DAMAGED_OBJECTS_KEPT {
             objects.insert(oid);
@@ -242,8 +271,18 @@ impl OsdStats {
         objects.len() as u64
     }
 
-    pub fn repaired(&self) {
+    /// The damaged copy of `oid` was rewritten from another copy's bytes.
+    pub fn repaired(&self, oid: ObjectId) {
         add(&self.repaired, 1);
+        self.unrepaired.borrow_mut().remove(&oid);
+    }
+
+    /// `oid` was written whole or deleted here: a damaged copy of it is
+    /// gone (a scrub's rewrite, a client's, recovery's).
+    pub fn replaced(&self, oid: ObjectId) {
+        if self.unrepaired.borrow_mut().remove(&oid) {
+            add(&self.repaired, 1);
+        }
     }
 
     pub fn pg_listed(&self) {
@@ -267,6 +306,7 @@ impl OsdStats {
     pub fn recovered(&self, bytes: u64, objects: u64) {
         add(&self.recovered_bytes, bytes);
         add(&self.recovered_objects, objects);
+        self.tick();
     }
 
     /// A stray copy of `objects` objects was deleted.
@@ -299,21 +339,25 @@ impl OsdStats {
         add(&self.scrub_inconsistent, r.inconsistent);
         add(&self.scrub_repaired, r.repaired);
         add(&self.scrub_unrepaired, r.unrepaired);
-        if let Some(f) = r.findings.last() {
-            *self.last_scrub_finding.borrow_mut() = Some(format!("PG {}: {f}", r.pg));
-        }
+    }
+
+    /// A scrub found copies that differ (`what`: which, and what was done).
+    pub fn scrub_found(&self, what: String) {
+        *self.last_scrub_finding.borrow_mut() = Some(what);
     }
 
     pub fn replica_done(&self) {
         add(&self.replica_ops, 1);
     }
 
-    fn now_counts(&self) -> [u64; 4] {
+    fn now_counts(&self) -> [u64; RATES] {
         [
             self.reads.get(),
             self.writes.get(),
             self.read_bytes.get(),
             self.write_bytes.get(),
+            self.recovered_objects.get(),
+            self.recovered_bytes.get(),
         ]
     }
 
@@ -326,13 +370,13 @@ impl OsdStats {
                 let dt = now.duration_since(t0).as_secs_f64();
                 if dt >= 1.0 {
                     let c = self.now_counts();
-                    let mut r = [0.0; 4];
-                    for i in 0..4 {
+                    let mut r = [0.0; RATES];
+                    for i in 0..RATES {
                         r[i] = (c[i] - c0[i]) as f64 / dt;
                     }
                     // Idle for more than a window: the rate is ~0 now.
                     if dt >= 2.0 {
-                        r = [0.0; 4];
+                        r = [0.0; RATES];
                     }
                     self.rates.set(r);
                     self.window.set(Some((now, c)));
@@ -347,7 +391,7 @@ impl OsdStats {
             .window
             .get()
             .is_some_and(|(t0, _)| t0.elapsed().as_secs_f64() >= 2.0);
-        let r = if idle { [0.0; 4] } else { self.rates.get() };
+        let r = if idle { [0.0; RATES] } else { self.rates.get() };
         let avg = |s: u64, n: u64| if n == 0 { 0.0 } else { s as f64 / n as f64 };
         let sp = store.space();
         OsdReport {
@@ -363,6 +407,9 @@ impl OsdStats {
             write_iops: r[1],
             read_bytes_per_s: r[2],
             write_bytes_per_s: r[3],
+            recovery_objects_per_s: r[4],
+            recovery_bytes_per_s: r[5],
+            object_bytes: u64::from(store.block_bytes()),
             capacity_bytes: sp.total_bytes,
             used_bytes: sp.used_bytes,
             objects: store.object_count() as u64,
@@ -370,6 +417,7 @@ impl OsdStats {
             damaged_objects: self.damaged_objects.borrow().len() as u64,
             last_damage: self.last_damage.borrow().clone(),
             repaired: self.repaired.get(),
+            damaged_unrepaired: self.unrepaired.borrow().len() as u64,
             replay_stopped: self.replay_stopped.borrow().clone(),
             recovered_objects: self.recovered_objects.get(),
             recovered_bytes: self.recovered_bytes.get(),

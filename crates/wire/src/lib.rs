@@ -31,6 +31,9 @@ pub const CONTROL_PAYLOAD_MAX_BYTES: u32 = 64 << 10;
 /// it now, light or deep.
 pub const SCRUB_START: u32 = 3;
 pub const SCRUB_START_DEEP: u32 = 4;
+/// The report of the scrub whose ticket (the start's answer, in
+/// `obj_version`) is in `obj_version`: no payload while it waits or runs.
+pub const SCRUB_REPORT: u32 = 6;
 
 /// Flag: this frame answers the request with the same id.
 pub const FLAG_REPLY: u16 = 1;
@@ -108,8 +111,9 @@ pub enum Op {
     /// carries its reason as UTF-8 text.
     AddOsd = 21,
     /// Scrub (`nacre_osd::scrub`), its kind in `length`. Admin → primary:
-    /// scrub PG `pg` now (`length` 3 light, 4 deep); the reply, once it is
-    /// done, carries the report (JSON). Primary → member of the acting
+    /// scrub PG `pg` (`length` 3 light, 4 deep), answered at once with a
+    /// ticket in `obj_version`; then (6) the report of that ticket (JSON),
+    /// no payload while it waits or runs. Primary → member of the acting
     /// set: list the PG's objects after `oid` (0, from the first if
     /// `offset` is 0), or check the objects named in the payload (1 their
     /// versions and logs, 2 also their bytes); the answer is binary. Or
