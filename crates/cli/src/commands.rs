@@ -1500,6 +1500,7 @@ mod tests {
                 damaged_reads,
                 damaged_objects: damaged_reads,
                 repaired,
+                damaged_unrepaired: damaged_reads - repaired,
                 last_damage: Some("object 1.2: chunk 3".into()),
                 ..Default::default()
             };
@@ -1531,7 +1532,7 @@ mod tests {
             .as_str()
             .unwrap()
             .to_string();
-        assert!(msg.contains("osd.1 holds damaged data: 2 reads"), "{msg}");
+        assert!(msg.contains("osd.1 holds damaged data: 2 objects"), "{msg}");
         let msg = damage_checks(&stats)[2]["message"].to_string();
         assert!(
             msg.contains("replace its disk, then `nacre osd in 2`"),
