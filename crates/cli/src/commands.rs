@@ -409,6 +409,61 @@ pub fn osd_mark(at: &At, id: u32, out: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `nacre osd ls`: every OSD registered, where it is, whether it is up
+/// and in, and how many PGs placement gives it (and leads).
+pub fn osd_ls(at: &At, format: Format) -> anyhow::Result<()> {
+    let meta = at.meta()?;
+    let m = map::load(&*meta)?;
+    let pool = m.pools.first().context("no pool")?;
+    let t = m.pgmap(pool.id).context("no PG table")?;
+    let mut rows = Vec::new();
+    for o in &m.osds {
+        let pgs = (0..t.pg_count())
+            .filter(|&pg| t.placement(pg).contains(&o.id))
+            .count();
+        let primary = (0..t.pg_count())
+            .filter(|&pg| t.primary(pg) == Some(o.id))
+            .count();
+        // Out: marked out, or registered and never yet in a table.
+        let out = t.out.contains(&o.id) || !t.knows(o.id);
+        rows.push(serde_json::json!({
+            "id": o.id,
+            "host": o.host,
+            "rack": o.rack,
+            "weight": o.weight,
+            "addr": o.addr,
+            "up": m.is_up(o.id),
+            "in": !out,
+            "pgs": pgs,
+            "primary_pgs": primary,
+        }));
+    }
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        Format::Table => {
+            println!(
+                "{:<7} {:<12} {:<10} {:>6} {:<5} {:<4} {:>5} {:>8}  addr",
+                "osd", "host", "rack", "weight", "up", "in", "pgs", "primary"
+            );
+            for r in &rows {
+                println!(
+                    "{:<7} {:<12} {:<10} {:>6} {:<5} {:<4} {:>5} {:>8}  {}",
+                    format!("osd.{}", r["id"]),
+                    r["host"].as_str().unwrap_or(""),
+                    r["rack"].as_str().unwrap_or(""),
+                    r["weight"].to_string(),
+                    if r["up"] == true { "up" } else { "down" },
+                    if r["in"] == true { "in" } else { "out" },
+                    r["pgs"].to_string(),
+                    r["primary_pgs"].to_string(),
+                    r["addr"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
     match cmd {
         VolumeCmd::Create { name, size, at } => {

@@ -242,6 +242,15 @@ enum OsdCmd {
         #[arg(long, value_parser = args::parse_size)]
         size: Option<u64>,
     },
+    /// Every OSD: host, rack, weight, up or down, in or out, the PGs
+    /// placement gives it and those it leads, its address.
+    Ls {
+        #[command(flatten)]
+        at: at::At,
+        /// Output: a table for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
     /// Mark an OSD out: the PGs it holds move to the other OSDs (the data
     /// is copied in the background while the PGs serve). Refused if too
     /// few OSDs would be left for the pool's replicas.
@@ -483,6 +492,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
             OsdCmd::Add { dir, size } => commands::osd_add(&dir, size),
             OsdCmd::Out { id, at } => commands::osd_mark(&at, id, true),
+            OsdCmd::Ls { at, format } => commands::osd_ls(&at, format),
             OsdCmd::In { id, at } => commands::osd_mark(&at, id, false),
         },
         Cmd::Volume { cmd } => commands::volume(cmd),

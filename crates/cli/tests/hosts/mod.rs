@@ -198,6 +198,21 @@ impl Net {
         self.on.insert(name.into(), self.host(host));
     }
 
+    /// [`Net::spawn`] with environment variables set for it.
+    pub fn spawn_env(
+        &mut self,
+        name: &str,
+        host: &str,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) {
+        let mut c = self.command(host, program);
+        c.args(args).envs(env.iter().copied());
+        self.procs.spawn(name, c);
+        self.on.insert(name.into(), self.host(host));
+    }
+
     pub fn runs(&self, name: &str) -> bool {
         self.procs.runs(name)
     }
