@@ -126,6 +126,15 @@ impl Cluster {
         self.map.borrow().pools[0].clone()
     }
 
+    /// [`Cluster::reload_map`] in a retry loop: a meta store that cannot
+    /// answer now (an etcd election, a restarting member) is a reason to
+    /// try again later, noted in `last`, not to fail the op.
+    fn refresh_map(&self, last: &mut String) {
+        if let Err(e) = self.reload_map() {
+            *last = format!("{last}; the map could not be reloaded: {e}");
+        }
+    }
+
     fn reload_map(&self) -> Result<()> {
         let m = map::load(&*self.meta)?;
         *self.map.borrow_mut() = m;
@@ -187,7 +196,7 @@ impl Cluster {
             };
             let Some(primary) = primary else {
                 last = format!("PG {pg}: no OSD of it is up");
-                self.reload_map()?;
+                self.refresh_map(&mut last);
                 continue;
             };
             h.epoch = epoch;
@@ -196,7 +205,7 @@ impl Cluster {
                 Ok(c) => c,
                 Err(e) => {
                     last = e.to_string();
-                    self.reload_map()?;
+                    self.refresh_map(&mut last);
                     continue;
                 }
             };
@@ -204,7 +213,7 @@ impl Cluster {
             match conn.call(h, body).await {
                 Ok(f) if f.h.status == Status::StaleEpoch || f.h.status == Status::NotPrimary => {
                     last = format!("osd.{primary}: {:?}", f.h.status);
-                    self.reload_map()?;
+                    self.refresh_map(&mut last);
                 }
                 Ok(f) if f.h.status == Status::Unavailable => {
                     last = format!("osd.{primary}: unavailable");
@@ -213,7 +222,7 @@ impl Cluster {
                 Err(e) => {
                     last = format!("osd.{primary}: {e}");
                     self.conns.borrow_mut().remove(&primary);
-                    self.reload_map()?;
+                    self.refresh_map(&mut last);
                 }
             }
         }
@@ -843,7 +852,7 @@ impl Cluster {
             }
             let Some(primary) = primary else {
                 last = format!("PG {pg}: no OSD of it is up");
-                self.reload_map()?;
+                self.refresh_map(&mut last);
                 continue;
             };
             let mut h = Header::request(Op::Scrub, 0, ObjectId::default());
@@ -865,12 +874,12 @@ impl Cluster {
                     if f.h.status == Status::Invalid {
                         return Err(ClientError::Invalid(last));
                     }
-                    self.reload_map()?;
+                    self.refresh_map(&mut last);
                 }
                 Err(e) => {
                     last = format!("osd.{primary}: {e}");
                     self.conns.borrow_mut().remove(&primary);
-                    self.reload_map()?;
+                    self.refresh_map(&mut last);
                 }
             }
         }
