@@ -218,7 +218,7 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
             o.replicas
         );
     }
-    let next = m.osds.iter().map(|r| r.id + 1).max().unwrap_or(0);
+    let next = m.next_osd_id();
     for id in next..next + (want - have) {
         map::add_osd(meta, &osd_record(&o.dir, id, create_bytes(o)))?;
         tracing::info!("osd.{id} added");

@@ -357,7 +357,7 @@ pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
     cluster::plan_store(bytes, None, pgs).map_err(|e| {
         anyhow::anyhow!("--size {}: an OSD store cannot be made: {e}", human(bytes))
     })?;
-    let id = m.osds.iter().map(|o| o.id + 1).max().unwrap_or(0);
+    let id = m.next_osd_id();
     let rec = cluster::osd_record(&dir, id, bytes);
     map::add_osd(&*meta, &rec)?;
     // Out at first: it holds no PG until it runs, then is marked in.
@@ -406,6 +406,32 @@ pub fn osd_mark(at: &At, id: u32, out: bool) -> anyhow::Result<()> {
     } else {
         println!("osd.{id} marked in: PGs move back to it while they serve (nacre status shows the recovery)");
     }
+    Ok(())
+}
+
+/// `nacre osd rm`: the leader takes the OSD out of the map (it refuses
+/// unless the OSD is down, out, and no PG counts on its copies), then its
+/// record is marked removed (its id is never given again).
+pub fn osd_rm(at: &At, id: u32) -> anyhow::Result<()> {
+    let meta = at.meta()?;
+    let m = map::load(&*meta)?;
+    if m.removed.contains(&id) {
+        println!("osd.{id} is already removed");
+        return Ok(());
+    }
+    if m.osd(id).is_none() {
+        let ids: Vec<String> = m.osds.iter().map(|o| format!("osd.{}", o.id)).collect();
+        bail!("no osd.{id}; the OSDs are {}", ids.join(", "));
+    }
+    let rm = Ask {
+        op: nacre_wire::Op::RmOsd,
+        id,
+        arg: 0,
+        body: None,
+    };
+    ask_leader_now(&at.leader(&*meta)?, &rm)?;
+    map::retire_osd(&*meta, id)?;
+    println!("osd.{id} removed: its id is not given again; its device holds nothing the cluster needs (nacre osd init --force formats it for a new OSD)");
     Ok(())
 }
 

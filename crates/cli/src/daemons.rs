@@ -258,6 +258,7 @@ async fn format_osd(
             weight: o.weight.unwrap_or(((bytes >> 30) as u32).max(1)),
             pg_logs: logs.slots,
             store: nacre_blockstore::uuid_string(&uuid),
+            removed: false,
         },
     )?;
     let label = serde_json::to_vec(&Label {
@@ -427,6 +428,12 @@ pub fn osd_run(e: &EtcdArgs, o: &OsdRun) -> anyhow::Result<()> {
     }
     let id = label.osd;
     let m = wait_for("etcd", || Ok(Some(map::load(&*meta)?)))?;
+    if m.removed.contains(&id) {
+        bail!(
+            "osd.{id} of {} was removed from the cluster (nacre osd rm): refusing to serve it; `nacre osd init --force` makes the device a new OSD",
+            o.dev.display()
+        );
+    }
     let rec = (m.osd(id).cloned()).with_context(|| {
         format!(
             "osd.{id} of {} is not registered in the cluster (removed?)",

@@ -242,6 +242,15 @@ enum OsdCmd {
         #[arg(long, value_parser = args::parse_size)]
         size: Option<u64>,
     },
+    /// Remove an OSD from the cluster for good (a disk taken away): refused
+    /// unless it is down (stopped), out (`nacre osd out`) and every PG is
+    /// clean without it. Its id is not given again.
+    Rm {
+        /// The OSD's number (osd.ID).
+        id: u32,
+        #[command(flatten)]
+        at: at::At,
+    },
     /// Every OSD: host, rack, weight, up or down, in or out, the PGs
     /// placement gives it and those it leads, its address.
     Ls {
@@ -493,6 +502,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             OsdCmd::Add { dir, size } => commands::osd_add(&dir, size),
             OsdCmd::Out { id, at } => commands::osd_mark(&at, id, true),
             OsdCmd::Ls { at, format } => commands::osd_ls(&at, format),
+            OsdCmd::Rm { id, at } => commands::osd_rm(&at, id),
             OsdCmd::In { id, at } => commands::osd_mark(&at, id, false),
         },
         Cmd::Volume { cmd } => commands::volume(cmd),

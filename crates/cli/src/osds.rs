@@ -388,6 +388,9 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
         stop.wait().await?;
         drop(joining);
         drop(watch);
+        // Down in the map before its key goes: whoever sees it gone sees
+        // it down.
+        osd.leave().await;
         drop(lease);
         drop(serving);
         osd.close()
@@ -587,6 +590,13 @@ impl Supervise {
         for i in 0..self.slots.len() {
             let s = &self.slots[i];
             if s.child.is_none() && s.restart_at.is_some_and(|t| t <= now) {
+                // Not an OSD removed from the cluster (`nacre osd rm`).
+                let id = s.opts.id;
+                if map::load(&*self.meta).is_ok_and(|m| m.removed.contains(&id)) {
+                    tracing::warn!("osd.{id} was removed from the cluster: not started again");
+                    self.slots[i].restart_at = None;
+                    continue;
+                }
                 self.spawn(i);
             }
         }
@@ -687,7 +697,7 @@ impl Supervise {
         let Some(mut opts) = self.slots.first().map(|s| s.opts.clone()) else {
             return;
         };
-        if !matches!(self.meta.get(&map::osd_key(id)), Ok(Some(_))) {
+        if !map::load(&*self.meta).is_ok_and(|m| m.osd(id).is_some()) {
             tracing::warn!("asked to start osd.{id}, which is not in the map");
             return;
         }

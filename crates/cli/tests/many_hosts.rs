@@ -560,6 +560,27 @@ fn an_osd_marked_out() {
         "{ls}"
     );
     assert_eq!(three["host"], "o1");
+    // Then removed for good: stopped, taken out of the map; its daemon
+    // refuses to serve it again.
+    c.net.stop(&osd_name(1, 1));
+    c.status_until("osd.3 stopped", |s| up(s) == ALL - 1);
+    let out = c.ok(&["osd", "rm", "3"]);
+    assert!(out.contains("osd.3 removed"), "{out}");
+    c.status_until("healthy without osd.3", healthy);
+    let st = c.status();
+    assert_eq!(st["osds"]["total"].as_u64(), Some(ALL - 1), "{st}");
+    let again = c
+        .net
+        .command("o1", env!("CARGO_BIN_EXE_nacre"))
+        .args(["osd", "run", "--etcd", &c.etcd, "--dev", &c.dev(1, 1)])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains("osd.3") && err.contains("was removed"),
+        "{err}"
+    );
     c.more_acks(100);
     c.finish("an OSD was marked out");
 }

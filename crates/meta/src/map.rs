@@ -49,6 +49,10 @@ pub struct OsdRecord {
     /// run` serves only that store as this OSD (empty: not recorded).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub store: String,
+    /// Removed from the cluster (`nacre osd rm`): kept so that its id is
+    /// never given again, and left out of [`load`]'s OSDs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -79,6 +83,7 @@ impl OsdRecord {
             weight,
             pg_logs: 0,
             store: String::new(),
+            removed: false,
         }
     }
 }
@@ -304,6 +309,8 @@ pub struct OrphanReport {
 #[derive(Clone, Debug, Default)]
 pub struct ClusterMap {
     pub osds: Vec<OsdRecord>,
+    /// The ids of OSDs removed from the cluster.
+    pub removed: Vec<u32>,
     pub up: Vec<u32>,
     pub pools: Vec<PoolRecord>,
     pub pgmaps: Vec<PgMap>,
@@ -322,6 +329,17 @@ impl ClusterMap {
     }
     pub fn is_up(&self, osd: u32) -> bool {
         self.up.contains(&osd)
+    }
+
+    /// The id a new OSD gets: one above every OSD's, removed ones too (an
+    /// id is never given twice).
+    pub fn next_osd_id(&self) -> u32 {
+        let ids = self
+            .osds
+            .iter()
+            .map(|o| o.id)
+            .chain(self.removed.iter().copied());
+        ids.map(|id| id + 1).max().unwrap_or(0)
     }
 }
 
@@ -484,7 +502,9 @@ pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
         _ => Vec::new(),
     });
     let mut next = || got.next().unwrap_or_default();
-    let osds = next().iter().map(parse).collect::<Result<_>>()?;
+    let all: Vec<OsdRecord> = next().iter().map(parse).collect::<Result<_>>()?;
+    let (gone, osds): (Vec<OsdRecord>, Vec<OsdRecord>) = all.into_iter().partition(|o| o.removed);
+    let removed = gone.iter().map(|o| o.id).collect();
     let up = next()
         .iter()
         .filter_map(|kv| kv.key.rsplit('/').next()?.parse().ok())
@@ -493,6 +513,7 @@ pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
     let pgmaps = next().iter().map(parse).collect::<Result<_>>()?;
     Ok(ClusterMap {
         osds,
+        removed,
         up,
         pools,
         pgmaps,
@@ -626,7 +647,7 @@ pub fn cluster_uuid(store: &dyn MetaStore) -> Result<Option<String>> {
 /// the record.
 pub fn register_osd(store: &dyn MetaStore, mut rec: OsdRecord) -> Result<OsdRecord> {
     for _ in 0..CAS_RETRY_MAX {
-        rec.id = (load(store)?.osds.iter().map(|o| o.id + 1).max()).unwrap_or(0);
+        rec.id = load(store)?.next_osd_id();
         match add_osd(store, &rec) {
             Ok(()) => return Ok(rec),
             Err(MetaError::Invalid(_)) => continue,
@@ -682,6 +703,20 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PgMap> {
 }
 
 /// Registers OSD `rec` in the map; its id must be new.
+/// Marks OSD `id`'s record removed (`nacre osd rm`, once the leader took
+/// it out of the map).
+pub fn retire_osd(store: &dyn MetaStore, id: u32) -> Result<()> {
+    let kv =
+        (store.get(&osd_key(id))?).ok_or_else(|| MetaError::Invalid(format!("no osd.{id}")))?;
+    let mut rec: OsdRecord = parse(&kv)?;
+    rec.removed = true;
+    store.txn(Txn {
+        success: vec![put(osd_key(id), json(&rec))],
+        ..Txn::default()
+    })?;
+    Ok(())
+}
+
 pub fn add_osd(store: &dyn MetaStore, rec: &OsdRecord) -> Result<()> {
     let t = Txn {
         compare: vec![Compare::Version(osd_key(rec.id), CmpOp::Equal, 0)],
@@ -999,6 +1034,7 @@ mod tests {
                 weight: 4,
                 pg_logs: 0,
                 store: String::new(),
+                removed: false,
             })
             .collect()
     }

@@ -277,6 +277,55 @@ impl<T: Transport> Leader<T> {
         .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
+    /// Takes OSD `id` out of the map (`nacre osd rm`): only once it is
+    /// down and out and no PG counts on its copies — none places it or has
+    /// it in its acting set, and none went active last with it as a
+    /// complete member (its copy may be the only one of some write).
+    pub fn rm_osd(self: &Rc<Self>, id: u32) -> Result<(), String> {
+        {
+            let m = self.map.borrow();
+            if !m.addrs.contains_key(&id) {
+                return Err(format!("no osd.{id} in the map"));
+            }
+            if m.pgmap.knows(id) && !m.pgmap.out.contains(&id) {
+                return Err(format!(
+                    "osd.{id} is in: mark it out first (nacre osd out {id}) and wait until every PG is clean"
+                ));
+            }
+            if m.is_up(id) {
+                return Err(format!(
+                    "osd.{id} is up: stop it first (SIGTERM; in nacre up, to the pid in DIR/osd.{id}.pid)"
+                ));
+            }
+            let pgs = m.pgmap.pg_count();
+            if let Some(pg) = (0..pgs).find(|&pg| m.acting(pg).contains(&id)) {
+                return Err(format!(
+                    "PG {pg} still has osd.{id} in its acting set: wait until every PG is clean"
+                ));
+            }
+            let last = (m.last_active.iter())
+                .find(|(_, iv)| iv.acting.contains(&id) && !iv.incomplete.contains(&id));
+            if let Some((pg, _)) = last {
+                return Err(format!(
+                    "PG {pg} last went active with osd.{id}'s copy: wait until it is active without it"
+                ));
+            }
+        }
+        self.change(&format!("osd.{id} removed"), |m| {
+            m.addrs.remove(&id);
+            m.up_from.remove(&id);
+            m.stores.remove(&id);
+            m.full.remove(&id);
+            m.pgmap.out.retain(|&o| o != id);
+            m.pgmap.down.retain(|&o| o != id);
+        })
+        .map_err(|s| format!("the map could not be stored: {s:?}"))?;
+        self.heard.borrow_mut().remove(&id);
+        self.down_since.borrow_mut().remove(&id);
+        self.auto_out.borrow_mut().remove(&id);
+        Ok(())
+    }
+
     pub fn map(&self) -> OsdMap {
         self.map.borrow().clone()
     }
@@ -607,6 +656,7 @@ impl<T: Transport> Handler for Leader<T> {
             }
             Op::Dead => (h.reply(self.dead(h.sender, h.obj_version)), None),
             Op::MarkOut => refusal(&h, self.mark_out(h.sender, h.obj_version != 0)),
+            Op::RmOsd => refusal(&h, self.rm_osd(h.sender)),
             Op::AddOsd => {
                 let addr = std::str::from_utf8(f.payload.as_deref().unwrap_or(&[]))
                     .map_err(|_| "the address is not UTF-8".to_string())

@@ -659,6 +659,35 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
+    /// Tells the leader this incarnation stops (a clean stop), so that it
+    /// is marked down at once rather than after the heartbeat grace; waits
+    /// for the answer at most a second.
+    pub async fn leave(&self) {
+        let up_from = self.up_from.get();
+        if up_from == 0 {
+            return;
+        }
+        let mut h = Header::request(Op::Dead, 0, ObjectId::default());
+        h.sender = self.id;
+        h.obj_version = up_from;
+        match rt::timeout(Duration::from_secs(1), self.leader_call(h, None)).await {
+            Some(Ok(f)) if f.h.status == Status::Ok => {
+                tracing::info!("osd.{}: the leader marked it down", self.id)
+            }
+            r => {
+                let why = match r {
+                    Some(Ok(f)) => format!("{:?}", f.h.status),
+                    Some(Err(e)) => e.to_string(),
+                    None => "no answer".into(),
+                };
+                tracing::warn!(
+                    "osd.{}: the leader did not take its stop ({why}); it marks it down after the heartbeat grace",
+                    self.id
+                )
+            }
+        }
+    }
+
     /// Registers this incarnation with the leader, which marks it up in a
     /// new epoch and answers with that map. Fails after
     /// `BOOT_ATTEMPT_MAX` unanswered attempts.
@@ -1579,7 +1608,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             | Op::Ping
             | Op::Dead
             | Op::MarkOut
-            | Op::AddOsd => (h.reply(Status::Invalid), None),
+            | Op::AddOsd
+            | Op::RmOsd => (h.reply(Status::Invalid), None),
         }
     }
 }

@@ -120,6 +120,10 @@ pub enum Op {
     /// (5) rewrite its damaged copy of `oid` at `obj_version` with the
     /// payload, that version's bytes from another copy.
     Scrub = 22,
+    /// Admin → leader: take OSD `sender` out of the map (`nacre osd rm`);
+    /// refused, with the reason as UTF-8 text in the payload, unless it is
+    /// down, out, and no PG counts on its copies.
+    RmOsd = 23,
 }
 
 impl Op {
@@ -147,6 +151,7 @@ impl Op {
             20 => Op::PgClean,
             21 => Op::AddOsd,
             22 => Op::Scrub,
+            23 => Op::RmOsd,
             _ => return None,
         })
     }
@@ -418,7 +423,8 @@ impl Header {
             (Op::Read, true) => self.status == Status::Ok,
             // A statistics report, a leader's reason for a refusal, a
             // scrub's objects and findings.
-            (Op::Stat | Op::MarkOut | Op::AddOsd | Op::Scrub, true) | (Op::AddOsd, false) => {
+            (Op::Stat | Op::MarkOut | Op::AddOsd | Op::Scrub | Op::RmOsd, true)
+            | (Op::AddOsd, false) => {
                 if len > CONTROL_PAYLOAD_MAX_BYTES {
                     return bad("larger than a control payload");
                 }
