@@ -388,11 +388,12 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
         stop.wait().await?;
         drop(joining);
         drop(watch);
-        // Down in the map before its key goes: whoever sees it gone sees
-        // it down.
+        // Serves nothing more, takes no map, boots no more; then down in
+        // the map before its key goes (whoever sees it gone sees it down).
+        drop(serving);
+        osd.halt();
         osd.leave().await;
         drop(lease);
-        drop(serving);
         osd.close()
             .await
             .map_err(|e| anyhow::anyhow!("osd.{}: close: {e}", cfg.id))

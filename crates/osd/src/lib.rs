@@ -661,7 +661,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Tells the leader this incarnation stops (a clean stop), so that it
     /// is marked down at once rather than after the heartbeat grace; waits
-    /// for the answer at most a second.
+    /// for the answer at most a second. The OSD must serve nothing any
+    /// more and be halted (else it would take the map that marks it down
+    /// and boot again, or serve a read as a deposed primary).
     pub async fn leave(&self) {
         let up_from = self.up_from.get();
         if up_from == 0 {
