@@ -759,3 +759,50 @@ fn two_gateways_and_a_resize() {
     c.more_acks(100);
     c.finish("two gateways served one volume across resizes");
 }
+
+/// Not a test: a benchmark (`scripts/host-failover.sh`). The longest time
+/// the writer through the gateway saw no acknowledgement at all (its 8
+/// tasks stalled at once), over 2 000 acknowledgements, with no fault, with
+/// a whole host killed (its OSDs started again after), and with a host cut
+/// off the network (healed after); then every acknowledged write is
+/// checked. Prints a table.
+#[test]
+#[ignore = "a benchmark: scripts/host-failover.sh"]
+fn host_pauses() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start();
+    let mut rows = Vec::new();
+    let mut measure = |c: &mut Cluster, what: &str| {
+        let t0 = Instant::now();
+        // 2 000 more than now (the writer ran on while the cluster healed).
+        c.acks = c.log.lock().unwrap().acks;
+        c.more_acks(2000);
+        let l = c.log.lock().unwrap();
+        let rate = 2000.0 / t0.elapsed().as_secs_f64();
+        rows.push(format!(
+            "| {what} | {} | {rate:.0} |",
+            l.longest_gap.as_millis()
+        ));
+    };
+    c.log.lock().unwrap().restart_gaps();
+    measure(&mut c, "no fault");
+    c.log.lock().unwrap().restart_gaps();
+    c.net.kill_host("o1");
+    measure(&mut c, "host o1 killed (2 OSDs)");
+    c.start_osd(1, 0);
+    c.start_osd(1, 1);
+    c.status_until("HEALTH_OK after o1 is back", healthy);
+    c.log.lock().unwrap().restart_gaps();
+    c.net.cut("o2");
+    measure(&mut c, "host o2 cut off (2 OSDs)");
+    c.net.heal("o2");
+    c.status_until("HEALTH_OK after o2 is back", healthy);
+    println!("| fault | longest pause ms | acks/s over the run |");
+    println!("| --- | ---: | ---: |");
+    for r in &rows {
+        println!("{r}");
+    }
+    c.finish("hosts were killed and cut off");
+}

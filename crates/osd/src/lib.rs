@@ -1156,13 +1156,38 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 status_of(e)
             }
         };
-        for r in replicas {
-            let s = r.await;
+        for mut r in replicas {
+            let s = self.replica_status(&mut r, sub.epoch).await;
             if status == Status::Ok && s != Status::Ok {
                 status = s;
             }
         }
         status
+    }
+
+    /// Replica task `r`'s status, or `StaleEpoch` as soon as this OSD is
+    /// in another epoch than `epoch`: the interval ended, and the next
+    /// one's peering settles what the copies hold, so waiting on a replica
+    /// cut off from it (until its RPC timeout) would only stall the client,
+    /// who retries in the new epoch. (The task runs on; a replica in the
+    /// new epoch refuses its sub-op.)
+    async fn replica_status(&self, r: &mut rt::JoinHandle<Status>, epoch: u64) -> Status {
+        loop {
+            if self.epoch() != epoch {
+                return Status::StaleEpoch;
+            }
+            let mut changed = std::pin::pin!(self.pg_changed.wait());
+            let s = std::future::poll_fn(|cx| {
+                if let std::task::Poll::Ready(s) = std::pin::Pin::new(&mut *r).poll(cx) {
+                    return std::task::Poll::Ready(Some(s));
+                }
+                changed.as_mut().poll(cx).map(|()| None)
+            })
+            .await;
+            if let Some(s) = s {
+                return s;
+            }
+        }
     }
 
     /// Applies a write or delete as primary; returns the status and version.

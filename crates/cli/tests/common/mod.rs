@@ -36,6 +36,18 @@ pub struct AckLog {
     pub errors: usize,
     /// Per writer task: the (offset, seed) it has sent and not seen acked.
     pub inflight: HashMap<usize, (u64, u64)>,
+    /// When the last acknowledgement came, and the longest time without
+    /// one since [`AckLog::restart_gaps`] (the longest pause every writer
+    /// task saw at once).
+    pub last_ack: Option<Instant>,
+    pub longest_gap: Duration,
+}
+
+impl AckLog {
+    pub fn restart_gaps(&mut self) {
+        self.last_ack = Some(Instant::now());
+        self.longest_gap = Duration::ZERO;
+    }
 }
 
 pub const KILL9_WRITERS: usize = 8;
@@ -76,6 +88,10 @@ pub fn fua_writer(
                             l.acked.insert(off, data_seed);
                             l.acks += 1;
                             l.inflight.remove(&w);
+                            let now = Instant::now();
+                            if let Some(t) = l.last_ack.replace(now) {
+                                l.longest_gap = l.longest_gap.max(now - t);
+                            }
                         }
                         Err(_) => {
                             // The server died (or gave up on the write).
