@@ -222,12 +222,7 @@ impl Ask {
         let Ask::Versions(oids) = self else {
             return None;
         };
-        let mut b = Vec::with_capacity(oids.len() * 16);
-        for o in oids {
-            b.extend_from_slice(&o.volume.0.to_le_bytes());
-            b.extend_from_slice(&o.block.to_le_bytes());
-        }
-        Some(b)
+        Some(crate::scrub::encode_oids(oids))
     }
 
     /// Parses a query for PG number `pg_no` among `pg_count`: every
@@ -241,11 +236,7 @@ impl Ask {
                 Err(format!("{} bytes of object ids", b.len()))
             }
             Ask::VERSIONS => {
-                let at =
-                    |c: &[u8], i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8"));
-                let oids: Vec<ObjectId> = (b.chunks_exact(16))
-                    .map(|c| ObjectId::new(at(c, 0), at(c, 8)))
-                    .collect();
+                let oids = crate::scrub::decode_oids(b);
                 match oids.iter().find(|&&o| pg_of(o, pg_count) != pg_no) {
                     Some(o) => Err(format!("{o} is not of PG {pg_no}")),
                     None => Ok(Ask::Versions(oids)),

@@ -1073,7 +1073,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 }
 
-fn encode_oids(oids: &[ObjectId]) -> Vec<u8> {
+/// Object ids on the wire: 16 bytes each (volume, block; little-endian).
+pub(crate) fn encode_oids(oids: &[ObjectId]) -> Vec<u8> {
     let mut b = Vec::with_capacity(oids.len() * 16);
     for o in oids {
         b.extend_from_slice(&o.volume.0.to_le_bytes());
@@ -1082,7 +1083,9 @@ fn encode_oids(oids: &[ObjectId]) -> Vec<u8> {
     b
 }
 
-fn decode_oids(b: &[u8]) -> Vec<ObjectId> {
+/// [`encode_oids`]'s bytes back (a length not a multiple of 16 is the
+/// caller's to refuse; the rest is ignored).
+pub(crate) fn decode_oids(b: &[u8]) -> Vec<ObjectId> {
     let at = |c: &[u8], i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8 bytes"));
     (b.chunks_exact(16))
         .map(|c| ObjectId::new(at(c, 0), at(c, 8)))
