@@ -15,6 +15,8 @@
 //! object deletes it, so space comes back.
 // PERF-CRITICAL
 
+mod feed;
+
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -76,6 +78,10 @@ pub type Result<T> = std::result::Result<T, ClientError>;
 pub struct Cluster {
     meta: Arc<dyn MetaStore>,
     map: RefCell<ClusterMap>,
+    /// Reloads the map on a thread of its own when an op asks.
+    feed: feed::MapFeed,
+    /// Why the feed's last load failed, until an op reports it.
+    map_error: RefCell<Option<String>>,
     conns: RefCell<HashMap<u32, Rc<Conn>>>,
     client_id: u64,
     next_request: Cell<u64>,
@@ -104,9 +110,13 @@ impl Cluster {
                 "the cluster map has no pool".into(),
             ));
         }
+        let feed = feed::MapFeed::start(meta.clone())
+            .map_err(|e| ClientError::Unavailable(format!("map loader thread: {e}")))?;
         Ok(Rc::new(Cluster {
             meta,
             map: RefCell::new(m),
+            feed,
+            map_error: RefCell::new(None),
             conns: RefCell::new(HashMap::new()),
             client_id: random_u64() & !(1 << 63),
             next_request: Cell::new(1),
@@ -126,15 +136,32 @@ impl Cluster {
         self.map.borrow().pools[0].clone()
     }
 
-    /// [`Cluster::reload_map`] in a retry loop: a meta store that cannot
-    /// answer now (an etcd election, a restarting member) is a reason to
-    /// try again later, noted in `last`, not to fail the op.
+    /// Asks the map feed for a newer map, from an op's retry loop, and
+    /// notes in `last` why the previous load failed, if it did: a meta
+    /// store that cannot answer now (an etcd election, a restarting
+    /// member) is a reason to try again later, not to fail the op, nor to
+    /// hold up the ops whose map is right.
     fn refresh_map(&self, last: &mut String) {
-        if let Err(e) = self.reload_map() {
+        self.adopt_map();
+        if let Some(e) = self.map_error.borrow_mut().take() {
             *last = format!("{last}; the map could not be reloaded: {e}");
+        }
+        self.feed.ask();
+    }
+
+    /// Takes what the feed loaded, if anything: a newer map replaces ours.
+    fn adopt_map(&self) {
+        match self.feed.take() {
+            Some(Ok(m)) if m.revision > self.map.borrow().revision => {
+                *self.map.borrow_mut() = m;
+            }
+            Some(Err(e)) => *self.map_error.borrow_mut() = Some(e),
+            _ => {}
         }
     }
 
+    /// Loads the map now, waiting for the meta store: for admin paths
+    /// (volume removal, orphan sweeps), never for I/O.
     fn reload_map(&self) -> Result<()> {
         let m = map::load(&*self.meta)?;
         *self.map.borrow_mut() = m;
@@ -167,10 +194,27 @@ impl Cluster {
     async fn object_op(
         &self,
         pool: u32,
-        mut h: Header,
+        h: Header,
         payload: Option<&AlignedBuf>,
         gone: &Cell<bool>,
     ) -> Result<Frame> {
+        Ok(self.primary_op(pool, None, h, payload, gone).await?.1)
+    }
+
+    /// Sends `h` to the primary of PG `pg` of `pool` (`None`: the PG of
+    /// `h`'s object), with retries: a lost connection, `StaleEpoch` or
+    /// `NotPrimary` (the map is reloaded) and `Unavailable` (a PG peering
+    /// or below `min_size`) are tried again, with the same request id, for
+    /// up to `CLIENT_OP_TIMEOUT_MS`, none once `gone` is set. Returns the
+    /// primary that answered and its answer.
+    async fn primary_op(
+        &self,
+        pool: u32,
+        pg: Option<u32>,
+        mut h: Header,
+        payload: Option<&AlignedBuf>,
+        gone: &Cell<bool>,
+    ) -> Result<(u32, Frame)> {
         h.client = self.client_id;
         // One id for all attempts: the primary applies a write once.
         h.request_id = self.next_request.get();
@@ -186,12 +230,19 @@ impl Cluster {
                 return Err(ClientError::Abandoned);
             }
             delay = (delay * 2).clamp(RETRY_DELAY, RETRY_DELAY_MAX);
+            self.adopt_map();
             let (primary, epoch, pg) = {
                 let m = self.map.borrow();
                 let pm = m.pgmap(pool).ok_or_else(|| {
                     ClientError::Unavailable(format!("pool {pool} has no PG table"))
                 })?;
-                let pg = pg_of(h.oid, pm.pg_count());
+                let count = pm.pg_count();
+                let pg = pg.unwrap_or_else(|| pg_of(h.oid, count));
+                if pg >= count {
+                    return Err(ClientError::Invalid(format!(
+                        "PG {pg}: the pool has {count} PGs"
+                    )));
+                }
                 (pm.primary(pg), pm.epoch, pg)
             };
             let Some(primary) = primary else {
@@ -218,7 +269,7 @@ impl Cluster {
                 Ok(f) if f.h.status == Status::Unavailable => {
                     last = format!("osd.{primary}: unavailable");
                 }
-                Ok(f) => return Ok(f),
+                Ok(f) => return Ok((primary, f)),
                 Err(e) => {
                     last = format!("osd.{primary}: {e}");
                     self.conns.borrow_mut().remove(&primary);
@@ -831,59 +882,20 @@ impl Cluster {
 
     /// Asks PG `pg`'s primary to scrub it; the primary and its ticket.
     async fn scrub_start(&self, pg: u32, deep: bool) -> Result<(u32, u64)> {
+        let mut h = Header::request(Op::Scrub, 0, ObjectId::default());
+        h.length = if deep {
+            nacre_wire::SCRUB_START_DEEP
+        } else {
+            nacre_wire::SCRUB_START
+        };
         let pool = self.default_pool().id;
-        let mut last = String::new();
-        let until = rt::monotonic() + Duration::from_millis(CLIENT_OP_TIMEOUT_MS);
-        let mut delay = Duration::ZERO;
-        while rt::monotonic() < until {
-            rt::sleep(delay).await;
-            delay = (delay * 2).clamp(RETRY_DELAY, RETRY_DELAY_MAX);
-            let (primary, epoch, count) = {
-                let m = self.map.borrow();
-                let pm = (m.pgmap(pool)).ok_or_else(|| {
-                    ClientError::Unavailable(format!("pool {pool} has no PG table"))
-                })?;
-                (pm.primary(pg), pm.epoch, pm.pg_count())
-            };
-            if pg >= count {
-                return Err(ClientError::Invalid(format!(
-                    "PG {pg}: the pool has {count} PGs"
-                )));
-            }
-            let Some(primary) = primary else {
-                last = format!("PG {pg}: no OSD of it is up");
-                self.refresh_map(&mut last);
-                continue;
-            };
-            let mut h = Header::request(Op::Scrub, 0, ObjectId::default());
-            h.pg = pg;
-            h.epoch = epoch;
-            h.length = if deep {
-                nacre_wire::SCRUB_START_DEEP
-            } else {
-                nacre_wire::SCRUB_START
-            };
-            let r = match self.conn(primary) {
-                Ok(c) => c.call(h, None).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            match r {
-                Ok(f) if f.h.status == Status::Ok => return Ok((primary, f.h.obj_version)),
-                Ok(f) => {
-                    last = format!("osd.{primary}: {:?}", f.h.status);
-                    if f.h.status == Status::Invalid {
-                        return Err(ClientError::Invalid(last));
-                    }
-                    self.refresh_map(&mut last);
-                }
-                Err(e) => {
-                    last = format!("osd.{primary}: {e}");
-                    self.conns.borrow_mut().remove(&primary);
-                    self.refresh_map(&mut last);
-                }
-            }
+        let (primary, f) = self
+            .primary_op(pool, Some(pg), h, None, &Cell::new(false))
+            .await?;
+        match f.h.status {
+            Status::Ok => Ok((primary, f.h.obj_version)),
+            s => Err(status_err(s, &format!("osd.{primary}, scrub of PG {pg}"))),
         }
-        Err(ClientError::Unavailable(last))
     }
 
     /// Every OSD's counters and space (`None` for an OSD that did not answer).
@@ -969,6 +981,10 @@ mod tests {
     /// of 1 MiB on it: every op retries until it times out.
     fn unreachable(dir: &std::path::Path) -> Rc<Volume> {
         let meta = nacre_meta::embedded::Embedded::open(dir).unwrap();
+        unreachable_on(dir, meta)
+    }
+
+    fn unreachable_on(dir: &std::path::Path, meta: Arc<dyn MetaStore>) -> Rc<Volume> {
         let osds: Vec<OsdRecord> = (0..3)
             .map(|id| {
                 let addr = format!("unix:{}", dir.join(format!("none.{id}.sock")).display());
@@ -1011,6 +1027,99 @@ mod tests {
                 assert!(matches!(r, Err(ClientError::Abandoned)), "{r:?}");
             }
         });
+    }
+
+    /// A meta store whose calls, once `hang` is set, block until it is
+    /// cleared (an etcd that does not answer).
+    struct Hanging {
+        inner: Arc<dyn MetaStore>,
+        hang: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Hanging {
+        fn wait(&self) {
+            while self.hang.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    impl MetaStore for Hanging {
+        fn range(
+            &self,
+            r: &nacre_meta::Range,
+        ) -> nacre_meta::Result<(Vec<nacre_meta::KeyValue>, i64)> {
+            self.wait();
+            self.inner.range(r)
+        }
+        fn txn(&self, t: nacre_meta::Txn) -> nacre_meta::Result<nacre_meta::TxnResponse> {
+            self.wait();
+            self.inner.txn(t)
+        }
+        fn watch(
+            &self,
+            r: &nacre_meta::Range,
+            start: i64,
+        ) -> nacre_meta::Result<nacre_meta::Watch> {
+            self.wait();
+            self.inner.watch(r, start)
+        }
+        fn lease_grant(&self, ttl_s: i64) -> nacre_meta::Result<i64> {
+            self.wait();
+            self.inner.lease_grant(ttl_s)
+        }
+        fn lease_keepalive(&self, id: i64) -> nacre_meta::Result<i64> {
+            self.wait();
+            self.inner.lease_keepalive(id)
+        }
+        fn lease_revoke(&self, id: i64) -> nacre_meta::Result<()> {
+            self.wait();
+            self.inner.lease_revoke(id)
+        }
+    }
+
+    /// No I/O waits on the meta store: with every meta store call hanging,
+    /// ops that keep asking for a new map (their primaries do not answer)
+    /// go on retrying on the runtime and end when abandoned, before the
+    /// meta store answers again. (With the map loaded on the runtime
+    /// thread, the first reload would hold every op until then.)
+    #[test]
+    fn ops_never_wait_on_the_meta_store() {
+        let d = tempfile::tempdir().unwrap();
+        let hang = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let meta: Arc<dyn MetaStore> = Arc::new(Hanging {
+            inner: nacre_meta::embedded::Embedded::open(d.path()).unwrap(),
+            hang: hang.clone(),
+        });
+        let vol = unreachable_on(d.path(), meta);
+        hang.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Released after 20 s if the test has not ended by then.
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (done, ended) = std::sync::mpsc::channel::<()>();
+        let release = {
+            let (hang, released) = (hang.clone(), released.clone());
+            std::thread::spawn(move || {
+                if ended.recv_timeout(Duration::from_secs(20)).is_err() {
+                    released.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                hang.store(false, std::sync::atomic::Ordering::Relaxed);
+            })
+        };
+        rt::block_on(async {
+            let v = vol.clone();
+            let io = rt::spawn(async move { v.read(0, 4096).await.map(drop) });
+            rt::sleep(Duration::from_millis(500)).await;
+            vol.abandon();
+            let r = io.await;
+            assert!(matches!(r, Err(ClientError::Abandoned)), "{r:?}");
+        });
+        assert!(
+            !released.load(std::sync::atomic::Ordering::Relaxed),
+            "the op waited for the meta store"
+        );
+        done.send(()).unwrap();
+        drop(vol);
+        release.join().unwrap();
     }
 
     #[test]
