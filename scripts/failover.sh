@@ -18,69 +18,22 @@
 # and every daemon's log.
 set -euo pipefail
 NACRE=${NACRE:?set NACRE to the nacre binary, e.g. target/release/nacre}
-NACRE=$(realpath "$NACRE")
 RUNTIME=${1:-30}
 D=${DIR:-$(mktemp -d "${TMPDIR:-/var/tmp}/nacre-failover.XXXXXX")}
-mkdir -p "$D"
-log() { echo "[$(date +%T)] $*" >&2; }
-declare -A PID
-cleanup() {
-    for p in "${PID[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    [ -n "${KEEP:-}" ] || rm -rf "$D"
-}
-trap cleanup EXIT
-
-BASE=$((20000 + RANDOM % 20000))
-ETCD=""
-INITIAL=""
-for i in 0 1 2; do
-    ETCD+="${ETCD:+,}http://127.0.0.1:$((BASE + i))"
-    INITIAL+="${INITIAL:+,}e$i=http://127.0.0.1:$((BASE + 10 + i))"
-done
-start_etcd() { # member index
-    local i=$1
-    etcd --name "e$i" --data-dir "$D/etcd$i" \
-        --listen-client-urls "http://127.0.0.1:$((BASE + i))" \
-        --advertise-client-urls "http://127.0.0.1:$((BASE + i))" \
-        --listen-peer-urls "http://127.0.0.1:$((BASE + 10 + i))" \
-        --initial-advertise-peer-urls "http://127.0.0.1:$((BASE + 10 + i))" \
-        --initial-cluster "$INITIAL" --initial-cluster-state new \
-        >>"$D/etcd$i.log" 2>&1 &
-    PID[etcd$i]=$!
-}
-start() { # name, then nacre's arguments
-    local name=$1
-    shift
-    NACRE_LOG=info "$NACRE" "$@" --etcd "$ETCD" >>"$D/$name.log" 2>&1 &
-    PID[$name]=$!
-}
-st() { "$NACRE" status --etcd "$ETCD" --format json 2>/dev/null || true; }
-field() { python3 -c "import json,sys
-try: v=json.load(sys.stdin)
-except Exception: v={}
-print(v.get('$1') or '')"; }
-wait_healthy() {
-    for _ in $(seq 240); do
-        [ "$(st | field health)" = HEALTH_OK ] && return 0
-        sleep 0.5
-    done
-    log "the cluster did not become healthy; logs in $D (KEEP=1 keeps them)"
-    exit 1
-}
+. "$(dirname "$0")/etcd-lib.sh"
 
 for i in 0 1 2; do start_etcd "$i"; done
-for _ in $(seq 60); do "$NACRE" cluster init --etcd "$ETCD" >/dev/null 2>&1 && break; sleep 0.5; done
+for _ in $(seq 60); do nacre cluster init >/dev/null 2>&1 && break; sleep 0.5; done
 for i in 0 1 2; do
-    "$NACRE" osd init --etcd "$ETCD" --dev "$D/osd$i.img" --size 4G \
+    nacre osd init --dev "$D/osd$i.img" --size 4G \
         --addr "127.0.0.1:$((BASE + 20 + i))" --host "h$i" >/dev/null
 done
-"$NACRE" pool create rbd --etcd "$ETCD" --pgs 128 --failure-domain osd >/dev/null
+nacre pool create rbd --pgs 128 --failure-domain osd >/dev/null
 for m in 0 1; do start "mon$m" mon --addr "127.0.0.1:$((BASE + 30 + m))"; done
 for i in 0 1 2; do start "osd$i" osd run --dev "$D/osd$i.img"; done
 start gw gateway nbd --listen "unix:$D/nbd.sock"
 wait_healthy
-"$NACRE" volume create bench --size 1G --etcd "$ETCD" >/dev/null
+nacre volume create bench --size 1G >/dev/null
 URI="nbd+unix:///bench?socket=$D/nbd.sock"
 log "prefill the volume (so every run overwrites, none allocates)"
 fio --name=prefill --ioengine=nbd --uri="$URI" --rw=write --bs=4M --iodepth=16 --size=1G \

@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
+use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf};
 use nacre_meta::map::{Interval, PgMap, EPOCH_MAX};
 use nacre_net::{Frame, Handler, Rpc, Transport};
@@ -73,6 +74,21 @@ pub struct Leader<T: Transport> {
     /// Before this instant (`rt::monotonic`) no PG event is taken: a new
     /// elected leader's wait for its predecessor's read leases.
     events_after: Cell<Duration>,
+    /// PGs gone active whose intervals wait to be stored together
+    /// (`Leader::store_actives`), and whether a task to store them runs.
+    actives: RefCell<Vec<Active>>,
+    storing: Cell<bool>,
+    stored: Notify,
+}
+
+/// A PG's `PgEvent::Active`, checked, waiting for its interval to be
+/// stored.
+struct Active {
+    pg: u32,
+    primary: u32,
+    interval: Interval,
+    /// What the primary is told, once stored (or refused).
+    answer: Rc<Cell<Option<Status>>>,
 }
 
 /// Says whether a leader may still act; checked at every message.
@@ -143,6 +159,9 @@ impl<T: Transport> Leader<T> {
             settled: Cell::new(Duration::ZERO),
             authority: RefCell::new(None),
             events_after: Cell::new(Duration::ZERO),
+            actives: RefCell::new(Vec::new()),
+            storing: Cell::new(false),
+            stored: Notify::new(),
         }))
     }
 
@@ -384,6 +403,60 @@ impl<T: Transport> Leader<T> {
         !self.stopped.get() && self.authority.borrow().as_ref().is_none_or(|a| a())
     }
 
+    /// Stores the intervals of the PGs that went active since the last
+    /// call, in one `persist` (a PG event each would be a meta-store
+    /// write each: a thousand PGs peering at once held this thread for
+    /// seconds, long enough to miss heartbeats), then answers their
+    /// primaries. An event whose epoch ended meanwhile, or whose sender is
+    /// no longer the PG's primary, is answered as it would have been had
+    /// it arrived now.
+    async fn store_actives(self: Rc<Self>) {
+        // The events read in this turn of the runtime join the batch.
+        rt::yield_now().await;
+        self.storing.set(false);
+        let batch = std::mem::take(&mut *self.actives.borrow_mut());
+        let mut m = self.map.borrow().clone();
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut changed = false;
+        for a in batch {
+            let s = if a.interval.epoch != m.epoch() {
+                Status::StaleEpoch
+            } else if m.primary(a.pg) != Some(a.primary) {
+                Status::NotPrimary
+            } else {
+                m.last_active.insert(a.pg, a.interval);
+                changed = true;
+                Status::Ok
+            };
+            answers.push((a.pg, a.answer, s));
+        }
+        let stored = if !changed {
+            Ok(())
+        } else if !self.may_act() {
+            Err("this leader's term ended".to_string())
+        } else {
+            (self.persist)(&m)
+        };
+        match &stored {
+            Ok(()) if changed => *self.map.borrow_mut() = m,
+            Ok(()) => {}
+            Err(e) => {
+                let pgs: Vec<u32> = (answers.iter())
+                    .filter(|(_, _, s)| *s == Status::Ok)
+                    .map(|(pg, _, _)| *pg)
+                    .collect();
+                tracing::error!("leader: cannot record PGs {pgs:?} active: {e}");
+            }
+        }
+        for (_, answer, s) in answers {
+            answer.set(Some(match (&stored, s) {
+                (Err(_), Status::Ok) => Status::Unavailable,
+                _ => s,
+            }));
+        }
+        self.stored.notify();
+    }
+
     /// A new epoch with `change` applied: persisted, then pushed.
     fn change(self: &Rc<Self>, why: &str, change: impl FnOnce(&mut OsdMap)) -> Result<u64, Status> {
         if !self.may_act() {
@@ -470,10 +543,27 @@ impl<T: Transport> Leader<T> {
     pub async fn run(self: Rc<Self>) {
         let every = Duration::from_millis(HEARTBEAT_INTERVAL_MS);
         let grace = Duration::from_millis(HEARTBEAT_GRACE_MS);
+        let mut ticked = rt::monotonic();
         while !self.stopped.get() {
             rt::sleep(every).await;
             let up: Vec<u32> = self.map.borrow().up_from.keys().copied().collect();
             let now = rt::monotonic();
+            // A tick this late means this thread was held up (a slow meta
+            // store under `persist`): the heartbeats that arrived meanwhile
+            // are still unread, so the silence is the leader's own. Every
+            // OSD gets a fresh grace (a later mark-down is always safe).
+            let gap = now.saturating_sub(ticked);
+            ticked = now;
+            if gap > 2 * every {
+                tracing::warn!(
+                    "leader: held up for {gap:?}; no OSD is marked down for the silence meanwhile"
+                );
+                let mut heard = self.heard.borrow_mut();
+                for id in &up {
+                    heard.insert(*id, now);
+                }
+                continue;
+            }
             let silent: Vec<u32> = {
                 let heard = self.heard.borrow();
                 (up.iter().copied())
@@ -562,7 +652,7 @@ impl<T: Transport> Leader<T> {
         Ok(())
     }
 
-    fn pg_event(self: &Rc<Self>, h: &Header, body: &[u8]) -> Status {
+    async fn pg_event(self: &Rc<Self>, h: &Header, body: &[u8]) -> Status {
         let Ok(ev) = serde_json::from_slice::<PgEvent>(body) else {
             return Status::Invalid;
         };
@@ -586,31 +676,40 @@ impl<T: Transport> Leader<T> {
                 {
                     return Status::Invalid;
                 }
-                let mut m = self.map.borrow().clone();
-                let stores = (acting.iter())
-                    .filter_map(|o| Some((*o, m.stores.get(o)?.clone())))
-                    .collect();
-                m.last_active.insert(
-                    h.pg,
-                    Interval {
+                let stores = {
+                    let m = self.map.borrow();
+                    (acting.iter())
+                        .filter_map(|o| Some((*o, m.stores.get(o)?.clone())))
+                        .collect()
+                };
+                let answer = Rc::new(Cell::new(None));
+                self.actives.borrow_mut().push(Active {
+                    pg: h.pg,
+                    primary: h.sender,
+                    interval: Interval {
                         epoch,
                         acting,
                         stores,
                         incomplete,
                     },
-                );
-                if let Err(e) = (self.persist)(&m) {
-                    tracing::error!("leader: cannot record PG {} active: {e}", h.pg);
-                    return Status::Unavailable;
+                    answer: answer.clone(),
+                });
+                if !self.storing.replace(true) {
+                    rt::spawn(self.clone().store_actives());
                 }
-                *self.map.borrow_mut() = m;
-                if clean {
+                let s = loop {
+                    if let Some(s) = answer.get() {
+                        break s;
+                    }
+                    self.stored.wait().await;
+                };
+                if clean && s == Status::Ok {
                     tracing::debug!(
                         "leader: PG {} active+clean in epoch {epoch} ({size} copies)",
                         h.pg
                     );
                 }
-                Status::Ok
+                s
             }
             PgEvent::Failed { why } => {
                 let why = format!("PG {} interval ends: {why}", h.pg);
@@ -672,7 +771,7 @@ impl<T: Transport> Handler for Leader<T> {
                     }
                 }
                 let body = f.payload.as_deref().unwrap_or(&[]);
-                let s = self.pg_event(&h, body);
+                let s = self.pg_event(&h, body).await;
                 let mut r = h.reply(s);
                 r.epoch = self.map.borrow().epoch();
                 (r, None)

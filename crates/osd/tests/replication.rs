@@ -61,6 +61,15 @@ fn leader_addr(d: &std::path::Path) -> Addr {
 
 /// Starts the cluster map's leader of `s` in `d` (inside `block_on`).
 fn start_leader(d: &std::path::Path, s: &Setup) -> Rc<Leader<Sockets>> {
+    start_leader_with(d, s, Box::new(|_| Ok(())))
+}
+
+/// [`start_leader`] storing its maps with `persist`.
+fn start_leader_with(
+    d: &std::path::Path,
+    s: &Setup,
+    persist: nacre_osd::leader::Persist,
+) -> Rc<Leader<Sockets>> {
     let map = OsdMap {
         pgmap: s.pgmap.clone(),
         min_size: s.pool.min_size,
@@ -70,7 +79,7 @@ fn start_leader(d: &std::path::Path, s: &Setup) -> Rc<Leader<Sockets>> {
         last_active: Default::default(),
         full: Default::default(),
     };
-    let leader = Leader::new(map, Sockets, Box::new(|_| Ok(()))).unwrap();
+    let leader = Leader::new(map, Sockets, persist).unwrap();
     let l = Listener::bind(&leader_addr(d)).unwrap();
     rt::spawn(nacre_net::serve(l, leader.clone()));
     rt::spawn(leader.clone().run());
@@ -444,6 +453,66 @@ fn primaries_report_degraded_and_inactive_pgs() {
         assert_eq!(
             r.pgs_not_clean[0].detail.as_deref(),
             Some("1 of 3 copies up, min_size 2")
+        );
+    });
+}
+
+/// A slow meta store (every `persist` takes 2 s, this thread held
+/// meanwhile, as an etcd that fsyncs slowly holds a monitor's): the PGs'
+/// intervals are stored in batches, not one write per PG (which took the
+/// leader seconds per thousand PGs), and no OSD is marked down for the
+/// heartbeats the leader could not read while it waited.
+#[test]
+fn a_slow_meta_store_batches_pg_events_and_marks_no_one_down() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    // The epochs stored, one entry per `persist`.
+    let stored = Rc::new(std::cell::RefCell::new(Vec::<u64>::new()));
+    let persist = {
+        let stored = stored.clone();
+        Box::new(move |m: &OsdMap| {
+            std::thread::sleep(Duration::from_secs(2));
+            stored.borrow_mut().push(m.epoch());
+            Ok(())
+        })
+    };
+    rt::block_on(async {
+        let leader = start_leader_with(d.path(), &st, persist);
+        let mut running = Vec::new();
+        for o in &st.osds {
+            running.push(start_osd(d.path(), &st, o.id).await);
+        }
+        let e = leader.map().epoch();
+        let all_active = || {
+            let m = leader.map();
+            (0..st.pool.pg_count).all(|pg| {
+                let osd = &running[m.primary(pg).unwrap() as usize].0;
+                osd.epoch() == e && osd.pg_state(pg) == Some(PgState::Active)
+            })
+        };
+        // A bound on the test, not a measure: 8 PGs, one store each, take
+        // 16 s of the thread; batched they take a few.
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while !all_active() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the PGs did not all go active in 60 s ({} stores)",
+                stored.borrow().len()
+            );
+            let m = leader.map();
+            assert!(m.pgmap.down.is_empty(), "marked down: {:?}", m.pgmap.down);
+            assert_eq!(m.epoch(), e, "a new epoch");
+            rt::sleep(Duration::from_millis(50)).await;
+        }
+        let m = leader.map();
+        assert_eq!(m.last_active.len(), st.pool.pg_count as usize);
+        // Stores of intervals are the ones that start no epoch.
+        let s = stored.borrow();
+        let actives = s.windows(2).filter(|w| w[0] == w[1]).count();
+        assert!(
+            actives < st.pool.pg_count as usize / 2,
+            "{actives} stores for the intervals of {} PGs: {s:?}",
+            st.pool.pg_count
         );
     });
 }
