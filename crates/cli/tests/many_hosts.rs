@@ -41,6 +41,20 @@ fn osd_name(h: usize, j: usize) -> String {
 impl Cluster {
     /// Starts the whole cluster, makes volume `v` and starts the writer.
     fn start() -> Cluster {
+        let mut c = Cluster::start_daemons();
+        c.ok(&["volume", "create", "v", "--size", "256M"]);
+        c.uri = format!("nbd://{}:{NBD_PORT}/v", c.net.ip("g"));
+        let (uri, stop, log) = (c.uri.clone(), c.stop.clone(), c.log.clone());
+        c.writer = Some(std::thread::spawn(move || {
+            fua_writer(uri, 64 << 20, 11, stop, log)
+        }));
+        c.more_acks(300);
+        c
+    }
+
+    /// Starts etcd, the monitors, the OSDs and gateway `g`; returns once
+    /// the cluster is healthy and the gateway listens.
+    fn start_daemons() -> Cluster {
         // o4 stays empty until a scenario adds it.
         let names = ["m0", "m1", "m2", "o0", "o1", "o2", "o3", "o4", "g", "g2"];
         let mut net = Net::new(&names);
@@ -108,18 +122,11 @@ impl Cluster {
             &["gateway", "nbd", "--etcd", &urls, "--listen", &listen],
         );
         c.status_until("HEALTH_OK", healthy);
-        c.ok(&["volume", "create", "v", "--size", "256M"]);
-        c.uri = format!("nbd://{}:{NBD_PORT}/v", c.net.ip("g"));
         let t0 = Instant::now();
         while std::net::TcpStream::connect((c.net.ip("g"), NBD_PORT)).is_err() {
             assert!(t0.elapsed() < Duration::from_secs(30), "no gateway");
             std::thread::sleep(Duration::from_millis(50));
         }
-        let (uri, stop, log) = (c.uri.clone(), c.stop.clone(), c.log.clone());
-        c.writer = Some(std::thread::spawn(move || {
-            fua_writer(uri, 64 << 20, 11, stop, log)
-        }));
-        c.more_acks(300);
         c
     }
 
@@ -243,6 +250,36 @@ fn up(st: &serde_json::Value) -> u64 {
 }
 
 const ALL: u64 = (OSD_HOSTS * OSDS_PER_HOST) as u64;
+
+/// The healthy-path suite (`scripts/fio-nbd.sh`: the six fio tests of the
+/// side-by-side runs) through gateway `g` from this machine's namespace,
+/// over the bridge, on a 1 GiB volume: issue 10's figure beside the
+/// one-machine cluster's (`scripts/hosts-suite.sh` runs both, back to
+/// back). `NACRE_SUITE_RUNTIME` seconds per test (default 20).
+#[test]
+#[ignore = "a benchmark: scripts/hosts-suite.sh"]
+fn healthy_suite() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let c = Cluster::start_daemons();
+    c.ok(&["volume", "create", "bench", "--size", "1G"]);
+    let uri = format!("nbd://{}:{NBD_PORT}/bench", c.net.ip("g"));
+    let runtime = std::env::var("NACRE_SUITE_RUNTIME").unwrap_or_else(|_| "20".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fio-nbd.sh");
+    let out = std::process::Command::new("bash")
+        .args([script, &uri, "1G", &runtime])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio-nbd.sh: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    c.status_until("HEALTH_OK after the suite", healthy);
+}
 
 /// Scenario 1: `kill -9` of one OSD; writes go on at two copies; it comes
 /// back and catches up.
