@@ -64,7 +64,7 @@ pub use map::{OsdMap, PgEvent};
 pub use peering::PG_QUERY_PAGE_OBJECTS;
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
 pub use scrub::{
-    ScrubConfig, ScrubReport, DEEP_SCRUB_INTERVAL_DEFAULT, SCRUB_BYTES_PER_S_DEFAULT,
+    encode_oids, ScrubConfig, ScrubReport, DEEP_SCRUB_INTERVAL_DEFAULT, SCRUB_BYTES_PER_S_DEFAULT,
     SCRUB_INTERVAL_DEFAULT,
 };
 pub use stats::{OsdReport, OsdStats, PgReport, VolumeUsage, PG_REPORT_MAX};

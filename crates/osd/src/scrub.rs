@@ -1074,7 +1074,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 }
 
 /// Object ids on the wire: 16 bytes each (volume, block; little-endian).
-pub(crate) fn encode_oids(oids: &[ObjectId]) -> Vec<u8> {
+pub fn encode_oids(oids: &[ObjectId]) -> Vec<u8> {
     let mut b = Vec::with_capacity(oids.len() * 16);
     for o in oids {
         b.extend_from_slice(&o.volume.0.to_le_bytes());

@@ -517,6 +517,158 @@ fn a_slow_meta_store_batches_pg_events_and_marks_no_one_down() {
     });
 }
 
+/// Malformed `Op::Scrub` frames (wire.md: kinds 0 list, 1 check, 2 deep
+/// check, 3/4 start, 5 mend, 6 report) are refused with `Invalid` or the
+/// routing status, and harm nothing: the replica answers a well-formed
+/// step after them and its copy of the object is unchanged.
+#[test]
+fn malformed_scrub_frames_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
+        let mut running = Vec::new();
+        for o in &st.osds {
+            running.push(start_osd(d.path(), &st, o.id).await);
+        }
+        let oid = ObjectId::new(9, 3);
+        let pg = pg_of(oid, st.pool.pg_count);
+        let acting = st.pgmap.acting(pg);
+        let e = active(&leader, &running[acting[0] as usize].0, pg).await;
+        let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
+        let replica = Conn::connect(&st.addrs[&acting[1]]).unwrap();
+        let data = vec![0x33u8; 4096];
+        let w = write_header(oid, pg, 1, &data, e);
+        let f = primary
+            .call(w, Some(AlignedBuf::from_slice(&data)))
+            .await
+            .unwrap();
+        assert_eq!(f.h.status, Status::Ok);
+        // Another PG's object, for frames that name the wrong one.
+        let other = (0..)
+            .map(|b| ObjectId::new(9, b))
+            .find(|o| pg_of(*o, st.pool.pg_count) != pg)
+            .unwrap();
+        let oids = nacre_osd::encode_oids;
+        let scrub = |kind: u32, to_pg: u32, sender: u32, oid: ObjectId| {
+            let mut h = Header::request(Op::Scrub, 7, oid);
+            h.pg = to_pg;
+            h.length = kind;
+            h.epoch = e;
+            h.sender = sender;
+            h
+        };
+        let by_primary = |kind: u32| scrub(kind, pg, acting[0], oid);
+        let block = st.pool.object_bytes as usize;
+        let cases: Vec<(&str, Header, Vec<u8>, Status)> = vec![
+            ("unknown kind", by_primary(99), vec![], Status::Invalid),
+            (
+                "PG out of range",
+                scrub(0, 1000, acting[0], oid),
+                vec![],
+                Status::Invalid,
+            ),
+            (
+                "list with a payload",
+                by_primary(0),
+                vec![0; 16],
+                Status::Invalid,
+            ),
+            (
+                "list from an unknown place",
+                {
+                    let mut h = by_primary(0);
+                    h.offset = 2;
+                    h
+                },
+                vec![],
+                Status::Invalid,
+            ),
+            (
+                "check of a partial id",
+                by_primary(1),
+                vec![0; 15],
+                Status::Invalid,
+            ),
+            (
+                "check of too many objects",
+                by_primary(1),
+                oids(&vec![oid; 65]),
+                Status::Invalid,
+            ),
+            (
+                "deep check of too many objects",
+                by_primary(2),
+                oids(&[oid; 9]),
+                Status::Invalid,
+            ),
+            (
+                "check of another PG's object",
+                by_primary(1),
+                oids(&[other]),
+                Status::Invalid,
+            ),
+            (
+                "mend of a part of an object",
+                by_primary(5),
+                vec![0; 4096],
+                Status::Invalid,
+            ),
+            (
+                "mend of another PG's object",
+                scrub(5, pg, acting[0], other),
+                vec![0; block],
+                Status::Invalid,
+            ),
+            (
+                "a step not from the primary",
+                scrub(0, pg, acting[2], oid),
+                vec![],
+                Status::NotPrimary,
+            ),
+            (
+                "a step from a client",
+                scrub(0, pg, nacre_wire::SENDER_CLIENT, oid),
+                vec![],
+                Status::NotPrimary,
+            ),
+            (
+                "a start from an OSD",
+                by_primary(3),
+                vec![],
+                Status::Invalid,
+            ),
+            (
+                "a report with a payload",
+                scrub(6, pg, nacre_wire::SENDER_CLIENT, oid),
+                vec![1],
+                Status::Invalid,
+            ),
+        ];
+        for (what, h, body, want) in cases {
+            let body = (!body.is_empty()).then(|| AlignedBuf::from_slice(&body));
+            let h = match &body {
+                Some(b) => h.with_payload(b),
+                None => h,
+            };
+            let f = replica.call(h, body).await.unwrap();
+            assert_eq!(f.h.status, want, "{what}");
+        }
+        // The replica still answers, and still holds the object as written.
+        let f = replica
+            .call(by_primary(1), Some(AlignedBuf::from_slice(&oids(&[oid]))))
+            .await;
+        assert_eq!(f.unwrap().h.status, Status::Ok);
+        let mut r = Header::request(Op::Read, 2, oid);
+        r.pg = pg;
+        r.epoch = e;
+        r.length = 4096;
+        let f = primary.call(r, None).await.unwrap();
+        assert_eq!(f.h.status, Status::Ok);
+        assert_eq!(f.payload.as_deref(), Some(&data[..]));
+    });
+}
+
 /// `Dead` (from the supervisor that reaped an OSD's process) marks that
 /// incarnation down at once, without waiting for the heartbeat grace, and
 /// leaves any other incarnation alone.
