@@ -236,6 +236,32 @@ pub(crate) struct ReqCache {
 }
 
 impl ReqCache {
+    /// The requests a PG's authoritative log holds as applied, for a new
+    /// primary to answer their retries from: every client entry, except
+    /// those of an object a later rewrite (client 0: peering's undoing of
+    /// divergent ops, scrub's repair) wrote over. A rewrite restores the
+    /// authority's content, which may not hold the entry's effect (the
+    /// entry was divergent on that copy), and the same log may still name
+    /// it: the rewrite and the log sync that forgets the divergent entries
+    /// are separate steps, and an epoch can end between them (simulator
+    /// seed 96 of `acknowledged_ops_survive_osds_marked_out_and_in` lost an
+    /// acknowledged write that way). Such a request is applied again when
+    /// retried: the same bytes, written again, which a client that has no
+    /// answer for it yet cannot tell from the first time.
+    pub(crate) fn of_log(log: &nacre_blockstore::PgLog) -> ReqCache {
+        let mut rewritten: HashMap<ObjectId, u64> = HashMap::new();
+        for e in log.entries.values().filter(|e| e.client == 0) {
+            rewritten.insert(e.oid, e.version);
+        }
+        let mut done = ReqCache::default();
+        for e in log.entries.values().filter(|e| e.client != 0) {
+            if rewritten.get(&e.oid).is_none_or(|&w| w < e.version) {
+                done.insert((e.client, e.request), e.version);
+            }
+        }
+        done
+    }
+
     fn get(&self, k: (u64, u64)) -> Option<u64> {
         self.map.get(&k).copied()
     }
@@ -1137,7 +1163,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // replica holds it any more, a copy otherwise.
         let data = data.map(Rc::new);
         let replicas: Vec<_> = (acting.iter().filter(|&&r| r != self.id))
-            .map(|&r| rt::spawn(self.clone().to_replica(r, sub, data.clone())))
+            .map(|&r| (r, rt::spawn(self.clone().to_replica(r, sub, data.clone()))))
             .collect();
         let local = match data {
             Some(d) => {
@@ -1156,8 +1182,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 status_of(e)
             }
         };
-        for mut r in replicas {
-            let s = self.replica_status(&mut r, sub.epoch).await;
+        for (id, mut r) in replicas {
+            let s = self.replica_status(id, &mut r, sub.epoch).await;
             if status == Status::Ok && s != Status::Ok {
                 status = s;
             }
@@ -1165,22 +1191,23 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         status
     }
 
-    /// Replica task `r`'s status, or `StaleEpoch` as soon as this OSD is
-    /// in another epoch than `epoch`: the interval ended, and the next
-    /// one's peering settles what the copies hold, so waiting on a replica
-    /// cut off from it (until its RPC timeout) would only stall the client,
-    /// who retries in the new epoch. (The task runs on; a replica in the
-    /// new epoch refuses its sub-op.)
-    ///
-    /// Not yet understood, so not to be loosened: waiting on for replicas
-    /// the new map keeps up (or for every replica, as before `3415022`)
-    /// fails simulator seed 96 of `acknowledged_ops_survive_osds_marked_out_and_in`
-    /// (`NACRE_SIM_SEED=96`): a write whose replicas all answered after
-    /// the epoch moved on (osd.3 marked in, then out) was acknowledged
-    /// through the new primary's request cache and later read back old.
-    async fn replica_status(&self, r: &mut rt::JoinHandle<Status>, epoch: u64) -> Status {
+    /// The status of replica task `r` (to OSD `replica`), or `StaleEpoch`
+    /// as soon as this OSD is in another epoch than `epoch` whose map
+    /// marks `replica` down: the interval ended, and the next one's
+    /// peering settles what the copies hold, so waiting on a replica cut
+    /// off (until its RPC timeout) would only stall the client, who
+    /// retries in the new epoch. (The task runs on; a replica in the new
+    /// epoch refuses its sub-op.) A replica still up is waited for: it
+    /// answers soon, applied in the old epoch or refused in the new one,
+    /// and a write every copy applied is acknowledged instead of retried.
+    async fn replica_status(
+        &self,
+        replica: u32,
+        r: &mut rt::JoinHandle<Status>,
+        epoch: u64,
+    ) -> Status {
         loop {
-            if self.epoch() != epoch {
+            if self.epoch() != epoch && !self.map.borrow().is_up(replica) {
                 return Status::StaleEpoch;
             }
             let mut changed = std::pin::pin!(self.pg_changed.wait());
@@ -1645,5 +1672,47 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             | Op::AddOsd
             | Op::RmOsd => (h.reply(Status::Invalid), None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nacre_blockstore::{LogOp, PgLog};
+
+    fn entry(version: u64, oid: ObjectId, client: u64, request: u64) -> LogEntry {
+        LogEntry {
+            pg: 1 << 32,
+            version,
+            oid,
+            op: LogOp::Write,
+            offset: 0,
+            len: 4096,
+            client,
+            request,
+        }
+    }
+
+    /// A request whose object a later rewrite wrote over is not answered
+    /// from the log (its effect may be gone: it is applied again); one
+    /// after the rewrite, or of another object, is.
+    #[test]
+    fn a_rewrite_hides_the_earlier_requests_of_its_object() {
+        let (x, y) = (ObjectId::new(9, 1), ObjectId::new(9, 2));
+        let v = |epoch: u64, seq: u64| epoch << 32 | seq;
+        let mut log = PgLog::default();
+        for e in [
+            entry(v(10, 1), x, 7, 40),
+            entry(v(10, 2), y, 7, 41),
+            entry(v(12, 1), x, 0, 0),
+            entry(v(12, 2), x, 7, 42),
+        ] {
+            log.entries.insert(e.version, e);
+        }
+        let done = ReqCache::of_log(&log);
+        assert_eq!(done.get((7, 40)), None, "undone by the rewrite");
+        assert_eq!(done.get((7, 41)), Some(v(10, 2)));
+        assert_eq!(done.get((7, 42)), Some(v(12, 2)));
+        assert_eq!(done.get((0, 0)), None);
     }
 }

@@ -975,11 +975,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // Retries of requests the authoritative history holds are
         // answered from it, whichever primary took them; no other request
         // is (a request of a divergent op must be applied again).
-        let mut done = ReqCache::default();
-        for e in a.log.entries.values().filter(|e| e.client != 0) {
-            done.insert((e.client, e.request), e.version);
-        }
-        self.done.borrow_mut().insert(pg, done);
+        self.done.borrow_mut().insert(pg, ReqCache::of_log(&a.log));
         if !wants.is_empty() {
             let total = left.values().map(|(n, _)| n).sum();
             tracing::info!(

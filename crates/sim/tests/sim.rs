@@ -410,6 +410,18 @@ fn acknowledged_ops_survive_osds_marked_out_and_in() {
     }
 }
 
+/// Found by the simulator when primaries waited on for replicas still up
+/// after an epoch change: peering undid a divergent write by rewriting
+/// its object, the epoch ended before the log sync that forgets the
+/// write's entry, and the next primary, whose log named both, answered
+/// the client's retry of that write from its request cache: acknowledged,
+/// and never on any copy. A rewrite now hides its object's earlier
+/// requests from the cache (`ReqCache::of_log`).
+#[test]
+fn regression_seed_96_a_rewrite_hides_the_request_it_undid() {
+    run_on(96, OSDS_OUT_IN, true);
+}
+
 /// The first seed that showed invariant 1 broken (found by the simulator,
 /// not by hand): a primary crashed after its replicas had a write and
 /// before its own copy was durable, came back, gave the same version to
