@@ -118,7 +118,8 @@ impl Cluster {
             feed,
             map_error: RefCell::new(None),
             conns: RefCell::new(HashMap::new()),
-            client_id: random_u64() & !(1 << 63),
+            // Not 0: the OSDs' own rewrites log as client 0.
+            client_id: (random_u64() & !(1 << 63)).max(1),
             next_request: Cell::new(1),
         }))
     }

@@ -1055,6 +1055,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if need_primary && h.sender != SENDER_CLIENT {
             return Some(Status::Invalid);
         }
+        // Client 0 names the OSDs' own rewrites in the PG logs
+        // (`ReqCache::of_log`): no client writes as it.
+        if need_primary && h.client == 0 && matches!(h.op, Op::Write | Op::Delete) {
+            return Some(Status::Invalid);
+        }
         if !need_primary {
             // A sub-op is taken only from the PG's primary in this epoch,
             // and only by a member.
@@ -1197,23 +1202,40 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// peering settles what the copies hold, so waiting on a replica cut
     /// off (until its RPC timeout) would only stall the client, who
     /// retries in the new epoch. (The task runs on; a replica in the new
-    /// epoch refuses its sub-op.) A replica still up is waited for: it
-    /// answers soon, applied in the old epoch or refused in the new one,
-    /// and a write every copy applied is acknowledged instead of retried.
+    /// epoch refuses its sub-op.) A replica still up is waited for, for
+    /// at most `HEARTBEAT_GRACE_MS` after the epoch moved (one up but cut
+    /// off from this OSD alone would hold the write, and this PG's next
+    /// peering, for the RPC's retries): it answers soon, applied in the
+    /// old epoch or refused in the new one, and a write every copy applied
+    /// is acknowledged instead of retried. Giving up early is always safe:
+    /// the write is then not acknowledged.
     async fn replica_status(
         &self,
         replica: u32,
         r: &mut rt::JoinHandle<Status>,
         epoch: u64,
     ) -> Status {
+        let mut until: Option<Duration> = None;
         loop {
-            if self.epoch() != epoch && !self.map.borrow().is_up(replica) {
-                return Status::StaleEpoch;
+            if self.epoch() != epoch {
+                let now = rt::monotonic();
+                let grace = Duration::from_millis(nacre_types::HEARTBEAT_GRACE_MS);
+                let u = *until.get_or_insert(now + grace);
+                if !self.map.borrow().is_up(replica) || now >= u {
+                    return Status::StaleEpoch;
+                }
             }
             let mut changed = std::pin::pin!(self.pg_changed.wait());
+            // A timer only once the epoch moved: none on the write path.
+            let mut timer = until.map(|u| Box::pin(rt::sleep(u.saturating_sub(rt::monotonic()))));
             let s = std::future::poll_fn(|cx| {
                 if let std::task::Poll::Ready(s) = std::pin::Pin::new(&mut *r).poll(cx) {
                     return std::task::Poll::Ready(Some(s));
+                }
+                if let Some(t) = timer.as_mut() {
+                    if t.as_mut().poll(cx).is_ready() {
+                        return std::task::Poll::Ready(None);
+                    }
                 }
                 changed.as_mut().poll(cx).map(|()| None)
             })

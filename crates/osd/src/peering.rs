@@ -1086,7 +1086,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let a = &infos[&auth];
         let mut plan = recovery::Plan::default();
         for c in &listed {
-            plan.compare(&a.log, &a.objects, *c, &infos[c].objects);
+            plan.compare(&a.log, &a.objects, *c, &infos[c].objects, &infos[c].log);
         }
         let none = BTreeMap::new();
         for (c, s) in &by_log {
@@ -1097,7 +1097,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             if check {
                 self.check_log_delta(pg, *c, s, &a.objects, &infos[c].objects);
             }
-            plan.compare(&a.log, &theirs, *c, mine);
+            plan.compare(&a.log, &theirs, *c, mine, &infos[c].log);
         }
         Ok(plan)
     }

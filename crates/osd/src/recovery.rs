@@ -100,15 +100,30 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// Adds what copy `c`, holding `copy` (all its objects, or those
-    /// compared), lacks of the authority's: `auth` (its versions of the
-    /// same objects) and `log`.
+    /// compared) with log `copy_log`, lacks of the authority's: `auth`
+    /// (its versions of the same objects) and `log`.
+    ///
+    /// An object that a divergent entry of the copy's log names (one the
+    /// authority's log lacks, above its tail) is rewritten, never pushed,
+    /// even when the copy only lacks it or holds it at the authority's
+    /// version: a push that undid a divergent delete left the copy's log
+    /// naming the delete until the log sync, and an epoch ending between
+    /// the two made that copy an authority whose request cache answered
+    /// the delete's retry as applied while the object stood. A rewrite
+    /// logs a client-0 entry after it, which hides it from the cache
+    /// (`ReqCache::of_log`).
     pub(crate) fn compare(
         &mut self,
         log: &PgLog,
         auth: &BTreeMap<ObjectId, u64>,
         c: u32,
         copy: &BTreeMap<ObjectId, u64>,
+        copy_log: &PgLog,
     ) {
+        let diverged: std::collections::HashSet<ObjectId> = (copy_log.entries.iter())
+            .filter(|(v, e)| **v > log.tail && log.entries.get(v) != Some(*e))
+            .map(|(_, e)| e.oid)
+            .collect();
         let (mut x, mut y) = (auth.iter().peekable(), copy.iter().peekable());
         // Both lists are sorted: walk them together.
         loop {
@@ -136,6 +151,10 @@ impl Plan {
                     }
                 }
             };
+            if diverged.contains(&oid) {
+                self.rewrite.push(oid);
+                continue;
+            }
             let want = match (va, vc) {
                 (Some(va), Some(vc)) if vc == va => continue,
                 (Some(va), vc) if vc.is_none_or(|vc| vc < va) => Want {
@@ -564,9 +583,16 @@ mod tests {
         let mut plan = Plan::default();
         // Lacks 1 at v5, has 2, lacks 3, has 4 (deleted later), has 5
         // at a version the authority does not know (diverged).
-        plan.compare(&log, &auth, 1, &objects(&[(1, 2), (2, 3), (4, 6), (5, 7)]));
+        let none = PgLog::default();
+        plan.compare(
+            &log,
+            &auth,
+            1,
+            &objects(&[(1, 2), (2, 3), (4, 6), (5, 7)]),
+            &none,
+        );
         // Lacks everything; holds 6, which the authority never had.
-        plan.compare(&log, &auth, 2, &objects(&[(6, 1)]));
+        plan.compare(&log, &auth, 2, &objects(&[(6, 1)]), &none);
         let (wants, rewrite) = plan.finish();
         assert_eq!(rewrite, vec![o(5), o(6)]);
         assert_eq!(
@@ -587,5 +613,43 @@ mod tests {
             (8, true, vec![1])
         );
         assert_eq!(wants.len(), 4);
+    }
+
+    /// An object a divergent entry of the copy's log names is rewritten,
+    /// not pushed: a delete the authority never had (the copy lacks the
+    /// object), or a write whose effect a push already undid (the copy
+    /// holds the authority's version). An entry both logs hold, or one at
+    /// or below the authority's tail, changes nothing.
+    #[test]
+    fn objects_of_divergent_entries_are_rewritten() {
+        let o = |b: u64| ObjectId::new(1, b);
+        let objects = |v: &[(u64, u64)]| -> BTreeMap<ObjectId, u64> {
+            v.iter().map(|&(b, v)| (o(b), v)).collect()
+        };
+        let log_of = |tail: u64, es: &[LogEntry]| PgLog {
+            entries: es.iter().map(|e| (e.version, *e)).collect(),
+            tail,
+            recovering: false,
+        };
+        let shared = entry(5, o(1), LogOp::Write);
+        let log = log_of(2, &[shared]);
+        let auth = objects(&[(1, 5), (2, 3), (3, 4), (4, 1)]);
+        let copy_log = log_of(
+            0,
+            &[
+                entry(2, o(4), LogOp::Write),
+                shared,
+                entry(9, o(2), LogOp::Delete),
+                entry(10, o(3), LogOp::Write),
+            ],
+        );
+        let mut plan = Plan::default();
+        // Lacks 2 (its divergent delete), holds 3 at the authority's
+        // version (a push undid its divergent write), lacks 1 (named by a
+        // shared entry) and 4 (its entry is below the authority's tail).
+        plan.compare(&log, &auth, 1, &objects(&[(3, 4)]), &copy_log);
+        let (wants, rewrite) = plan.finish();
+        assert_eq!(rewrite, vec![o(2), o(3)]);
+        assert_eq!(wants.keys().copied().collect::<Vec<_>>(), vec![o(1), o(4)]);
     }
 }
