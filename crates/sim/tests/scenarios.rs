@@ -66,6 +66,46 @@ async fn read(c: &Cluster, oid: ObjectId) -> Option<Vec<u8>> {
     }
 }
 
+/// Sends `h` (with `data`) for `h.oid` through its primary with the
+/// sub-ops `sub` to its replicas lost, waits until the primary's version
+/// of the object satisfies `landed`, then takes the primary's power: the
+/// op is on its store alone and never acknowledged. The acting set.
+async fn only_on_primary(
+    c: &Rc<Cluster>,
+    sub: Op,
+    h: Header,
+    data: Option<Vec<u8>>,
+    landed: impl Fn(Option<u64>) -> bool,
+) -> Vec<u32> {
+    let oid = h.oid;
+    let (_, acting) = c.route(oid);
+    let p = acting[0];
+    let replicas: Vec<String> = (acting[1..].iter())
+        .map(|&id| c.nodes.borrow()[id as usize].addr.to_string())
+        .collect();
+    c.net
+        .set_filter(move |to, h| h.op == sub && replicas.iter().any(|r| r == to));
+    let attempt = {
+        let c = c.clone();
+        rt::spawn(async move { c.call(h, data.as_deref().map(AlignedBuf::from_slice)).await })
+    };
+    let primary = c.osd(p).unwrap();
+    while !landed(primary.store().version(oid)) {
+        rt::sleep(Duration::from_millis(1)).await;
+    }
+    drop(primary);
+    c.crash(p, 3);
+    let r = attempt.await;
+    assert!(
+        r.as_ref().map_or(true, |f| f.h.status != Status::Ok),
+        "{:?} was acknowledged without its replicas: {:?}",
+        h.op,
+        r.map(|f| f.h.status)
+    );
+    c.net.clear_filter();
+    acting
+}
+
 /// A write that reached only its primary's store (the sub-ops were lost,
 /// then the primary lost power) is divergent: the next interval goes on
 /// without it. When the old primary returns, peering undoes the write on
@@ -76,30 +116,13 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
     rt::block_on_virtual(async {
         let c = cluster(1).await;
         let oid = ObjectId::new(1, 5);
-        let (pg, acting) = c.route(oid);
+        let (pg, _) = c.route(oid);
+        let data = vec![0x5au8; 4096];
+        let mut h = Header::request(Op::Write, 1, oid).with_payload(&data);
+        h.length = data.len() as u32;
+        h.client = CLIENT;
+        let acting = only_on_primary(&c, Op::RepWrite, h, Some(data), |v| v.is_some()).await;
         let p = acting[0];
-        let replicas: Vec<String> = (acting[1..].iter())
-            .map(|&id| c.nodes.borrow()[id as usize].addr.to_string())
-            .collect();
-        c.net
-            .set_filter(move |to, h| h.op == Op::RepWrite && replicas.iter().any(|r| r == to));
-        let attempt = {
-            let c = c.clone();
-            rt::spawn(async move { send(&c, oid, 1, 0x5a).await })
-        };
-        let primary = c.osd(p).unwrap();
-        while primary.store().version(oid).is_none() {
-            rt::sleep(Duration::from_millis(1)).await;
-        }
-        drop(primary);
-        c.crash(p, 3);
-        let r = attempt.await;
-        assert!(
-            r.as_ref().map_or(true, |f| f.h.status != Status::Ok),
-            "the write was acknowledged without its replicas: {:?}",
-            r.map(|f| f.h.status)
-        );
-        c.net.clear_filter();
         // An interval without the old primary, then one with it again.
         c.settle(SETTLE).await.unwrap();
         c.start(p).await;
@@ -118,6 +141,45 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
         put(&c, oid, 1, 0x5a).await;
         let got = read(&c, oid).await.expect("the retried write is there");
         assert_eq!(&got[..4096], &[0x5au8; 4096][..]);
+        c.stop();
+    });
+}
+
+/// A delete that reached only its primary's store (the sub-ops were lost,
+/// then the primary lost power) is divergent, like the write above; when
+/// the old primary returns, peering undoes it with a *rewrite* of the
+/// object at a new version on every copy (never a push of the old
+/// version: that would leave the copy's log naming the delete with the
+/// object back, and a log sync cut off by a new epoch would let that copy
+/// answer the delete's retry as applied: `Plan::compare`). The retry is
+/// applied.
+#[test]
+fn a_divergent_delete_is_undone_by_a_rewrite_and_its_retry_is_applied() {
+    rt::block_on_virtual(async {
+        let c = cluster(2).await;
+        let oid = ObjectId::new(1, 6);
+        let v1 = put(&c, oid, 1, 0x11).await;
+        let mut h = Header::request(Op::Delete, 2, oid);
+        h.client = CLIENT;
+        let acting = only_on_primary(&c, Op::RepDelete, h, None, |v| v.is_none()).await;
+        let p = acting[0];
+        c.settle(SETTLE).await.unwrap();
+        c.start(p).await;
+        c.settle(SETTLE).await.unwrap();
+        // Every copy holds the object again, rewritten above v1.
+        for &id in &acting {
+            let v = c.osd(id).unwrap().store().version(oid);
+            assert!(v.is_some_and(|v| v > v1), "osd.{id}: {v:?}, v1 {v1:#x}");
+        }
+        assert_eq!(
+            &read(&c, oid).await.expect("back")[..4096],
+            &[0x11u8; 4096][..]
+        );
+        // The retry.
+        let mut h = Header::request(Op::Delete, 2, oid);
+        h.client = CLIENT;
+        assert_eq!(c.call(h, None).await.unwrap().h.status, Status::Ok);
+        assert_eq!(read(&c, oid).await, None, "the retried delete is applied");
         c.stop();
     });
 }
