@@ -246,8 +246,10 @@ impl ReqCache {
     /// are separate steps, and an epoch can end between them (simulator
     /// seed 96 of `acknowledged_ops_survive_osds_marked_out_and_in` lost an
     /// acknowledged write that way). Such a request is applied again when
-    /// retried: the same bytes, written again, which a client that has no
-    /// answer for it yet cannot tell from the first time.
+    /// retried. The rule is coarse: it also hides requests the rewrite
+    /// kept, whose retry then writes their bytes a second time, over any
+    /// later overlapping write that was in flight beside it
+    /// (replication.md §5.3 step 5).
     pub(crate) fn of_log(log: &nacre_blockstore::PgLog) -> ReqCache {
         let mut rewritten: HashMap<ObjectId, u64> = HashMap::new();
         for e in log.entries.values().filter(|e| e.client == 0) {

@@ -84,19 +84,26 @@ pub(crate) struct LogSync {
     pub mark: bool,
 }
 
+/// The entries of `copy` that `auth`'s history does not hold (divergent):
+/// above `auth`'s tail (below it the authoritative copy cannot tell) and
+/// not at their version in `auth`'s log.
+pub(crate) fn divergent<'a>(
+    copy: &'a PgLog,
+    auth: &'a PgLog,
+) -> impl Iterator<Item = &'a LogEntry> + 'a {
+    (copy.entries.values())
+        .filter(move |e| e.version > auth.tail && auth.entries.get(&e.version) != Some(*e))
+}
+
 impl LogSync {
-    /// What turns `copy` into `auth`: entries above `auth`'s tail that
-    /// it lacks are forgotten (below its tail the authoritative copy
-    /// cannot tell), and its entries the copy lacks are adopted.
+    /// What turns `copy` into `auth`: its divergent entries are forgotten
+    /// and the entries it lacks are adopted.
     fn between(copy: &PgLog, auth: &PgLog) -> LogSync {
         LogSync {
             tail: if auth.tail > copy.tail { auth.tail } else { 0 },
             unmark: copy.recovering,
             mark: false,
-            forget: (copy.entries.values())
-                .filter(|e| e.version > auth.tail && auth.entries.get(&e.version) != Some(*e))
-                .map(|e| e.version)
-                .collect(),
+            forget: divergent(copy, auth).map(|e| e.version).collect(),
             adopt: (auth.entries.values())
                 .filter(|e| e.version > copy.tail && copy.entries.get(&e.version) != Some(*e))
                 .copied()

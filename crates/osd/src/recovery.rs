@@ -36,7 +36,7 @@ use nacre_io::{rt, BlockDev};
 use nacre_net::Transport;
 use nacre_types::ObjectId;
 
-use crate::peering::{LogSync, PeerError};
+use crate::peering::{divergent, LogSync, PeerError};
 use crate::{Osd, PgEvent, PgState};
 
 /// The recovery rate of a new OSD, in bytes per second (pushes of whole
@@ -120,10 +120,8 @@ impl Plan {
         copy: &BTreeMap<ObjectId, u64>,
         copy_log: &PgLog,
     ) {
-        let diverged: std::collections::HashSet<ObjectId> = (copy_log.entries.iter())
-            .filter(|(v, e)| **v > log.tail && log.entries.get(v) != Some(*e))
-            .map(|(_, e)| e.oid)
-            .collect();
+        let diverged: std::collections::HashSet<ObjectId> =
+            divergent(copy_log, log).map(|e| e.oid).collect();
         let (mut x, mut y) = (auth.iter().peekable(), copy.iter().peekable());
         // Both lists are sorted: walk them together.
         loop {

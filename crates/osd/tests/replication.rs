@@ -105,6 +105,15 @@ async fn start_osd(d: &std::path::Path, s: &Setup, id: u32) -> (Rc<Osd>, nacre_o
     (osd, serving)
 }
 
+/// [`start_osd`] for every OSD of `s`, in id order.
+async fn start_osds(d: &std::path::Path, s: &Setup) -> Vec<(Rc<Osd>, nacre_osd::Serving)> {
+    let mut all = Vec::new();
+    for o in &s.osds {
+        all.push(start_osd(d, s, o.id).await);
+    }
+    all
+}
+
 /// Waits until `osd` serves PG `pg` in the leader's epoch; that epoch.
 async fn active(leader: &Leader<Sockets>, osd: &Osd, pg: u32) -> u64 {
     for _ in 0..500 {
@@ -478,10 +487,7 @@ fn a_slow_meta_store_batches_pg_events_and_marks_no_one_down() {
     };
     rt::block_on(async {
         let leader = start_leader_with(d.path(), &st, persist);
-        let mut running = Vec::new();
-        for o in &st.osds {
-            running.push(start_osd(d.path(), &st, o.id).await);
-        }
+        let running = start_osds(d.path(), &st).await;
         let e = leader.map().epoch();
         let all_active = || {
             let m = leader.map();
@@ -527,10 +533,7 @@ fn malformed_scrub_frames_are_refused() {
     let st = setup(d.path());
     rt::block_on(async {
         let leader = start_leader(d.path(), &st);
-        let mut running = Vec::new();
-        for o in &st.osds {
-            running.push(start_osd(d.path(), &st, o.id).await);
-        }
+        let running = start_osds(d.path(), &st).await;
         let oid = ObjectId::new(9, 3);
         let pg = pg_of(oid, st.pool.pg_count);
         let acting = st.pgmap.acting(pg);
@@ -678,10 +681,7 @@ fn a_dead_report_marks_that_incarnation_down_and_no_other() {
     let st = setup(d.path());
     rt::block_on(async {
         let leader = start_leader(d.path(), &st);
-        let mut osds = Vec::new();
-        for o in &st.osds {
-            osds.push(start_osd(d.path(), &st, o.id).await);
-        }
+        let mut osds = start_osds(d.path(), &st).await;
         let c = Conn::connect(&leader_addr(d.path())).unwrap();
         let dead = |id: u32, up_from: u64| {
             let mut h = Header::request(Op::Dead, 0, ObjectId::default());
@@ -770,10 +770,7 @@ fn no_interval_goes_active_while_the_leader_holds_events() {
         let hold = Duration::from_millis(1_500);
         leader.hold_events_until(rt::monotonic() + hold);
         let t0 = rt::monotonic();
-        let mut osds = Vec::new();
-        for o in &st.osds {
-            osds.push(start_osd(d.path(), &st, o.id).await);
-        }
+        let osds = start_osds(d.path(), &st).await;
         rt::sleep(Duration::from_millis(500)).await;
         if rt::monotonic() - t0 < hold {
             assert!(
