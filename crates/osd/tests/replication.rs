@@ -200,6 +200,17 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         )
         .await;
         assert_eq!(r.h.status, Status::Invalid);
+        // client 0 is the OSDs' own (peering's rewrites): no client
+        // writes or deletes as it, and nothing of it is applied
+        let mut as0 = wr(105);
+        as0.client = 0;
+        let r = call(&primary, as0, Some(&data)).await;
+        assert_eq!(r.h.status, Status::Invalid, "a write as client 0");
+        let mut del0 = Header::request(Op::Delete, 106, oid);
+        (del0.pg, del0.epoch) = (pg, e);
+        let r = call(&primary, del0, None).await;
+        assert_eq!(r.h.status, Status::Invalid, "a delete as client 0");
+        assert_eq!(running[acting[0] as usize].store().version(oid), Some(v2));
         // a replica refuses a sub-op from an older epoch too
         let mut sub = wr(0);
         sub.op = Op::RepWrite;
