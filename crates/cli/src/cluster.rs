@@ -223,25 +223,25 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
         map::add_osd(meta, &osd_record(&o.dir, id, create_bytes(o)))?;
         tracing::info!("osd.{id} added");
     }
-    let moved = map::place_new_osds(meta, pool)?;
+    let moved = map::place_new_osds(meta)?;
     if moved > 0 {
         tracing::info!("new OSDs placed: {moved} PG copies move to them");
     }
     Ok(())
 }
 
-/// The map a leader starts from: the stored PG table and history of the
-/// pool, the OSDs' addresses from their records; every OSD counts as down
-/// until it boots with this leader (`Leader::new` starts a new epoch).
-pub fn leader_map(meta: &dyn MetaStore, pool: &PoolRecord) -> anyhow::Result<OsdMap> {
+/// The map a leader starts from: the stored epoch, OSDs down and out, and
+/// every pool with its PG table and history; the OSDs' addresses from
+/// their records. Every OSD counts as down until it boots with this
+/// leader (`Leader::new` starts a new epoch).
+pub fn leader_map(meta: &dyn MetaStore) -> anyhow::Result<OsdMap> {
     let m = map::load(meta)?;
     Ok(OsdMap {
-        pgmap: m.pgmap(pool.id).context("no PG table")?.clone(),
-        min_size: pool.min_size,
+        cluster: m.state.clone(),
+        pools: map::load_pools(meta)?,
         addrs: m.osds.iter().map(|r| (r.id, r.addr.clone())).collect(),
         up_from: Default::default(),
         stores: Default::default(),
-        last_active: map::load_history(meta, pool.id)?.last_active,
         full: Default::default(),
     })
 }
@@ -250,7 +250,6 @@ pub fn leader_map(meta: &dyn MetaStore, pool: &PoolRecord) -> anyhow::Result<Osd
 pub struct LeaderStart {
     pub meta: Arc<dyn MetaStore>,
     pub map: OsdMap,
-    pub pool: PoolRecord,
     /// An OSD down this long is marked out (zero: never).
     pub out_delay: Duration,
     pub addr: Addr,
@@ -268,8 +267,8 @@ pub struct LeaderStart {
 }
 
 /// The leader's thread: it serves on `addr`, persists every map to `meta`
-/// before anyone hears of it, and places the pool's PGs on `osds` when one
-/// is marked out or in.
+/// before anyone hears of it, and places the pools' PGs on the OSDs when
+/// one is marked out or in.
 pub fn spawn_leader(
     s: LeaderStart,
     ready: mpsc::Sender<anyhow::Result<()>>,
@@ -279,7 +278,6 @@ pub fn spawn_leader(
     let LeaderStart {
         meta,
         map,
-        pool,
         out_delay,
         addr,
         fence,
@@ -293,20 +291,14 @@ pub fn spawn_leader(
             rt::block_on(async move {
                 let records = meta.clone();
                 // What was stored last: only what changed is written.
-                let last = std::cell::RefCell::new(stored.then(|| {
-                    let h = map::PgHistory {
-                        last_active: map.last_active.clone(),
-                    };
-                    (map.pgmap.clone(), h)
-                }));
+                let last = std::cell::RefCell::new(
+                    stored.then(|| (map.cluster.clone(), map.pools.clone())),
+                );
                 let persist = move |m: &OsdMap| {
-                    let history = map::PgHistory {
-                        last_active: m.last_active.clone(),
-                    };
                     let saved = {
                         let stored = last.borrow();
-                        let prev = stored.as_ref().map(|(p, h)| (p, h));
-                        map::save_pool_state(&*meta, &m.pgmap, &history, prev, &fence)
+                        let prev = stored.as_ref().map(|(c, p)| (c, p));
+                        map::save_map(&*meta, &m.cluster, &m.pools, prev, &fence)
                     };
                     if let Err(e) = saved {
                         // Part of it may be stored (a store that took it
@@ -315,7 +307,7 @@ pub fn spawn_leader(
                         *last.borrow_mut() = None;
                         return Err(e.to_string());
                     }
-                    *last.borrow_mut() = Some((m.pgmap.clone(), history));
+                    *last.borrow_mut() = Some((m.cluster.clone(), m.pools.clone()));
                     Ok(())
                 };
                 let start = || -> anyhow::Result<_> {
@@ -336,14 +328,15 @@ pub fn spawn_leader(
                 };
                 // The OSD records come from the meta store each time:
                 // `nacre osd add` stores one before the leader hears of it.
-                leader.set_placer(Box::new(move |prev, out| {
+                leader.set_placer(Box::new(move |pool, prev, inn| {
                     let osds = map::load(&*records).map_err(|e| e.to_string())?.osds;
                     // An OSD registered but not yet added to the map (`nacre
                     // osd init` while this leader runs) holds no PG until it
                     // boots and asks to be marked in.
-                    let mut out = out.to_vec();
-                    out.extend(osds.iter().map(|o| o.id).filter(|&id| !prev.knows(id)));
-                    map::place(&osds, &pool, &out, Some(prev)).map_err(|e| e.to_string())
+                    let out: Vec<u32> = (osds.iter().map(|o| o.id))
+                        .filter(|id| !inn.contains(id))
+                        .collect();
+                    map::place(&osds, pool, &out, prev).map_err(|e| e.to_string())
                 }));
                 leader.set_out_delay(out_delay);
                 let serving = rt::spawn(nacre_net::serve(l, leader.clone()));
@@ -569,10 +562,9 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
     map::put_config(&*meta, &o.config)?;
     nacre_meta::remote::serve(meta.clone(), &meta_socket(&o.dir)).context("meta socket")?;
     let m = map::load(&*meta)?;
-    let pool = m.pools.first().context("no pool in the map")?.clone();
     // The leader starts from the stored map in a new epoch: every OSD
     // restarted and boots again.
-    let osd_map = leader_map(&*meta, &pool)?;
+    let osd_map = leader_map(&*meta)?;
     let leader_addr = leader_addr(&o.dir);
     if !direct_io_works(&o.dir) {
         tracing::warn!(
@@ -599,7 +591,6 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         let start = LeaderStart {
             meta: meta.clone(),
             map: osd_map,
-            pool: pool.clone(),
             out_delay: o.out_delay,
             addr: leader_addr,
             fence: Vec::new(),

@@ -390,7 +390,7 @@ pub fn osd_mark(at: &At, id: u32, out: bool) -> anyhow::Result<()> {
     let meta = at.meta()?;
     // The map names the OSDs; this also says when no cluster runs there.
     let m = map::load(&*meta)?;
-    let was_out = (m.pgmaps.first()).is_some_and(|p| p.out.contains(&id));
+    let was_out = m.state.out.contains(&id);
     let mark = Ask {
         op: nacre_wire::Op::MarkOut,
         id,
@@ -440,18 +440,18 @@ pub fn osd_rm(at: &At, id: u32) -> anyhow::Result<()> {
 pub fn osd_ls(at: &At, format: Format) -> anyhow::Result<()> {
     let meta = at.meta()?;
     let m = map::load(&*meta)?;
-    let pool = m.pools.first().context("no pool")?;
-    let t = m.pgmap(pool.id).context("no PG table")?;
     let mut rows = Vec::new();
+    let down = &m.state.down;
     for o in &m.osds {
-        let pgs = (0..t.pg_count())
-            .filter(|&pg| t.placement(pg).contains(&o.id))
-            .count();
-        let primary = (0..t.pg_count())
-            .filter(|&pg| t.primary(pg) == Some(o.id))
-            .count();
+        let (mut pgs, mut primary) = (0, 0);
+        for t in &m.tables {
+            for pg in 0..t.pg_count() {
+                pgs += usize::from(t.placement(pg).contains(&o.id));
+                primary += usize::from(t.primary(pg, down) == Some(o.id));
+            }
+        }
         // Out: marked out, or registered and never yet in a table.
-        let out = t.out.contains(&o.id) || !t.knows(o.id);
+        let out = m.state.out.contains(&o.id) || !m.tables.iter().any(|t| t.knows(o.id));
         rows.push(serde_json::json!({
             "id": o.id,
             "host": o.host,
@@ -737,7 +737,6 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
 /// `Op::Stat` answer), and the health check of objects left unrepaired.
 fn scrub_summary(
     stats: &[(u32, Option<serde_json::Value>)],
-    pool: u32,
 ) -> (serde_json::Value, Vec<serde_json::Value>) {
     let sum = |k: &str| -> u64 {
         (stats.iter())
@@ -750,12 +749,12 @@ fn scrub_summary(
     for (id, v) in stats {
         let Some(v) = v else { continue };
         for p in v["pgs_scrub_unrepaired"].as_array().into_iter().flatten() {
-            if let (Some(pg), Some(n)) = (p[0].as_u64(), p[1].as_u64()) {
-                unrepaired_pgs.push(format!("{pool}.{pg} ({n} objects, osd.{id})"));
+            if let (Some(pg), Some(n)) = (p[0].as_str(), p[1].as_u64()) {
+                unrepaired_pgs.push(format!("{pg} ({n} objects, osd.{id})"));
             }
         }
         if let Some(s) = v["scrubbing"].as_str() {
-            running.push(format!("{pool}.{s} on osd.{id}"));
+            running.push(format!("{s} on osd.{id}"));
         }
         if let Some(f) = v["last_scrub_finding"].as_str() {
             last = Some(format!("osd.{id}: {f}"));
@@ -946,14 +945,19 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         ..m
     };
     let pool = m.pools.first().context("no pool")?;
-    let pg = m.pgmap(pool.id).context("no PG table")?;
-    let (pgs, pg_checks) = pg_summary(pg.pg_count(), pg.epoch, &stats);
+    let pg_count = m.tables.iter().map(|t| t.pg_count()).sum();
+    let (pgs, pg_checks) = pg_summary(pg_count, m.epoch(), &stats);
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
     // Out: marked out, or registered and never yet in a PG table (`nacre
     // osd init`, until the OSD first boots and is marked in).
-    let mut outs = pg.out.clone();
-    outs.extend((m.osds.iter()).map(|o| o.id).filter(|&id| !pg.knows(id)));
+    let mut outs = m.state.out.clone();
+    outs.extend(
+        (m.osds.iter())
+            .map(|o| o.id)
+            .filter(|&id| !m.tables.iter().any(|t| t.knows(id))),
+    );
     outs.sort_unstable();
+    outs.dedup();
     let mut checks = damage_checks(&stats);
     // A down OSD that is still in holds copies the cluster lacks; one
     // marked out has handed its PGs over.
@@ -970,7 +974,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     }
     checks.extend(space_checks(&stats));
     checks.extend(pg_checks);
-    let (scrub, scrub_checks) = scrub_summary(&stats, pool.id);
+    let (scrub, scrub_checks) = scrub_summary(&stats);
     checks.extend(scrub_checks);
     // A cluster on etcd: the elected monitor, or none.
     let leader = match &at.etcd {
@@ -1657,7 +1661,7 @@ mod tests {
                 pg_states: states.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
                 pgs_not_clean: (named.iter())
                     .map(|(pg, state, why)| nacre_osd::PgReport {
-                        pg: *pg,
+                        pg: nacre_types::PgId::new(1, *pg),
                         state: state.to_string(),
                         detail: Some(why.to_string()),
                     })
@@ -1699,7 +1703,7 @@ mod tests {
         assert_eq!(pgs["inactive"], 1);
         assert_eq!(pgs["peering"], 1);
         assert_eq!(pgs["unknown"], 2);
-        assert_eq!(pgs["not_clean"][0]["pg"], 1, "sorted by PG");
+        assert_eq!(pgs["not_clean"][0]["pg"], "1.1", "sorted by PG");
         let codes: Vec<(&str, &str)> = (checks.iter())
             .map(|c| (c["code"].as_str().unwrap(), c["severity"].as_str().unwrap()))
             .collect();
@@ -1713,7 +1717,7 @@ mod tests {
         );
         let msg = checks[0]["message"].as_str().unwrap();
         assert!(msg.contains("3 PGs cannot serve I/O"), "{msg}");
-        assert!(msg.contains("PG 4 waiting for osd.2"), "{msg}");
+        assert!(msg.contains("PG 1.4 waiting for osd.2"), "{msg}");
         assert!(msg.contains("2 with no primary reporting"), "{msg}");
         // Recovering PGs serve, and count as degraded with their progress.
         let mut r = nacre_osd::OsdReport {
@@ -1722,7 +1726,7 @@ mod tests {
             ..Default::default()
         };
         r.pgs_not_clean.push(nacre_osd::PgReport {
-            pg: 2,
+            pg: nacre_types::PgId::new(1, 2),
             state: "active+recovering".into(),
             detail: Some("9 of 30 object copies left to recover".into()),
         });
@@ -1738,7 +1742,7 @@ mod tests {
         let msg = checks[0]["message"].as_str().unwrap();
         assert_eq!(checks[0]["code"], "PG_DEGRADED");
         assert!(
-            msg.contains("2 recovering, 17 object copies left (PG 2 9 of 30"),
+            msg.contains("2 recovering, 17 object copies left (PG 1.2 9 of 30"),
             "{msg}"
         );
     }

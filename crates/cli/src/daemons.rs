@@ -89,7 +89,7 @@ pub fn pool_create(e: &EtcdArgs, p: &PoolCreate) -> anyhow::Result<()> {
         bail!("--min-size {min_size}: give 1..={}", p.replicas);
     }
     let pool = PoolRecord {
-        id: 1,
+        id: 0,
         name: p.name.clone(),
         size: p.replicas,
         min_size,
@@ -98,7 +98,7 @@ pub fn pool_create(e: &EtcdArgs, p: &PoolCreate) -> anyhow::Result<()> {
         object_bytes: crate::cluster::OBJECT_BYTES,
     };
     let m = map::create_pool(&*meta, &pool)?;
-    let osds: std::collections::BTreeSet<u32> = m.osds.iter().copied().collect();
+    let osds: std::collections::BTreeSet<u32> = m.table.osds.iter().copied().collect();
     println!(
         "created pool {} ({} replicas, min_size {min_size}, {} PGs, failure domain {}) on {} OSDs",
         p.name,
@@ -112,11 +112,10 @@ pub fn pool_create(e: &EtcdArgs, p: &PoolCreate) -> anyhow::Result<()> {
 
 /// A pool in JSON.
 fn pool_json(p: &PoolRecord, m: &map::ClusterMap) -> serde_json::Value {
-    let table = m.pgmap(p.id);
     serde_json::json!({
         "name": p.name, "id": p.id, "replicas": p.size, "min_size": p.min_size,
         "pgs": p.pg_count, "failure_domain": p.failure_domain, "object_bytes": p.object_bytes,
-        "epoch": table.map(|t| t.epoch),
+        "epoch": m.table(p.id).map(|_| m.epoch()),
     })
 }
 

@@ -278,29 +278,28 @@ fn lead_term(o: &MonOpts, term: &Term, stop: &AtomicBool) -> anyhow::Result<()> 
         term.value.clone(),
     )];
     let mut said = false;
-    let pool = loop {
+    loop {
         if ending() {
             return Ok(());
         }
-        if let Some(p) = map::load(&*o.meta)?.pools.first() {
-            break p.clone();
+        if !map::load(&*o.meta)?.pools.is_empty() {
+            break;
         }
         if !said {
             tracing::warn!("mon: the cluster has no pool yet (nacre pool create makes one)");
             said = true;
         }
         std::thread::sleep(POLL * 5);
-    };
+    }
     // OSDs registered while no leader ran are out until they boot and
     // ask to be marked in.
-    let new = map::out_new_osds(&*o.meta, &pool, &fence)?;
+    let new = map::out_new_osds(&*o.meta, &fence)?;
     if !new.is_empty() {
         tracing::info!("mon: OSDs new to the PG table, out until they first boot: {new:?}");
     }
     let start = LeaderStart {
         meta: o.meta.clone(),
-        map: cluster::leader_map(&*o.meta, &pool)?,
-        pool,
+        map: cluster::leader_map(&*o.meta)?,
         out_delay: o.out_delay,
         addr: o.addr.clone(),
         fence,

@@ -7,6 +7,7 @@ use clap::Subcommand;
 use nacre_client::Cluster;
 use nacre_io::rt;
 use nacre_osd::ScrubReport;
+use nacre_types::PgId;
 
 use crate::at::At;
 use crate::Format;
@@ -20,10 +21,11 @@ pub enum PgCmd {
     /// majority's (else the primary's) copy. Exits non-zero if a PG could
     /// not be scrubbed or kept objects it could not repair.
     Scrub {
-        /// The PG: its number, or POOL.NUMBER as `nacre status` names it.
+        /// The PG as `nacre status` names it: POOL.PG, the PG in hex
+        /// (`1.1f`).
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         pg: Option<String>,
-        /// Every PG of the pool (each primary scrubs its PGs one at a
+        /// Every PG of every pool (each primary scrubs its PGs one at a
         /// time; the primaries in parallel).
         #[arg(long)]
         all: bool,
@@ -50,60 +52,51 @@ pub fn run(cmd: PgCmd) -> anyhow::Result<()> {
     }
 }
 
-/// PG `s` ("N" or "POOL.N") of pool `pool`.
-fn parse_pg(s: &str, pool: u32) -> anyhow::Result<u32> {
-    let n = match s.split_once('.') {
-        Some((p, n)) => {
-            let p: u32 = p.parse().with_context(|| format!("PG {s:?}: pool {p:?}"))?;
-            anyhow::ensure!(p == pool, "PG {s:?}: the cluster's pool is {pool}");
-            n
-        }
-        None => s,
-    };
-    n.parse()
-        .with_context(|| format!("PG {s:?}: expected N or POOL.N"))
-}
-
 fn scrub(pg: Option<&str>, all: bool, deep: bool, at: &At, format: Format) -> anyhow::Result<()> {
     let meta = at.meta()?;
-    type Reports = Vec<(u32, Result<ScrubReport, String>)>;
-    let (pool, reports): (u32, Reports) = rt::block_on(async {
+    let one: Option<PgId> = pg
+        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .transpose()?;
+    type Reports = Vec<(PgId, Result<ScrubReport, String>)>;
+    let reports: Reports = rt::block_on(async {
         let c = Cluster::connect(meta)?;
-        let pool = c.default_pool();
-        let pgs: Vec<u32> = match pg {
-            Some(s) => {
-                let n = parse_pg(s, pool.id)?;
+        let m = c.map();
+        let pgs: Vec<PgId> = match one {
+            Some(pg) => {
+                let t = (m.table(pg.pool))
+                    .with_context(|| format!("PG {pg}: there is no pool {}", pg.pool))?;
                 anyhow::ensure!(
-                    n < pool.pg_count,
-                    "PG {s}: the pool has {} PGs",
-                    pool.pg_count
+                    pg.pg < t.pg_count(),
+                    "PG {pg}: pool {} has {} PGs (0..{:x})",
+                    pg.pool,
+                    t.pg_count(),
+                    t.pg_count()
                 );
-                vec![n]
+                vec![pg]
             }
-            None => (0..pool.pg_count).collect(),
+            None => (m.tables.iter())
+                .flat_map(|t| (0..t.pg_count()).map(|n| PgId::new(t.pool, n)))
+                .collect(),
         };
         debug_assert!(all || pgs.len() == 1);
         // One queue per primary (each scrubs one PG at a time anyway).
-        let mut queues: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
-        {
-            let m = c.map();
-            let t = m.pgmap(pool.id).context("no PG table")?;
-            for &n in &pgs {
-                queues.entry(t.primary(n)).or_default().push(n);
-            }
+        let mut queues: BTreeMap<Option<u32>, Vec<PgId>> = BTreeMap::new();
+        for &pg in &pgs {
+            let primary = m.primary(pg).and_then(|(p, _)| p);
+            queues.entry(primary).or_default().push(pg);
         }
         let tasks: Vec<_> = (queues.into_values())
             .map(|q| {
                 let c = c.clone();
                 rt::spawn(async move {
                     let mut out = Vec::new();
-                    for n in q {
-                        let r = match c.scrub_pg(n, deep).await {
+                    for pg in q {
+                        let r = match c.scrub_pg(pg, deep).await {
                             Ok(v) => serde_json::from_value::<ScrubReport>(v)
                                 .map_err(|e| format!("a report that does not parse: {e}")),
                             Err(e) => Err(e.to_string()),
                         };
-                        out.push((n, r));
+                        out.push((pg, r));
                     }
                     out
                 })
@@ -113,8 +106,8 @@ fn scrub(pg: Option<&str>, all: bool, deep: bool, at: &At, format: Format) -> an
         for t in tasks {
             all.extend(t.await);
         }
-        all.sort_by_key(|(n, _)| *n);
-        anyhow::Ok((pool.id, all))
+        all.sort_by_key(|(pg, _)| *pg);
+        anyhow::Ok(all)
     })?;
     let failed = (reports.iter())
         .filter(|(_, r)| r.as_ref().map_or(true, |r| r.error.is_some()))
@@ -126,9 +119,9 @@ fn scrub(pg: Option<&str>, all: bool, deep: bool, at: &At, format: Format) -> an
     match format {
         Format::Json => {
             let v: Vec<serde_json::Value> = (reports.iter())
-                .map(|(n, r)| match r {
+                .map(|(pg, r)| match r {
                     Ok(r) => serde_json::to_value(r).expect("a report serialises"),
-                    Err(e) => serde_json::json!({"pg": n, "error": e}),
+                    Err(e) => serde_json::json!({"pg": pg, "error": e}),
                 })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&v)?);
@@ -138,8 +131,8 @@ fn scrub(pg: Option<&str>, all: bool, deep: bool, at: &At, format: Format) -> an
                 "{:<8} {:<12} {:>8} {:>12} {:>9} {:>10} {:>8}  result",
                 "pg", "osds", "objects", "inconsistent", "repaired", "unrepaired", "seconds"
             );
-            for (n, r) in &reports {
-                let id = format!("{pool}.{n}");
+            for (pg, r) in &reports {
+                let id = pg.to_string();
                 match r {
                     Ok(r) => {
                         let osds: Vec<String> = r.osds.iter().map(u32::to_string).collect();

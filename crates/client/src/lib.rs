@@ -29,7 +29,7 @@ use nacre_io::{rt, AlignedBuf};
 use nacre_meta::map::{self, ClusterMap, PoolRecord, SessionRecord, VolumeRecord};
 use nacre_meta::{MetaError, MetaStore};
 use nacre_net::{Conn, Frame};
-use nacre_types::{pg_of, ObjectId, CLIENT_OP_TIMEOUT_MS, SECTOR_BYTES};
+use nacre_types::{ObjectId, PgId, CLIENT_OP_TIMEOUT_MS, SECTOR_BYTES};
 use nacre_wire::{Header, Op, Status};
 
 /// How long `Cluster::osd_stats` waits for one OSD's answer.
@@ -194,24 +194,22 @@ impl Cluster {
     /// none once `gone` is set (an attempt in flight runs to its end).
     async fn object_op(
         &self,
-        pool: u32,
         h: Header,
         payload: Option<&AlignedBuf>,
         gone: &Cell<bool>,
     ) -> Result<Frame> {
-        Ok(self.primary_op(pool, None, h, payload, gone).await?.1)
+        Ok(self.primary_op(None, h, payload, gone).await?.1)
     }
 
-    /// Sends `h` to the primary of PG `pg` of `pool` (`None`: the PG of
-    /// `h`'s object), with retries: a lost connection, `StaleEpoch` or
+    /// Sends `h` to the primary of PG `pg` (`None`: the PG of `h`'s
+    /// object, in the pool its volume id names), with retries: a lost connection, `StaleEpoch` or
     /// `NotPrimary` (the map is reloaded) and `Unavailable` (a PG peering
     /// or below `min_size`) are tried again, with the same request id, for
     /// up to `CLIENT_OP_TIMEOUT_MS`, none once `gone` is set. Returns the
     /// primary that answered and its answer.
     async fn primary_op(
         &self,
-        pool: u32,
-        pg: Option<u32>,
+        pg: Option<PgId>,
         mut h: Header,
         payload: Option<&AlignedBuf>,
         gone: &Cell<bool>,
@@ -234,17 +232,18 @@ impl Cluster {
             self.adopt_map();
             let (primary, epoch, pg) = {
                 let m = self.map.borrow();
-                let pm = m.pgmap(pool).ok_or_else(|| {
+                let pool = pg.map_or(h.oid.pool(), |p| p.pool);
+                let t = m.table(pool).ok_or_else(|| {
                     ClientError::Unavailable(format!("pool {pool} has no PG table"))
                 })?;
-                let count = pm.pg_count();
-                let pg = pg.unwrap_or_else(|| pg_of(h.oid, count));
-                if pg >= count {
+                let count = t.pg_count();
+                let pg = pg.unwrap_or_else(|| PgId::of(h.oid, count));
+                if pg.pg >= count {
                     return Err(ClientError::Invalid(format!(
                         "PG {pg}: the pool has {count} PGs"
                     )));
                 }
-                (pm.primary(pg), pm.epoch, pg)
+                (t.primary(pg.pg, &m.state.down), m.epoch(), pg)
             };
             let Some(primary) = primary else {
                 last = format!("PG {pg}: no OSD of it is up");
@@ -252,7 +251,7 @@ impl Cluster {
                 continue;
             };
             h.epoch = epoch;
-            h.pg = pg;
+            h = h.with_pg(pg);
             let conn = match self.conn(primary) {
                 Ok(c) => c,
                 Err(e) => {
@@ -463,9 +462,7 @@ impl Volume {
         let mut h = Header::request(Op::Read, 0, self.oid(p.block));
         h.offset = p.offset;
         h.length = p.len;
-        let f = (self.cluster)
-            .object_op(self.rec.pool, h, None, &self.gone)
-            .await?;
+        let f = (self.cluster).object_op(h, None, &self.gone).await?;
         match f.h.status {
             Status::Ok => Ok(f.payload),
             Status::NotFound => Ok(None),
@@ -505,10 +502,7 @@ impl Volume {
         let mut h = Header::request(Op::Write, 0, self.oid(p.block)).with_payload(&data);
         h.offset = p.offset;
         h.length = p.len;
-        let f = self
-            .cluster
-            .object_op(self.rec.pool, h, Some(&data), &self.gone)
-            .await?;
+        let f = self.cluster.object_op(h, Some(&data), &self.gone).await?;
         match f.h.status {
             Status::Ok => Ok(()),
             s => Err(status_err(s, &format!("write {}", self.oid(p.block)))),
@@ -534,9 +528,7 @@ impl Volume {
 
     async fn delete_object(&self, block: u64) -> Result<()> {
         let h = Header::request(Op::Delete, 0, self.oid(block));
-        let f = (self.cluster)
-            .object_op(self.rec.pool, h, None, &self.gone)
-            .await?;
+        let f = (self.cluster).object_op(h, None, &self.gone).await?;
         match f.h.status {
             Status::Ok | Status::NotFound => Ok(()),
             s => Err(status_err(s, &format!("delete {}", self.oid(block)))),
@@ -783,9 +775,10 @@ impl Cluster {
     /// Finds objects of volumes that no longer exist (a purge that missed
     /// a down OSD, a write or recovery push that raced a delete) on every
     /// OSD that is up and deletes them; records what it did for `nacre
-    /// status`. Volume ids are never reused: an id at most the last one
-    /// handed out (read first) that names no volume (read after) belongs
-    /// to a deleted volume, so a volume created meanwhile is never taken.
+    /// status`. Volume ids are never reused: an id whose serial is at
+    /// most the last one handed out (read first) that names no volume
+    /// (read after) belongs to a deleted volume, so a volume created
+    /// meanwhile is never taken.
     pub async fn reclaim_orphans(&self) -> Result<map::OrphanReport> {
         let last = map::last_volume_id(&*self.meta)?;
         let live: std::collections::HashSet<u64> = (map::list_volumes(&*self.meta)?.iter())
@@ -800,7 +793,8 @@ impl Cluster {
                 continue;
             };
             for [v, n, _] in u.volumes {
-                if v == 0 || v > last || live.contains(&v) {
+                let serial = nacre_types::VolumeId(v).serial();
+                if serial == 0 || serial > last || live.contains(&v) {
                     continue;
                 }
                 let h = Header::request(Op::PurgeVolume, 0, ObjectId::new(v, 0));
@@ -833,7 +827,7 @@ impl Cluster {
         Ok(report)
     }
 
-    /// Has PG `pg` (of the default pool) scrubbed by its primary, deeply
+    /// Has PG `pg` scrubbed by its primary, deeply
     /// (every copy read whole) or not, and waits for the report
     /// (`nacre_osd::ScrubReport`, JSON): the primary queues the scrub and
     /// answers with a ticket, then its report once done (asked every
@@ -841,10 +835,9 @@ impl Cluster {
     /// up to `CLIENT_OP_TIMEOUT_MS` of attempts to start it; the scrub
     /// itself may take as long as it takes, but a primary that stops
     /// answering, or restarts (forgetting the ticket), fails it.
-    pub async fn scrub_pg(&self, pg: u32, deep: bool) -> Result<serde_json::Value> {
+    pub async fn scrub_pg(&self, pg: PgId, deep: bool) -> Result<serde_json::Value> {
         let (primary, ticket) = self.scrub_start(pg, deep).await?;
-        let mut h = Header::request(Op::Scrub, 0, ObjectId::default());
-        h.pg = pg;
+        let mut h = Header::request(Op::Scrub, 0, ObjectId::default()).with_pg(pg);
         h.length = nacre_wire::SCRUB_REPORT;
         h.obj_version = ticket;
         let mut lost = 0;
@@ -882,16 +875,15 @@ impl Cluster {
     }
 
     /// Asks PG `pg`'s primary to scrub it; the primary and its ticket.
-    async fn scrub_start(&self, pg: u32, deep: bool) -> Result<(u32, u64)> {
+    async fn scrub_start(&self, pg: PgId, deep: bool) -> Result<(u32, u64)> {
         let mut h = Header::request(Op::Scrub, 0, ObjectId::default());
         h.length = if deep {
             nacre_wire::SCRUB_START_DEEP
         } else {
             nacre_wire::SCRUB_START
         };
-        let pool = self.default_pool().id;
         let (primary, f) = self
-            .primary_op(pool, Some(pg), h, None, &Cell::new(false))
+            .primary_op(Some(pg), h, None, &Cell::new(false))
             .await?;
         match f.h.status {
             Status::Ok => Ok((primary, f.h.obj_version)),

@@ -6,10 +6,13 @@
 //!   the map was initialised;
 //! - `osd/<id>` — [`OsdRecord`]; `up/osd/<id>` — present while the OSD
 //!   holds its lease;
-//! - `pool/<id>` — [`PoolRecord`]; `pgmap/<pool>` — [`PgMap`];
+//! - `osdmap` — [`ClusterState`]: the epoch, the OSDs down and out;
+//! - `pool/<id>` — [`PoolRecord`]; `pgtable/<pool>` — [`PgTable`];
+//!   `pghistory/<pool>/<pg>` — the PG's last active [`Interval`];
 //! - `volume/<name>` — [`VolumeRecord`]; `counter/volume` — the last
-//!   volume id handed out (ids are never reused, so an object whose volume
-//!   id is at most the counter and names no volume is an orphan);
+//!   volume serial handed out (ids are never reused, so an object whose
+//!   volume's serial is at most the counter and names no volume is an
+//!   orphan); `counter/pool` — the last pool id handed out;
 //! - `session/<volume id>/<gateway>.<conn>` — [`SessionRecord`], one per
 //!   open client connection, on its gateway's lease;
 //! - `orphans` — [`OrphanReport`], what the last sweep for objects of
@@ -24,6 +27,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::types::*;
+use nacre_types::{PgId, VolumeId, POOL_ID_MAX};
 
 /// Every key of the cluster state starts with this (a backend may keep
 /// them under another prefix: `nacre_etcd`'s `--prefix`).
@@ -104,20 +108,25 @@ impl PoolRecord {
     }
 }
 
-/// A pool's PG → OSD table at one epoch.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PgMap {
-    pub pool: u32,
+/// What the cluster agrees on at one epoch besides the PG tables: the
+/// OSDs marked down (by the leader) and out (`nacre osd out`, or down for
+/// too long). One record for every pool: an epoch is the cluster's, and
+/// every message of every PG carries it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
     pub epoch: u64,
+    pub down: Vec<u32>,
+    /// The PG tables place nothing on them.
+    pub out: Vec<u32>,
+}
+
+/// A pool's PG → OSD table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgTable {
+    pub pool: u32,
     pub size: u8,
     /// `size` OSD ids per PG, PG by PG, in placement order.
     pub osds: Vec<u32>,
-    /// OSDs marked down (by the leader) in this epoch.
-    #[serde(default)]
-    pub down: Vec<u32>,
-    /// OSDs marked out (`nacre osd out`): the table holds no PG on them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub out: Vec<u32>,
     /// Per PG, the *temporary members*: OSDs a table change moved the PG
     /// away from that stay in its acting set, complete and taking every
     /// write, until the members placement gave it instead are complete
@@ -127,7 +136,7 @@ pub struct PgMap {
     pub temp: BTreeMap<u32, Vec<u32>>,
 }
 
-impl PgMap {
+impl PgTable {
     pub fn pg_count(&self) -> u32 {
         (self.osds.len() / self.size as usize) as u32
     }
@@ -150,17 +159,16 @@ impl PgMap {
         self.placement(pg).iter().copied().chain(self.temp_of(pg))
     }
 
-    /// The acting set: the placement's OSDs that are up, in order, then
-    /// the temporary members that are up; the first is the primary.
-    pub fn acting(&self, pg: u32) -> Vec<u32> {
-        self.members(pg)
-            .filter(|o| !self.down.contains(o))
-            .collect()
+    /// The acting set with the OSDs in `down` down: the placement's OSDs
+    /// that are up, in order, then the temporary members that are up; the
+    /// first is the primary.
+    pub fn acting(&self, pg: u32, down: &[u32]) -> Vec<u32> {
+        self.members(pg).filter(|o| !down.contains(o)).collect()
     }
 
     /// Whether `osd` is in PG `pg`'s acting set (without building it).
-    pub fn is_acting(&self, pg: u32, osd: u32) -> bool {
-        self.assigned(pg, osd) && !self.down.contains(&osd)
+    pub fn is_acting(&self, pg: u32, osd: u32, down: &[u32]) -> bool {
+        self.assigned(pg, osd) && !down.contains(&osd)
     }
 
     /// Whether placement or a temporary membership gives PG `pg` to
@@ -170,24 +178,21 @@ impl PgMap {
         self.members(pg).any(|o| o == osd)
     }
 
+    /// Whether OSD `osd` is in this table at all: placed or a temporary
+    /// member.
+    pub fn knows(&self, osd: u32) -> bool {
+        self.osds.contains(&osd) || self.temp.values().any(|t| t.contains(&osd))
+    }
+
     /// Whether PG `pg`'s acting set is its placement, whole: every OSD
     /// placement gives it up, and no temporary member in it.
-    /// Whether OSD `osd` is in this table at all: placed, out, or a
-    /// temporary member. One that is registered but not known is new (`nacre
-    /// osd init`): out until it first boots and asks to be marked in.
-    pub fn knows(&self, osd: u32) -> bool {
-        self.osds.contains(&osd)
-            || self.out.contains(&osd)
-            || self.temp.values().any(|t| t.contains(&osd))
-    }
-
-    pub fn whole(&self, pg: u32) -> bool {
+    pub fn whole(&self, pg: u32, down: &[u32]) -> bool {
         self.members(pg)
-            .all(|o| self.placement(pg).contains(&o) != self.down.contains(&o))
+            .all(|o| self.placement(pg).contains(&o) != down.contains(&o))
     }
 
-    pub fn primary(&self, pg: u32) -> Option<u32> {
-        self.members(pg).find(|o| !self.down.contains(o))
+    pub fn primary(&self, pg: u32, down: &[u32]) -> Option<u32> {
+        self.members(pg).find(|o| !down.contains(o))
     }
 }
 
@@ -226,11 +231,14 @@ impl Interval {
     }
 }
 
-/// What the leader keeps of pool `pool` besides its PG table.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PgHistory {
-    /// Per PG, the last interval that went active.
-    pub last_active: std::collections::BTreeMap<u32, Interval>,
+/// A pool as the leader keeps it and the OSDs route by it: its record,
+/// its PG table, and per PG the last interval that went active.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolState {
+    pub record: PoolRecord,
+    pub table: PgTable,
+    #[serde(default)]
+    pub last_active: BTreeMap<u32, Interval>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -313,7 +321,8 @@ pub struct ClusterMap {
     pub removed: Vec<u32>,
     pub up: Vec<u32>,
     pub pools: Vec<PoolRecord>,
-    pub pgmaps: Vec<PgMap>,
+    pub tables: Vec<PgTable>,
+    pub state: ClusterState,
     pub revision: Revision,
 }
 
@@ -324,8 +333,24 @@ impl ClusterMap {
     pub fn pool(&self, id: u32) -> Option<&PoolRecord> {
         self.pools.iter().find(|p| p.id == id)
     }
-    pub fn pgmap(&self, pool: u32) -> Option<&PgMap> {
-        self.pgmaps.iter().find(|p| p.pool == pool)
+    pub fn pool_named(&self, name: &str) -> Option<&PoolRecord> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+    pub fn table(&self, pool: u32) -> Option<&PgTable> {
+        self.tables.iter().find(|p| p.pool == pool)
+    }
+    pub fn epoch(&self) -> u64 {
+        self.state.epoch
+    }
+    /// The primary of PG `pg` at this epoch, and the pool's PG count; none
+    /// if the pool has no table.
+    pub fn primary(&self, pg: PgId) -> Option<(Option<u32>, u32)> {
+        let t = self.table(pg.pool)?;
+        let count = t.pg_count();
+        Some((
+            (pg.pg < count).then(|| t.primary(pg.pg, &self.state.down))?,
+            count,
+        ))
     }
     pub fn is_up(&self, osd: u32) -> bool {
         self.up.contains(&osd)
@@ -352,13 +377,12 @@ pub fn up_key(id: u32) -> String {
 fn pool_key(id: u32) -> String {
     format!("{ROOT}pool/{id:05}")
 }
-fn pgmap_key(pool: u32) -> String {
-    format!("{ROOT}pgmap/{pool:05}")
+fn table_key(pool: u32) -> String {
+    format!("{ROOT}pgtable/{pool:05}")
 }
-/// The whole history of a pool in one key, as earlier builds stored it.
-fn history_key(pool: u32) -> String {
-    format!("{ROOT}pghistory/{pool:05}")
-}
+/// Where earlier builds kept a pool's PG table, with the epoch and the
+/// OSDs down and out in it (one pool per cluster).
+const OLD_TABLES: &str = "/nacre/pgmap/";
 fn interval_prefix(pool: u32) -> String {
     format!("{ROOT}pghistory/{pool:05}/")
 }
@@ -372,6 +396,11 @@ fn session_prefix(volume_id: u64) -> String {
     format!("{ROOT}session/{volume_id}/")
 }
 const CLUSTER_KEY: &str = "/nacre/cluster";
+const STATE_KEY: &str = "/nacre/osdmap";
+/// The last pool id handed out: ids are never reused, so an object whose
+/// volume names a pool id at most this one that is not in the map belongs
+/// to a removed pool.
+const POOL_COUNTER_KEY: &str = "/nacre/counter/pool";
 const ORPHANS_KEY: &str = "/nacre/orphans";
 const CONFIG_KEY: &str = "/nacre/config";
 const VOLUME_COUNTER_KEY: &str = "/nacre/counter/volume";
@@ -411,7 +440,7 @@ pub fn place(
     osds: &[OsdRecord],
     pool: &PoolRecord,
     out: &[u32],
-    prev: Option<&PgMap>,
+    prev: Option<&PgTable>,
 ) -> Result<Vec<u32>> {
     let domain = match pool.failure_domain.as_str() {
         "osd" => nacre_placement::FailureDomain::Osd,
@@ -444,34 +473,41 @@ pub fn place(
         size: pool.size,
         domain,
     };
-    let prev = prev.map(|m| nacre_placement::Table {
-        size: m.size,
-        osds: m.osds.clone(),
-    });
+    // A table of another width (the pool's size changed) keeps nothing.
+    let prev = prev
+        .filter(|m| m.size == pool.size)
+        .map(|m| nacre_placement::Table {
+            size: m.size,
+            osds: m.osds.clone(),
+        });
     let table = nacre_placement::place(&pos, &p, prev.as_ref())
         .map_err(|e| MetaError::Invalid(format!("placement: {e}")))?;
     Ok(table.osds)
 }
 
 /// Writes a new cluster's map: its OSDs, one pool and that pool's PG table
-/// (computed by `nacre-placement`). Fails if a map exists.
-pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgMap> {
-    let pgmap = PgMap {
+/// (computed by `nacre-placement`), at epoch 1. Fails if a map exists.
+pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgTable> {
+    check_pool(pool)?;
+    let table = PgTable {
         pool: pool.id,
-        epoch: 1,
         size: pool.size,
         osds: place(osds, pool, &[], None)?,
-        down: Vec::new(),
-        out: Vec::new(),
         temp: BTreeMap::new(),
+    };
+    let state = ClusterState {
+        epoch: 1,
+        ..ClusterState::default()
     };
     let mut ops = vec![
         put(
             CLUSTER_KEY.into(),
             json(&serde_json::json!({"created_unix_s": now_s()})),
         ),
+        put(STATE_KEY.into(), json(&state)),
         put(pool_key(pool.id), json(pool)),
-        put(pgmap_key(pool.id), json(&pgmap)),
+        put(POOL_COUNTER_KEY.into(), json(&pool.id)),
+        put(table_key(pool.id), json(&table)),
     ];
     ops.extend(osds.iter().map(|o| put(osd_key(o.id), json(o))));
     let t = Txn {
@@ -482,8 +518,36 @@ pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Res
     if !store.txn(t)?.succeeded {
         return Err(MetaError::Invalid("the cluster map already exists".into()));
     }
-    Ok(pgmap)
+    Ok(table)
 }
+
+/// Checks what a pool record says before it is stored: an id a volume id
+/// can carry, a name like a volume's, a size placement can give.
+pub fn check_pool(pool: &PoolRecord) -> Result<()> {
+    if pool.id == 0 || pool.id > POOL_ID_MAX {
+        return Err(MetaError::Invalid(format!(
+            "pool id {} must be within 1..={POOL_ID_MAX}",
+            pool.id
+        )));
+    }
+    check_name("pool", &pool.name)?;
+    if pool.size == 0 || pool.min_size == 0 || pool.min_size > pool.size {
+        return Err(MetaError::Invalid(format!(
+            "pool {}: size {} and min_size {}: give 1 <= min_size <= size",
+            pool.name, pool.size, pool.min_size
+        )));
+    }
+    if pool.pg_count == 0 || pool.pg_count > PG_COUNT_MAX {
+        return Err(MetaError::Invalid(format!(
+            "pool {}: {} PGs: give 1..={PG_COUNT_MAX}",
+            pool.name, pool.pg_count
+        )));
+    }
+    Ok(())
+}
+
+/// The most PGs a pool may have.
+pub const PG_COUNT_MAX: u32 = 1 << 16;
 
 /// Reads the whole map.
 pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
@@ -492,7 +556,9 @@ pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
             TxnOp::Get(Range::prefix(&format!("{ROOT}osd/"))),
             TxnOp::Get(Range::prefix(&format!("{ROOT}up/osd/"))),
             TxnOp::Get(Range::prefix(&format!("{ROOT}pool/"))),
-            TxnOp::Get(Range::prefix(&format!("{ROOT}pgmap/"))),
+            TxnOp::Get(Range::prefix(&format!("{ROOT}pgtable/"))),
+            TxnOp::Get(Range::key(STATE_KEY)),
+            TxnOp::Get(Range::prefix(OLD_TABLES)),
         ],
         ..Txn::default()
     };
@@ -510,13 +576,20 @@ pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
         .filter_map(|kv| kv.key.rsplit('/').next()?.parse().ok())
         .collect();
     let pools = next().iter().map(parse).collect::<Result<_>>()?;
-    let pgmaps = next().iter().map(parse).collect::<Result<_>>()?;
+    let tables = next().iter().map(parse).collect::<Result<_>>()?;
+    let state = (next().first()).map_or(Ok(ClusterState::default()), parse)?;
+    if !next().is_empty() {
+        return Err(MetaError::Storage(
+            "this cluster map was written by an earlier build of Nacre (one pool, its epoch in the PG table), which this one does not read: make the cluster anew".into(),
+        ));
+    }
     Ok(ClusterMap {
         osds,
         removed,
         up,
         pools,
-        pgmaps,
+        tables,
+        state,
         revision: r.revision,
     })
 }
@@ -525,6 +598,12 @@ pub fn load(store: &dyn MetaStore) -> Result<ClusterMap> {
 pub const EPOCH_MAX: u64 = u32::MAX as u64;
 
 pub fn check_volume_name(name: &str) -> Result<()> {
+    check_name("volume", name)
+}
+
+/// A volume's or pool's name: 1..=128 of `[A-Za-z0-9._-]`, not starting
+/// with `.`.
+fn check_name(what: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= VOLUME_NAME_MAX_BYTES
         && !name.starts_with('.')
@@ -535,65 +614,119 @@ pub fn check_volume_name(name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(MetaError::Invalid(format!(
-            "volume name {name:?}: 1..={VOLUME_NAME_MAX_BYTES} of [A-Za-z0-9._-], not starting with '.'"
+            "{what} name {name:?}: 1..={VOLUME_NAME_MAX_BYTES} of [A-Za-z0-9._-], not starting with '.'"
         )))
     }
 }
 
-/// Stores what changed of the leader's view of a pool since `prev` (what
-/// it stored last; `None`: everything), in one transaction: the PG table
-/// if it changed, and each PG's last active interval that changed, under
-/// a key of its own — a PG event writes a few hundred bytes, whatever the
-/// PG count (one key for the whole history wrote it all each time: half a
-/// megabyte per event at 1 024 PGs).
+/// Stores what changed of the leader's map since `prev` (what it stored
+/// last; `None`: read from the store first), in as few transactions as the
+/// store allows: each PG's last active interval that changed, under a key
+/// of its own (a PG event writes a few hundred bytes, whatever the PG
+/// count), then the pool records and PG tables that changed and the
+/// cluster state, together and last, so a table is stored only after the
+/// intervals it was made with and with the out list it was placed for.
 ///
 /// `fence` guards every write: an elected leader passes the compare that
 /// says it still holds its election key, so one that lost it stores
 /// nothing (`NotLeader`). A store that takes few operations per
-/// transaction (etcd: 128) gets several, the PG table last, so a table is
-/// stored only after the intervals it was made with; a change cut short
-/// fails, and the leader that made it refuses it (an interval stored as
-/// active that never went active only makes a later peering wait for one
-/// of its members: replication.md §5.3).
-pub fn save_pool_state(
+/// transaction (etcd: 128) gets several; a change cut short fails, and the
+/// leader that made it refuses it (an interval stored as active that never
+/// went active only makes a later peering wait for one of its members:
+/// replication.md §5.3).
+pub fn save_map(
     store: &dyn MetaStore,
-    pgmap: &PgMap,
-    history: &PgHistory,
-    prev: Option<(&PgMap, &PgHistory)>,
+    state: &ClusterState,
+    pools: &BTreeMap<u32, PoolState>,
+    prev: Option<(&ClusterState, &BTreeMap<u32, PoolState>)>,
     fence: &[Compare],
 ) -> Result<()> {
-    let pool = pgmap.pool;
+    let loaded;
+    let (prev_state, prev_pools) = match prev {
+        Some(p) => p,
+        None => {
+            loaded = (load(store)?.state, load_pools(store)?);
+            (&loaded.0, &loaded.1)
+        }
+    };
     let mut ops = Vec::new();
-    for (pg, iv) in &history.last_active {
-        if prev.is_none_or(|(_, h)| h.last_active.get(pg) != Some(iv)) {
-            ops.push(put(interval_key(pool, *pg), json(iv)));
+    for (id, p) in pools {
+        let was = prev_pools.get(id).map(|p| &p.last_active);
+        for (pg, iv) in &p.last_active {
+            if was.is_none_or(|w| w.get(pg) != Some(iv)) {
+                ops.push(put(interval_key(*id, *pg), json(iv)));
+            }
+        }
+        ops.extend(
+            (was.into_iter().flat_map(|w| w.keys()))
+                .filter(|pg| !p.last_active.contains_key(pg))
+                .map(|pg| TxnOp::Delete(Range::key(&interval_key(*id, *pg)))),
+        );
+    }
+    let mut last = Vec::new();
+    for (id, p) in pools {
+        let was = prev_pools.get(id);
+        if was.is_none_or(|w| w.record != p.record) {
+            last.push(put(pool_key(*id), json(&p.record)));
+        }
+        if was.is_none_or(|w| w.table != p.table) {
+            last.push(put(table_key(*id), json(&p.table)));
         }
     }
-    match prev {
-        Some((_, h)) => ops.extend(
-            (h.last_active.keys())
-                .filter(|pg| !history.last_active.contains_key(pg))
-                .map(|pg| TxnOp::Delete(Range::key(&interval_key(pool, *pg)))),
-        ),
-        // The one-key history of earlier builds, now written per PG.
-        None => ops.push(TxnOp::Delete(Range::key(&history_key(pool)))),
+    for id in prev_pools.keys().filter(|id| !pools.contains_key(id)) {
+        last.push(TxnOp::Delete(Range::prefix(&interval_prefix(*id))));
+        last.push(TxnOp::Delete(Range::key(&table_key(*id))));
+        last.push(TxnOp::Delete(Range::key(&pool_key(*id))));
     }
-    if prev.is_none_or(|(p, _)| p != pgmap) {
-        ops.push(put(pgmap_key(pool), json(pgmap)));
+    if prev_state != state {
+        last.push(put(STATE_KEY.into(), json(state)));
     }
     let per = store.txn_ops_max().max(1);
-    let mut ops = ops.into_iter().peekable();
-    while ops.peek().is_some() {
+    // The cluster state and the tables together if they fit; the state
+    // last whatever happens.
+    let split = if last.len() <= per {
+        ops.len()
+    } else {
+        ops.len() + last.len() - 1
+    };
+    ops.extend(last);
+    let mut start = 0;
+    while start < ops.len() {
+        let end = if start < split {
+            split.min(start + per)
+        } else {
+            ops.len()
+        };
         let t = Txn {
             compare: fence.to_vec(),
-            success: ops.by_ref().take(per).collect(),
+            success: ops[start..end].to_vec(),
             failure: vec![],
         };
         if !store.txn(t)?.succeeded {
             return Err(MetaError::NotLeader);
         }
+        start = end;
     }
     Ok(())
+}
+
+/// Every pool as stored: record, PG table and history.
+pub fn load_pools(store: &dyn MetaStore) -> Result<BTreeMap<u32, PoolState>> {
+    let m = load(store)?;
+    let mut pools = BTreeMap::new();
+    for r in &m.pools {
+        let table = (m.table(r.id).cloned())
+            .ok_or_else(|| MetaError::Storage(format!("pool {} has no PG table", r.name)))?;
+        pools.insert(
+            r.id,
+            PoolState {
+                record: r.clone(),
+                table,
+                last_active: load_history(store, r.id)?,
+            },
+        );
+    }
+    Ok(pools)
 }
 
 /// The key an elected monitor holds under its lease while it leads; its
@@ -659,47 +792,94 @@ pub fn register_osd(store: &dyn MetaStore, mut rec: OsdRecord) -> Result<OsdReco
     ))
 }
 
-/// Creates `pool` with its PG table over the OSDs registered now. One pool
-/// per cluster in this build: refused if one exists.
-pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PgMap> {
+/// Creates `pool` with its PG table over the OSDs registered now (those
+/// not out), giving it the next pool id; for a cluster with no leader
+/// running (a monitor or `nacre up` adds pools through theirs). The name
+/// must be new.
+pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState> {
     cluster_uuid(store)?;
-    let m = load(store)?;
-    if let Some(p) = m.pools.first() {
+    for _ in 0..CAS_RETRY_MAX {
+        let m = load(store)?;
+        if let Some(p) = m.pools.first() {
+            return Err(MetaError::Invalid(format!(
+                "pool {} exists; this build keeps one pool per cluster",
+                p.name
+            )));
+        }
+        let counter = store.get(POOL_COUNTER_KEY)?;
+        let last: u32 = counter.as_ref().map_or(Ok(0), parse)?;
+        let pool = PoolRecord {
+            id: last + 1,
+            ..pool.clone()
+        };
+        check_pool(&pool)?;
+        if m.pool_named(&pool.name).is_some() {
+            return Err(MetaError::Invalid(format!(
+                "a pool named {:?} exists already (`nacre pool ls` lists them)",
+                pool.name
+            )));
+        }
+        check_pg_logs(&m, &pool)?;
+        let table = PgTable {
+            pool: pool.id,
+            size: pool.size,
+            osds: place(&m.osds, &pool, &m.state.out, None)?,
+            temp: BTreeMap::new(),
+        };
+        let state = ClusterState {
+            epoch: m.state.epoch.max(1),
+            ..m.state.clone()
+        };
+        let t = Txn {
+            compare: vec![
+                Compare::ModRevision(
+                    POOL_COUNTER_KEY.into(),
+                    CmpOp::Equal,
+                    counter.map_or(0, |kv| kv.mod_revision),
+                ),
+                Compare::Version(pool_key(pool.id), CmpOp::Equal, 0),
+            ],
+            success: vec![
+                put(pool_key(pool.id), json(&pool)),
+                put(table_key(pool.id), json(&table)),
+                put(POOL_COUNTER_KEY.into(), json(&pool.id)),
+                put(STATE_KEY.into(), json(&state)),
+            ],
+            failure: vec![],
+        };
+        if store.txn(t)?.succeeded {
+            return Ok(PoolState {
+                record: pool,
+                table,
+                last_active: BTreeMap::new(),
+            });
+        }
+    }
+    Err(MetaError::Unavailable(
+        "pool create kept losing races".into(),
+    ))
+}
+
+/// Refuses a pool whose PGs, with every other pool's, would not all fit
+/// the PG log slots of some OSD's store.
+pub fn check_pg_logs(m: &ClusterMap, pool: &PoolRecord) -> Result<()> {
+    let others: u32 = (m.pools.iter())
+        .filter(|p| p.id != pool.id)
+        .map(|p| p.pg_count)
+        .sum();
+    let all = others + pool.pg_count;
+    if let Some(o) = (m.osds.iter()).find(|o| o.pg_logs != 0 && o.pg_logs < all) {
         return Err(MetaError::Invalid(format!(
-            "pool {} exists; this build keeps one pool per cluster",
-            p.name
+            "{} PGs in all: osd.{}'s store holds the logs of {} PGs at most (nacre osd init --pg-logs)",
+            all, o.id, o.pg_logs
         )));
     }
-    if let Some(o) = (m.osds.iter()).find(|o| o.pg_logs != 0 && o.pg_logs < pool.pg_count) {
-        return Err(MetaError::Invalid(format!(
-            "{} PGs: osd.{}'s store holds the logs of {} PGs at most (nacre osd init --pg-logs)",
-            pool.pg_count, o.id, o.pg_logs
-        )));
-    }
-    let pgmap = PgMap {
-        pool: pool.id,
-        epoch: 1,
-        size: pool.size,
-        osds: place(&m.osds, pool, &[], None)?,
-        down: Vec::new(),
-        out: Vec::new(),
-        temp: BTreeMap::new(),
-    };
-    let t = Txn {
-        compare: vec![
-            Compare::Version(pool_key(pool.id), CmpOp::Equal, 0),
-            Compare::Version(pgmap_key(pool.id), CmpOp::Equal, 0),
-        ],
-        success: vec![
-            put(pool_key(pool.id), json(pool)),
-            put(pgmap_key(pool.id), json(&pgmap)),
-        ],
-        failure: vec![],
-    };
-    if !store.txn(t)?.succeeded {
-        return Err(MetaError::Invalid(format!("pool {} exists", pool.id)));
-    }
-    Ok(pgmap)
+    Ok(())
+}
+
+/// The last pool id handed out (0: none yet).
+pub fn last_pool_id(store: &dyn MetaStore) -> Result<u32> {
+    store.get(POOL_COUNTER_KEY)?.map_or(Ok(0), |kv| parse(&kv))
 }
 
 /// Registers OSD `rec` in the map; its id must be new.
@@ -729,63 +909,66 @@ pub fn add_osd(store: &dyn MetaStore, rec: &OsdRecord) -> Result<()> {
     Ok(())
 }
 
-/// Gives OSDs that are in but hold no PG of `pool` (added while the
-/// cluster was stopped) their share: a new table with placement's fewest
+/// Gives OSDs that are in but hold no PG of any pool (added while the
+/// cluster was stopped) their share: new tables with placement's fewest
 /// moves, in a new epoch. Returns the PG copies that moved (0: none had
 /// to).
-pub fn place_new_osds(store: &dyn MetaStore, pool: &PoolRecord) -> Result<usize> {
+pub fn place_new_osds(store: &dyn MetaStore) -> Result<usize> {
     let m = load(store)?;
-    let pm = m
-        .pgmap(pool.id)
-        .ok_or_else(|| MetaError::Invalid(format!("pool {} has no PG table", pool.id)))?;
-    let unplaced = (m.osds.iter()).any(|o| !pm.out.contains(&o.id) && !pm.osds.contains(&o.id));
+    let unplaced = (m.osds.iter())
+        .any(|o| !m.state.out.contains(&o.id) && !m.tables.iter().any(|t| t.osds.contains(&o.id)));
     if !unplaced {
         return Ok(0);
     }
-    let table = place(&m.osds, pool, &pm.out, Some(pm))?;
-    let moved = table.iter().zip(&pm.osds).filter(|(a, b)| a != b).count();
-    // No OSD is up yet: there is no copy to keep as a temporary member.
-    let next = PgMap {
-        epoch: pm.epoch + 1,
-        osds: table,
-        temp: BTreeMap::new(),
-        ..pm.clone()
+    let mut ops = Vec::new();
+    let mut moved = 0;
+    for pool in &m.pools {
+        let t = (m.table(pool.id))
+            .ok_or_else(|| MetaError::Invalid(format!("pool {} has no PG table", pool.name)))?;
+        let osds = place(&m.osds, pool, &m.state.out, Some(t))?;
+        moved += osds.iter().zip(&t.osds).filter(|(a, b)| a != b).count();
+        // No OSD is up yet: there is no copy to keep as a temporary member.
+        let next = PgTable {
+            osds,
+            temp: BTreeMap::new(),
+            ..t.clone()
+        };
+        ops.push(put(table_key(pool.id), json(&next)));
+    }
+    let state = ClusterState {
+        epoch: m.state.epoch + 1,
+        ..m.state.clone()
     };
-    store.put(&pgmap_key(pool.id), json(&next), 0)?;
+    ops.push(put(STATE_KEY.into(), json(&state)));
+    store.txn(Txn {
+        success: ops,
+        ..Txn::default()
+    })?;
     Ok(moved)
 }
 
-/// Marks out the OSDs that are registered but neither in `pool`'s PG table
-/// nor out (registered while no leader ran), in a new epoch: a leader that
+/// Marks out the OSDs that are registered but neither in a PG table nor
+/// out (registered while no leader ran), in a new epoch: a leader that
 /// starts gives them their share only when they boot and ask to be marked
 /// in (an OSD never started holds no PG meanwhile). Returns their ids.
-pub fn out_new_osds(
-    store: &dyn MetaStore,
-    pool: &PoolRecord,
-    fence: &[Compare],
-) -> Result<Vec<u32>> {
+pub fn out_new_osds(store: &dyn MetaStore, fence: &[Compare]) -> Result<Vec<u32>> {
     let m = load(store)?;
-    let pm = m
-        .pgmap(pool.id)
-        .ok_or_else(|| MetaError::Invalid(format!("pool {} has no PG table", pool.id)))?;
     let new: Vec<u32> = (m.osds.iter())
         .map(|o| o.id)
-        .filter(|&id| !pm.knows(id))
+        .filter(|&id| !m.state.out.contains(&id) && !m.tables.iter().any(|t| t.knows(id)))
         .collect();
     if new.is_empty() {
         return Ok(new);
     }
-    let mut out = pm.out.clone();
-    out.extend(&new);
-    out.sort_unstable();
-    let next = PgMap {
-        epoch: pm.epoch + 1,
-        out,
-        ..pm.clone()
+    let mut state = ClusterState {
+        epoch: m.state.epoch + 1,
+        ..m.state.clone()
     };
+    state.out.extend(&new);
+    state.out.sort_unstable();
     let t = Txn {
         compare: fence.to_vec(),
-        success: vec![put(pgmap_key(pool.id), json(&next))],
+        success: vec![put(STATE_KEY.into(), json(&state))],
         failure: vec![],
     };
     if !store.txn(t)?.succeeded {
@@ -794,20 +977,16 @@ pub fn out_new_osds(
     Ok(new)
 }
 
-/// The leader's history of pool `pool` (empty for a new cluster): the
-/// per-PG keys over the one-key form of earlier builds.
-pub fn load_history(store: &dyn MetaStore, pool: u32) -> Result<PgHistory> {
-    let mut h: PgHistory = store
-        .get(&history_key(pool))?
-        .map(|kv| parse(&kv))
-        .transpose()?
-        .unwrap_or_default();
+/// The leader's history of pool `pool` (empty for a new pool): per PG,
+/// the last interval that went active.
+pub fn load_history(store: &dyn MetaStore, pool: u32) -> Result<BTreeMap<u32, Interval>> {
+    let mut h = BTreeMap::new();
     let (kvs, _) = store.range(&Range::prefix(&interval_prefix(pool)))?;
     for kv in kvs {
         let pg = kv.key[interval_prefix(pool).len()..]
             .parse()
             .map_err(|_| MetaError::Storage(format!("record {}: not a PG key", kv.key)))?;
-        h.last_active.insert(pg, parse(&kv)?);
+        h.insert(pg, parse(&kv)?);
     }
     Ok(h)
 }
@@ -825,7 +1004,8 @@ pub fn list_volumes(store: &dyn MetaStore) -> Result<Vec<VolumeRecord>> {
     kvs.iter().map(parse).collect()
 }
 
-/// The last volume id handed out (0: none yet).
+/// The serial number ([`VolumeId::serial`]) of the last volume id handed
+/// out (0: none yet).
 pub fn last_volume_id(store: &dyn MetaStore) -> Result<u64> {
     store
         .get(VOLUME_COUNTER_KEY)?
@@ -893,7 +1073,7 @@ pub fn create_volume(
             None => 0,
         };
         let v = VolumeRecord {
-            id: last + 1,
+            id: VolumeId::new(pool.id, last + 1).0,
             name: name.to_string(),
             pool: pool.id,
             size_bytes,
@@ -913,7 +1093,7 @@ pub fn create_volume(
             ],
             success: vec![
                 put(volume_key(name), json(&v)),
-                put(VOLUME_COUNTER_KEY.into(), json(&v.id)),
+                put(VOLUME_COUNTER_KEY.into(), json(&(last + 1))),
             ],
             failure: vec![TxnOp::Get(Range::key(&volume_key(name)))],
         };
@@ -1000,28 +1180,30 @@ mod tests {
     /// while up, and keep the PG from being whole.
     #[test]
     fn temporary_members_join_the_acting_set_after_placement() {
-        let mut m = PgMap {
+        let mut m = PgTable {
             pool: 1,
-            epoch: 3,
             size: 2,
             osds: vec![0, 1, 2, 3],
-            down: vec![],
-            out: vec![],
             temp: BTreeMap::new(),
         };
-        assert!(m.whole(0) && m.whole(1));
+        assert!(m.whole(0, &[]) && m.whole(1, &[]));
         m.temp.insert(0, vec![4, 1]);
-        assert_eq!(m.acting(0), vec![0, 1, 4], "placement first, no repeat");
-        assert!(!m.whole(0) && m.whole(1));
-        assert!(m.assigned(0, 4) && m.is_acting(0, 4) && !m.assigned(1, 4));
-        m.down = vec![4];
-        assert_eq!(m.acting(0), vec![0, 1]);
-        assert!(m.whole(0), "a temporary member down is no member");
-        assert!(m.assigned(0, 4) && !m.is_acting(0, 4));
-        m.down = vec![0, 1];
-        assert_eq!((m.acting(0), m.primary(0)), (vec![4], Some(4)));
-        m.down = vec![1];
-        assert!(!m.whole(0));
+        assert_eq!(
+            m.acting(0, &[]),
+            vec![0, 1, 4],
+            "placement first, no repeat"
+        );
+        assert!(!m.whole(0, &[]) && m.whole(1, &[]));
+        assert!(m.assigned(0, 4) && m.is_acting(0, 4, &[]) && !m.assigned(1, 4));
+        assert_eq!(m.acting(0, &[4]), vec![0, 1]);
+        assert!(m.whole(0, &[4]), "a temporary member down is no member");
+        assert!(m.assigned(0, 4) && !m.is_acting(0, 4, &[4]));
+        assert_eq!(
+            (m.acting(0, &[0, 1]), m.primary(0, &[0, 1])),
+            (vec![4], Some(4))
+        );
+        assert!(!m.whole(0, &[1]));
+        assert!(m.knows(4) && m.knows(3) && !m.knows(5));
     }
 
     fn osds(n: u32) -> Vec<OsdRecord> {
@@ -1051,45 +1233,78 @@ mod tests {
         }
     }
 
-    /// The history is stored per PG, only what changed (a PG event writes
-    /// one key), and the one-key form of earlier builds is read and
-    /// replaced.
+    /// Only what changed is stored: a PG event writes one key, the cluster
+    /// state and tables only when they change; `None` reads what is stored
+    /// and writes the difference; a removed pool's keys go.
     #[test]
-    fn pool_state_is_saved_per_pg_and_reads_back() {
+    fn the_map_is_saved_by_difference_and_reads_back() {
         let d = tempfile::tempdir().unwrap();
         let s = Embedded::open(d.path()).unwrap();
-        let pg = init(&*s, &osds(4), &pool()).unwrap();
+        init(&*s, &osds(4), &pool()).unwrap();
         let iv = |epoch| Interval {
             epoch,
             acting: vec![0, 1, 2],
             ..Interval::default()
         };
-        let mut h = PgHistory::default();
-        h.last_active.insert(3, iv(2));
-        h.last_active.insert(7, iv(2));
-        // Earlier builds: the whole history in one key.
-        s.put(&history_key(1), json(&h), 0).unwrap();
-        assert_eq!(load_history(&*s, 1).unwrap(), h);
-        save_pool_state(&*s, &pg, &h, None, &[]).unwrap();
-        assert!(s.get(&history_key(1)).unwrap().is_none());
-        assert_eq!(load_history(&*s, 1).unwrap(), h);
-        let mut h2 = h.clone();
-        h2.last_active.insert(7, iv(5));
-        h2.last_active.remove(&3);
-        h2.last_active.insert(9, iv(5));
+        let state = load(&*s).unwrap().state;
+        let mut pools = load_pools(&*s).unwrap();
+        assert_eq!(state.epoch, 1);
+        assert!(pools[&1].last_active.is_empty());
+        let p = pools.get_mut(&1).unwrap();
+        p.last_active.insert(3, iv(2));
+        p.last_active.insert(7, iv(2));
+        save_map(&*s, &state, &pools, None, &[]).unwrap();
+        assert_eq!(load_pools(&*s).unwrap(), pools);
+        let mut p2 = pools.clone();
+        let p = p2.get_mut(&1).unwrap();
+        p.last_active.insert(7, iv(5));
+        p.last_active.remove(&3);
+        p.last_active.insert(9, iv(5));
         let rev = s.range(&Range::prefix("/")).unwrap().1;
-        let table = s.get(&pgmap_key(1)).unwrap().unwrap().version;
-        save_pool_state(&*s, &pg, &h2, Some((&pg, &h)), &[]).unwrap();
-        assert_eq!(load_history(&*s, 1).unwrap(), h2);
-        // One transaction, and the PG table (unchanged) not written again.
+        let table = s.get(&table_key(1)).unwrap().unwrap().version;
+        let st = s.get(STATE_KEY).unwrap().unwrap().version;
+        save_map(&*s, &state, &p2, Some((&state, &pools)), &[]).unwrap();
+        assert_eq!(load_pools(&*s).unwrap(), p2);
+        // One transaction; the table and the state (unchanged) not written.
         assert_eq!(s.range(&Range::prefix("/")).unwrap().1, rev + 1);
-        assert_eq!(s.get(&pgmap_key(1)).unwrap().unwrap().version, table);
-        save_pool_state(&*s, &pg, &h2, Some((&pg, &h2)), &[]).unwrap();
+        assert_eq!(s.get(&table_key(1)).unwrap().unwrap().version, table);
+        assert_eq!(s.get(STATE_KEY).unwrap().unwrap().version, st);
+        save_map(&*s, &state, &p2, Some((&state, &p2)), &[]).unwrap();
         assert_eq!(
             s.range(&Range::prefix("/")).unwrap().1,
             rev + 1,
             "nothing changed"
         );
+        // A new epoch with osd.3 down, read back.
+        let next = ClusterState {
+            epoch: 2,
+            down: vec![3],
+            out: vec![],
+        };
+        save_map(&*s, &next, &p2, None, &[]).unwrap();
+        assert_eq!(load(&*s).unwrap().state, next);
+        assert_eq!(s.get(&table_key(1)).unwrap().unwrap().version, table);
+        // A second pool, then the first removed: its keys go.
+        let mut p3 = p2.clone();
+        let mut two = p2[&1].clone();
+        two.record.id = 2;
+        two.record.name = "two".into();
+        two.table.pool = 2;
+        p3.insert(2, two);
+        save_map(&*s, &next, &p3, Some((&next, &p2)), &[]).unwrap();
+        assert_eq!(load_pools(&*s).unwrap(), p3);
+        p3.remove(&1);
+        save_map(&*s, &next, &p3, None, &[]).unwrap();
+        assert_eq!(load_pools(&*s).unwrap(), p3);
+        assert!(s
+            .range(&Range::prefix(&interval_prefix(1)))
+            .unwrap()
+            .0
+            .is_empty());
+        assert!(s.get(&table_key(1)).unwrap().is_none());
+        // A map of an earlier build is refused, not misread.
+        s.put("/nacre/pgmap/00001", b"{}".to_vec(), 0).unwrap();
+        assert!(matches!(load(&*s), Err(MetaError::Storage(e)) if e.contains("earlier build")));
     }
 
     /// A store that takes at most `max` operations per transaction, as
@@ -1128,20 +1343,22 @@ mod tests {
 
     /// A leader that no longer holds its election key stores nothing; a
     /// store with a small transaction limit gets the change in pieces, the
-    /// PG table last.
+    /// PG table and cluster state last, together.
     #[test]
     fn a_fenced_save_stores_nothing_and_a_narrow_store_gets_pieces() {
         let d = tempfile::tempdir().unwrap();
         let inner = Embedded::open(d.path()).unwrap();
-        let pg = init(&*inner, &osds(4), &pool()).unwrap();
+        init(&*inner, &osds(4), &pool()).unwrap();
         let s = Narrow {
             inner,
-            max: 5,
+            max: 6,
             txns: 0.into(),
         };
-        let mut h = PgHistory::default();
+        let state = load(&s).unwrap().state;
+        let pools = load_pools(&s).unwrap();
+        let mut next_pools = pools.clone();
         for p in 0..12 {
-            h.last_active.insert(
+            next_pools.get_mut(&1).unwrap().last_active.insert(
                 p,
                 Interval {
                     epoch: 2,
@@ -1150,9 +1367,15 @@ mod tests {
                 },
             );
         }
-        let next = PgMap {
-            epoch: pg.epoch + 1,
-            ..pg.clone()
+        next_pools
+            .get_mut(&1)
+            .unwrap()
+            .table
+            .temp
+            .insert(0, vec![3]);
+        let next = ClusterState {
+            epoch: 2,
+            ..state.clone()
         };
         s.put(MON_LEADER_KEY, b"tcp:a:1 x".to_vec(), 0).unwrap();
         let fence = |v: &[u8]| {
@@ -1162,35 +1385,24 @@ mod tests {
                 v.to_vec(),
             )]
         };
+        let prev = Some((&state, &pools));
         // Another leader's key: nothing is written.
         assert!(matches!(
-            save_pool_state(
-                &s,
-                &next,
-                &h,
-                Some((&pg, &PgHistory::default())),
-                &fence(b"tcp:b:1 y")
-            ),
+            save_map(&s, &next, &next_pools, prev, &fence(b"tcp:b:1 y")),
             Err(MetaError::NotLeader)
         ));
-        assert_eq!(load_history(&s, 1).unwrap(), PgHistory::default());
-        assert_eq!(load(&s).unwrap().pgmap(1).unwrap().epoch, pg.epoch);
-        // Its own: 12 intervals and the table in 3 transactions of <= 5.
+        assert_eq!(load_pools(&s).unwrap(), pools);
+        assert_eq!(load(&s).unwrap().epoch(), 1);
+        // Its own: 12 intervals, then the table and state together: 3
+        // transactions of <= 6.
         let before = s.txns.load(std::sync::atomic::Ordering::Relaxed);
-        save_pool_state(
-            &s,
-            &next,
-            &h,
-            Some((&pg, &PgHistory::default())),
-            &fence(b"tcp:a:1 x"),
-        )
-        .unwrap();
+        save_map(&s, &next, &next_pools, prev, &fence(b"tcp:a:1 x")).unwrap();
         assert_eq!(
             s.txns.load(std::sync::atomic::Ordering::Relaxed) - before,
             3
         );
-        assert_eq!(load_history(&s, 1).unwrap(), h);
-        assert_eq!(load(&s).unwrap().pgmap(1).unwrap().epoch, next.epoch);
+        assert_eq!(load_pools(&s).unwrap(), next_pools);
+        assert_eq!(load(&s).unwrap().epoch(), 2);
         assert_eq!(leader_addr_of(b"tcp:a:1 x").as_deref(), Some("tcp:a:1"));
     }
 
@@ -1203,19 +1415,20 @@ mod tests {
         assert!(init(&*s, &osds(4), &pool()).is_err());
         let m = load(&*s).unwrap();
         assert_eq!(m.osds.len(), 4);
-        assert_eq!(m.pgmap(1).unwrap(), &pg);
+        assert_eq!(m.table(1).unwrap(), &pg);
         for p in 0..pg.pg_count() {
-            let a = pg.acting(p);
+            let a = pg.acting(p, &[]);
             assert_eq!(a.len(), 3);
             assert!(a[0] != a[1] && a[1] != a[2] && a[0] != a[2]);
-            assert!(a.iter().all(|&o| pg.is_acting(p, o)));
-            let mut down = pg.clone();
-            down.down = vec![a[0]];
-            assert!(!down.is_acting(p, a[0]) && down.primary(p) == Some(a[1]));
+            assert!(a.iter().all(|&o| pg.is_acting(p, o, &[])));
+            assert!(!pg.is_acting(p, a[0], &[a[0]]) && pg.primary(p, &[a[0]]) == Some(a[1]));
         }
         let v = create_volume(&*s, "vm-1", &pool(), 1 << 30).unwrap();
         let w = create_volume(&*s, "vm-2", &pool(), 1 << 30).unwrap();
         assert_ne!(v.id, w.id);
+        // Ids carry the pool, serials count up from 1.
+        assert_eq!((VolumeId(v.id).pool(), VolumeId(v.id).serial()), (1, 1));
+        assert_eq!(last_volume_id(&*s).unwrap(), 2);
         assert!(create_volume(&*s, "vm-1", &pool(), 1).is_err());
         assert!(create_volume(&*s, "../x", &pool(), 1).is_err());
         assert!(create_volume(&*s, "", &pool(), 1).is_err());

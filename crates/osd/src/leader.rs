@@ -31,9 +31,9 @@ use std::time::Duration;
 
 use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf};
-use nacre_meta::map::{Interval, PgMap, EPOCH_MAX};
+use nacre_meta::map::{Interval, PgTable, PoolRecord, EPOCH_MAX};
 use nacre_net::{Frame, Handler, Rpc, Transport};
-use nacre_types::{ObjectId, HEARTBEAT_GRACE_MS, HEARTBEAT_INTERVAL_MS};
+use nacre_types::{ObjectId, PgId, HEARTBEAT_GRACE_MS, HEARTBEAT_INTERVAL_MS};
 use nacre_wire::{Header, Op, Status};
 
 use crate::map::{OsdMap, PgEvent};
@@ -44,10 +44,10 @@ pub const TEMP_SETTLE_MS: u64 = 2_000;
 
 /// Stores a map durably; an error refuses the change.
 pub type Persist = Box<dyn Fn(&OsdMap) -> Result<(), String>>;
-/// Computes the PG table (OSD ids, `size` per PG) for the OSDs that are not
-/// in the given out list, keeping what it can of the current table; or why
-/// it cannot.
-pub type Placer = Box<dyn Fn(&nacre_meta::map::PgMap, &[u32]) -> Result<Vec<u32>, String>>;
+/// Computes a pool's PG table (OSD ids, `size` per PG) over the given OSDs
+/// (those of the map that are in), keeping what it can of the current
+/// table (none for a new pool); or why it cannot.
+pub type Placer = Box<dyn Fn(&PoolRecord, Option<&PgTable>, &[u32]) -> Result<Vec<u32>, String>>;
 
 pub struct Leader<T: Transport> {
     transport: T,
@@ -84,7 +84,7 @@ pub struct Leader<T: Transport> {
 /// A PG's `PgEvent::Active`, checked, waiting for its interval to be
 /// stored.
 struct Active {
-    pg: u32,
+    pg: PgId,
     primary: u32,
     interval: Interval,
     /// What the primary is told, once stored (or refused).
@@ -136,14 +136,16 @@ impl<T: Transport> Leader<T> {
     /// A leader for `map` (as stored: every OSD is taken as down until it
     /// boots), starting in a new epoch.
     pub fn new(mut map: OsdMap, transport: T, persist: Persist) -> Result<Rc<Self>, String> {
-        let mut all: Vec<u32> = map.pgmap.osds.clone();
+        let mut all: Vec<u32> = (map.pools.values())
+            .flat_map(|p| p.table.osds.iter().copied())
+            .collect();
         all.extend(map.addrs.keys().copied());
         all.sort_unstable();
         all.dedup();
-        map.pgmap.down = all;
+        map.cluster.down = all;
         map.up_from.clear();
         map.stores.clear();
-        map.pgmap.epoch += 1;
+        map.cluster.epoch += 1;
         persist(&map)?;
         Ok(Rc::new(Leader {
             transport,
@@ -189,7 +191,7 @@ impl<T: Transport> Leader<T> {
             let m = self.map.borrow();
             let since = self.down_since.borrow();
             (since.iter())
-                .filter(|(id, t)| now.saturating_sub(**t) >= delay && !m.pgmap.out.contains(id))
+                .filter(|(id, t)| now.saturating_sub(**t) >= delay && !m.cluster.out.contains(id))
                 .map(|(id, _)| *id)
                 .collect()
         };
@@ -218,7 +220,7 @@ impl<T: Transport> Leader<T> {
     /// changes peers, and recovery fills the new members while the PGs
     /// serve. Why not, if it cannot be.
     pub fn mark_out(self: &Rc<Self>, id: u32, out: bool) -> Result<(), String> {
-        let (pgmap, mut outs) = {
+        let (pools, mut outs) = {
             let m = self.map.borrow();
             if !m.addrs.contains_key(&id) {
                 let mut ids: Vec<u32> = m.addrs.keys().copied().collect();
@@ -226,7 +228,7 @@ impl<T: Transport> Leader<T> {
                 let ids: Vec<String> = ids.iter().map(|o| format!("osd.{o}")).collect();
                 return Err(format!("no osd.{id}; the OSDs are {}", ids.join(", ")));
             }
-            (m.pgmap.clone(), m.pgmap.out.clone())
+            (m.pools.clone(), m.cluster.out.clone())
         };
         if outs.contains(&id) == out {
             return Ok(());
@@ -237,39 +239,57 @@ impl<T: Transport> Leader<T> {
             outs.retain(|&o| o != id);
         }
         outs.sort_unstable();
-        let table = {
-            let p = self.placer.borrow();
-            let p = p.as_ref().ok_or("this cluster's PG tables cannot change")?;
-            p(&pgmap, &outs).map_err(|e| {
-                format!(
-                    "osd.{id} cannot be marked {}: {e}",
-                    if out { "out" } else { "in" }
-                )
-            })?
-        };
-        if table.len() != pgmap.osds.len() {
-            return Err(format!(
-                "the new table has {} slots, not {}",
-                table.len(),
-                pgmap.osds.len()
-            ));
+        let verb = if out { "out" } else { "in" };
+        let mut tables = BTreeMap::new();
+        let (mut moved, mut copies) = (0, 0);
+        for (pool, p) in &pools {
+            let table = self
+                .place(&p.record, Some(&p.table), &outs)
+                .map_err(|e| format!("osd.{id} cannot be marked {verb}: {e}"))?;
+            moved += (table.iter().zip(&p.table.osds))
+                .filter(|(a, b)| a != b)
+                .count();
+            copies += table.len();
+            tables.insert(*pool, table);
         }
-        let moved = (table.iter().zip(&pgmap.osds))
-            .filter(|(a, b)| a != b)
-            .count();
-        let why = format!(
-            "osd.{id} marked {}; {moved} of {} PG copies move",
-            if out { "out" } else { "in" },
-            table.len()
-        );
+        let why = format!("osd.{id} marked {verb}; {moved} of {copies} PG copies move");
         self.change(&why, |m| {
-            let old = m.pgmap.clone();
-            m.pgmap.out = outs;
-            m.pgmap.osds = table;
-            m.pgmap.temp = temp_members(m, &old);
+            m.cluster.out = outs;
+            for (pool, table) in tables {
+                let old = m.pools[&pool].table.clone();
+                m.pools.get_mut(&pool).expect("known pool").table.osds = table;
+                let temp = temp_members(m, pool, &old);
+                m.pools.get_mut(&pool).expect("known pool").table.temp = temp;
+            }
         })
         .map(drop)
         .map_err(|s| format!("the map could not be stored: {s:?}"))
+    }
+
+    /// Pool `pool`'s PG table over the OSDs of the map not in `out`,
+    /// checked.
+    fn place(
+        &self,
+        pool: &PoolRecord,
+        prev: Option<&PgTable>,
+        out: &[u32],
+    ) -> Result<Vec<u32>, String> {
+        let inn: Vec<u32> = (self.map.borrow().addrs.keys())
+            .copied()
+            .filter(|o| !out.contains(o))
+            .collect();
+        let p = self.placer.borrow();
+        let p = p.as_ref().ok_or("this cluster's PG tables cannot change")?;
+        let table = p(pool, prev, &inn)?;
+        let slots = pool.pg_count as usize * pool.size as usize;
+        if table.len() != slots {
+            return Err(format!(
+                "the new table of pool {} has {} slots, not {slots}",
+                pool.name,
+                table.len()
+            ));
+        }
+        Ok(table)
     }
 
     /// Adds OSD `id` at `addr` to the map, out: it can boot, and holds no
@@ -289,8 +309,8 @@ impl<T: Transport> Leader<T> {
         }
         self.change(&format!("osd.{id} added (out) at {addr}"), |m| {
             m.addrs.insert(id, addr);
-            m.pgmap.out.push(id);
-            m.pgmap.out.sort_unstable();
+            m.cluster.out.push(id);
+            m.cluster.out.sort_unstable();
         })
         .map(drop)
         .map_err(|s| format!("the map could not be stored: {s:?}"))
@@ -306,7 +326,8 @@ impl<T: Transport> Leader<T> {
             if !m.addrs.contains_key(&id) {
                 return Err(format!("no osd.{id} in the map"));
             }
-            if m.pgmap.knows(id) && !m.pgmap.out.contains(&id) {
+            let known = m.pools.values().any(|p| p.table.knows(id));
+            if known && !m.cluster.out.contains(&id) {
                 return Err(format!(
                     "osd.{id} is in: mark it out first (nacre osd out {id}) and wait until every PG is clean"
                 ));
@@ -316,15 +337,17 @@ impl<T: Transport> Leader<T> {
                     "osd.{id} is up: stop it first (SIGTERM; in nacre up, to the pid in DIR/osd.{id}.pid)"
                 ));
             }
-            let pgs = m.pgmap.pg_count();
-            if let Some(pg) = (0..pgs).find(|&pg| m.acting(pg).contains(&id)) {
+            if let Some(pg) = m.pgs().find(|&pg| m.acting(pg).contains(&id)) {
                 return Err(format!(
                     "PG {pg} still has osd.{id} in its acting set: wait until every PG is clean"
                 ));
             }
-            let last = (m.last_active.iter())
-                .find(|(_, iv)| iv.acting.contains(&id) && !iv.incomplete.contains(&id));
-            if let Some((pg, _)) = last {
+            let last = (m.pools.iter()).find_map(|(pool, p)| {
+                let (pg, _) = (p.last_active.iter())
+                    .find(|(_, iv)| iv.acting.contains(&id) && !iv.incomplete.contains(&id))?;
+                Some(PgId::new(*pool, *pg))
+            });
+            if let Some(pg) = last {
                 return Err(format!(
                     "PG {pg} last went active with osd.{id}'s copy: wait until it is active without it"
                 ));
@@ -335,8 +358,8 @@ impl<T: Transport> Leader<T> {
             m.up_from.remove(&id);
             m.stores.remove(&id);
             m.full.remove(&id);
-            m.pgmap.out.retain(|&o| o != id);
-            m.pgmap.down.retain(|&o| o != id);
+            m.cluster.out.retain(|&o| o != id);
+            m.cluster.down.retain(|&o| o != id);
         })
         .map_err(|s| format!("the map could not be stored: {s:?}"))?;
         self.heard.borrow_mut().remove(&id);
@@ -353,13 +376,13 @@ impl<T: Transport> Leader<T> {
     /// all up and complete in its last active interval: it holds `size`
     /// complete copies without them. One new epoch for all such PGs.
     fn settle_temps(self: &Rc<Self>) {
-        let done: Vec<u32> = {
+        let done: Vec<PgId> = {
             let m = self.map.borrow();
-            (m.pgmap.temp.keys().copied())
+            (m.pools.iter())
+                .flat_map(|(pool, p)| p.table.temp.keys().map(|pg| PgId::new(*pool, *pg)))
                 .filter(|&pg| {
-                    m.last_active
-                        .get(&pg)
-                        .is_some_and(|iv| (m.pgmap.placement(pg).iter()).all(|&o| m.holds(iv, o)))
+                    m.last_active(pg)
+                        .is_some_and(|iv| (m.placement(pg).iter()).all(|&o| m.holds(iv, o)))
                 })
                 .collect()
         };
@@ -372,7 +395,9 @@ impl<T: Transport> Leader<T> {
         );
         let _ = self.change(&why, |m| {
             for pg in &done {
-                m.pgmap.temp.remove(pg);
+                if let Some(p) = m.pools.get_mut(&pg.pool) {
+                    p.table.temp.remove(&pg.pg);
+                }
             }
         });
     }
@@ -423,10 +448,12 @@ impl<T: Transport> Leader<T> {
                 Status::StaleEpoch
             } else if m.primary(a.pg) != Some(a.primary) {
                 Status::NotPrimary
-            } else {
-                m.last_active.insert(a.pg, a.interval);
+            } else if let Some(p) = m.pools.get_mut(&a.pg.pool) {
+                p.last_active.insert(a.pg.pg, a.interval);
                 changed = true;
                 Status::Ok
+            } else {
+                Status::Invalid
             };
             answers.push((a.pg, a.answer, s));
         }
@@ -441,7 +468,7 @@ impl<T: Transport> Leader<T> {
             Ok(()) if changed => *self.map.borrow_mut() = m,
             Ok(()) => {}
             Err(e) => {
-                let pgs: Vec<u32> = (answers.iter())
+                let pgs: Vec<PgId> = (answers.iter())
                     .filter(|(_, _, s)| *s == Status::Ok)
                     .map(|(pg, _, _)| *pg)
                     .collect();
@@ -467,7 +494,7 @@ impl<T: Transport> Leader<T> {
             tracing::error!("leader: the map is at its last epoch {}", m.epoch());
             return Err(Status::Unavailable);
         }
-        m.pgmap.epoch += 1;
+        m.cluster.epoch += 1;
         change(&mut m);
         if let Err(e) = (self.persist)(&m) {
             tracing::error!("leader: cannot store epoch {}: {e}", m.epoch());
@@ -594,11 +621,11 @@ impl<T: Transport> Leader<T> {
         self.change(why, |m| {
             for id in ids {
                 m.up_from.remove(id);
-                if !m.pgmap.down.contains(id) {
-                    m.pgmap.down.push(*id);
+                if !m.cluster.down.contains(id) {
+                    m.cluster.down.push(*id);
                 }
             }
-            m.pgmap.down.sort_unstable();
+            m.cluster.down.sort_unstable();
         })
     }
 
@@ -625,8 +652,9 @@ impl<T: Transport> Leader<T> {
         }
         let stranger = {
             let m = self.map.borrow();
-            let was =
-                (m.last_active.values()).find_map(|i| i.stores.get(&id).filter(|s| *s != store));
+            let was = (m.pools.values())
+                .flat_map(|p| p.last_active.values())
+                .find_map(|i| i.stores.get(&id).filter(|s| *s != store));
             was.cloned()
         };
         if let Some(was) = stranger {
@@ -635,7 +663,7 @@ impl<T: Transport> Leader<T> {
             );
         }
         self.change(&format!("osd.{id} up"), |m| {
-            m.pgmap.down.retain(|o| *o != id);
+            m.cluster.down.retain(|o| *o != id);
             let e = m.epoch();
             m.up_from.insert(id, e);
             m.stores.insert(id, store.to_string());
@@ -658,10 +686,15 @@ impl<T: Transport> Leader<T> {
         };
         let (epoch, primary, acting, size) = {
             let m = self.map.borrow();
-            if h.pg >= m.pgmap.pg_count() {
+            if !m.has(h.pg_id()) {
                 return Status::Invalid;
             }
-            (m.epoch(), m.primary(h.pg), m.acting(h.pg), m.pgmap.size)
+            (
+                m.epoch(),
+                m.primary(h.pg_id()),
+                m.acting(h.pg_id()),
+                m.size(h.pool),
+            )
         };
         if h.epoch != epoch {
             return Status::StaleEpoch;
@@ -684,7 +717,7 @@ impl<T: Transport> Leader<T> {
                 };
                 let answer = Rc::new(Cell::new(None));
                 self.actives.borrow_mut().push(Active {
-                    pg: h.pg,
+                    pg: h.pg_id(),
                     primary: h.sender,
                     interval: Interval {
                         epoch,
@@ -706,13 +739,13 @@ impl<T: Transport> Leader<T> {
                 if clean && s == Status::Ok {
                     tracing::debug!(
                         "leader: PG {} active+clean in epoch {epoch} ({size} copies)",
-                        h.pg
+                        h.pg_id()
                     );
                 }
                 s
             }
             PgEvent::Failed { why } => {
-                let why = format!("PG {} interval ends: {why}", h.pg);
+                let why = format!("PG {} interval ends: {why}", h.pg_id());
                 match self.change(&why, |_| {}) {
                     Ok(_) => Status::Ok,
                     Err(s) => s,
@@ -781,24 +814,24 @@ impl<T: Transport> Handler for Leader<T> {
     }
 }
 
-/// The temporary members of every PG of `m`, whose table just changed from
-/// `old`: the OSDs of its old acting set that the new table moves it away
-/// from and that are complete in its last active interval (up with the
-/// store they had then). They stay in the acting set, taking every write,
-/// until the new members are complete (`Leader::settle_temps`), so a PG
-/// that moves keeps its complete copies meanwhile.
-fn temp_members(m: &OsdMap, old: &PgMap) -> BTreeMap<u32, Vec<u32>> {
+/// The temporary members of every PG of pool `pool` of `m`, whose table
+/// just changed from `old`: the OSDs of its old acting set that the new
+/// table moves it away from and that are complete in its last active
+/// interval (up with the store they had then). They stay in the acting
+/// set, taking every write, until the new members are complete
+/// (`Leader::settle_temps`), so a PG that moves keeps its complete copies
+/// meanwhile.
+fn temp_members(m: &OsdMap, pool: u32, old: &PgTable) -> BTreeMap<u32, Vec<u32>> {
     let mut temp = BTreeMap::new();
-    for pg in 0..m.pgmap.pg_count() {
-        let Some(iv) = m.last_active.get(&pg) else {
+    for pg in 0..old.pg_count() {
+        let id = PgId::new(pool, pg);
+        let Some(iv) = m.last_active(id) else {
             continue;
         };
         // Not a full one: marking a full OSD out is how its PGs take
         // writes of new objects again at once.
-        let keep: Vec<u32> = (old.acting(pg).into_iter())
-            .filter(|&o| {
-                !m.pgmap.placement(pg).contains(&o) && m.holds(iv, o) && !m.full.contains(&o)
-            })
+        let keep: Vec<u32> = (old.acting(pg, &m.cluster.down).into_iter())
+            .filter(|&o| !m.placement(id).contains(&o) && m.holds(iv, o) && !m.full.contains(&o))
             .collect();
         if !keep.is_empty() {
             temp.insert(pg, keep);
@@ -817,21 +850,38 @@ mod tests {
     #[test]
     fn a_moved_pg_keeps_its_complete_copies_as_temporary_members() {
         let store = |o: u32| format!("{o:032x}");
-        let mut m = OsdMap {
-            pgmap: PgMap {
-                pool: 1,
-                epoch: 9,
-                size: 2,
-                osds: vec![0, 1, 2, 3, 1, 2],
-                down: vec![],
-                out: vec![],
-                temp: BTreeMap::new(),
-            },
+        let record = PoolRecord {
+            id: 1,
+            name: "rbd".into(),
+            size: 2,
             min_size: 1,
+            pg_count: 3,
+            failure_domain: "osd".into(),
+            object_bytes: 4096,
+        };
+        let table = PgTable {
+            pool: 1,
+            size: 2,
+            osds: vec![0, 1, 2, 3, 1, 2],
+            temp: BTreeMap::new(),
+        };
+        let mut m = OsdMap {
+            cluster: nacre_meta::map::ClusterState {
+                epoch: 9,
+                ..Default::default()
+            },
+            pools: [(
+                1,
+                nacre_meta::map::PoolState {
+                    record,
+                    table,
+                    last_active: Default::default(),
+                },
+            )]
+            .into(),
             addrs: (0..5).map(|o| (o, format!("unix:/tmp/{o}"))).collect(),
             up_from: (0..5).map(|o| (o, 2)).collect(),
             stores: (0..5).map(|o| (o, store(o))).collect(),
-            last_active: Default::default(),
             full: Default::default(),
         };
         let iv = |acting: &[u32], incomplete: &[u32]| Interval {
@@ -840,28 +890,29 @@ mod tests {
             stores: acting.iter().map(|&o| (o, store(o))).collect(),
             incomplete: incomplete.to_vec(),
         };
-        m.last_active.insert(0, iv(&[0, 1], &[]));
-        m.last_active.insert(1, iv(&[2, 3], &[3]));
-        m.last_active.insert(2, iv(&[1, 2], &[]));
-        let old = m.pgmap.clone();
+        let pool = m.pools.get_mut(&1).unwrap();
+        pool.last_active.insert(0, iv(&[0, 1], &[]));
+        pool.last_active.insert(1, iv(&[2, 3], &[3]));
+        pool.last_active.insert(2, iv(&[1, 2], &[]));
+        let old = pool.table.clone();
         // osd.1 and osd.3 out: PG 0 → [0, 4], PG 1 → [2, 4], PG 2 → [4, 2].
-        m.pgmap.osds = vec![0, 4, 2, 4, 4, 2];
-        let t = temp_members(&m, &old);
+        pool.table.osds = vec![0, 4, 2, 4, 4, 2];
+        let t = temp_members(&m, 1, &old);
         assert_eq!(t.get(&0), Some(&vec![1]), "complete: stays");
         assert_eq!(t.get(&1), None, "osd.3 was incomplete");
         assert_eq!(t.get(&2), Some(&vec![1]));
         // Full, down, or back with another store: nothing kept.
         m.full.insert(1);
-        assert!(temp_members(&m, &old).is_empty());
+        assert!(temp_members(&m, 1, &old).is_empty());
         m.full.clear();
         m.up_from.remove(&1);
-        assert!(temp_members(&m, &old).is_empty());
+        assert!(temp_members(&m, 1, &old).is_empty());
         m.up_from.insert(1, 10);
         m.stores.insert(1, store(7));
-        assert!(temp_members(&m, &old).is_empty());
+        assert!(temp_members(&m, 1, &old).is_empty());
         // A new lineage of the same store is another store too.
         m.stores.insert(1, format!("{}.1", store(1)));
-        assert!(temp_members(&m, &old).is_empty());
+        assert!(temp_members(&m, 1, &old).is_empty());
     }
 
     #[test]

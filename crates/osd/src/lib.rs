@@ -55,9 +55,8 @@ use nacre_blockstore::{
 use nacre_io::net::{Addr, Listener};
 use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
-use nacre_meta::map::PgMap;
 use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
-use nacre_types::{pg_of, ObjectId, DAMAGED_OBJECTS_OUT, PG_WAIT_MS};
+use nacre_types::{ObjectId, PgId, DAMAGED_OBJECTS_OUT, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use map::{OsdMap, PgEvent};
@@ -162,19 +161,19 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Closed or crashed: takes no new map, boots no more.
     halted: Cell<bool>,
     /// The PGs this OSD is primary of in the current epoch.
-    pgs: RefCell<HashMap<u32, PgState>>,
+    pgs: RefCell<HashMap<PgId, PgState>>,
     pg_changed: Notify,
     /// Writes and deletes in flight per (PG, epoch): a peering query of a
     /// newer epoch waits for older ones to finish, so its answer includes
     /// every op this copy will ever acknowledge for them.
-    inflight: RefCell<HashMap<(u32, u64), u32>>,
+    inflight: RefCell<HashMap<(PgId, u64), u32>>,
     drained: Notify,
     peers: RefCell<HashMap<u32, Rc<T::Conn>>>,
     /// Objects with a write or delete in flight, and a wake-up for waiters.
     busy: RefCell<HashSet<ObjectId>>,
     unbusy: Notify,
     /// Per PG, the epoch and the last `seq` this primary assigned in it.
-    seqs: RefCell<HashMap<u32, (u64, u64)>>,
+    seqs: RefCell<HashMap<PgId, (u64, u64)>>,
     /// The newest epoch in the store's PG logs at open: this incarnation
     /// assigns versions only in later epochs, so that it never repeats one
     /// an earlier incarnation gave out (whatever the map says).
@@ -182,11 +181,11 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Per PG, requests applied (client id, request id → version): filled
     /// from the authoritative log at every peering, then by acknowledged
     /// writes, so a retry is answered and not applied again.
-    done: RefCell<HashMap<u32, ReqCache>>,
+    done: RefCell<HashMap<PgId, ReqCache>>,
     /// Per PG this OSD is primary of, the copies it still recovers in the
     /// background (`recovery.rs`); and the pace: bytes per second, and when
     /// the budget next allows a push.
-    recovery: RefCell<HashMap<u32, recovery::Recovery>>,
+    recovery: RefCell<HashMap<PgId, recovery::Recovery>>,
     recovery_rate: Cell<u64>,
     recovery_next: Cell<Duration>,
     /// The fewest complete copies of the PGs this OSD recovers, when it
@@ -199,7 +198,7 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     ratios: Cell<(f64, f64)>,
     /// PGs whose stray copy is being deleted here (`stray.rs`): writes
     /// into them are refused meanwhile.
-    removing: RefCell<HashSet<u32>>,
+    removing: RefCell<HashSet<PgId>>,
     /// The epoch in which a look for stray copies last found none, and
     /// when (`stray::stray_loop` looks again only when that is old).
     strays_none: Cell<(u64, Duration)>,
@@ -212,10 +211,10 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// scrubs waiting their turn, the schedule and pace (`scrub.rs`): per
     /// PG when its next light and deep scrubs are due, and when the
     /// budget next allows a read.
-    scrubbing: Cell<Option<(u32, bool)>>,
+    scrubbing: Cell<Option<(PgId, bool)>>,
     scrub_idle: Notify,
     scrub_cfg: Cell<ScrubConfig>,
-    scrub_due: RefCell<HashMap<u32, (Duration, Duration)>>,
+    scrub_due: RefCell<HashMap<PgId, (Duration, Duration)>>,
     scrub_next: Cell<Duration>,
     /// Volumes this OSD was asked to purge since it started: their copies
     /// differ while the purge goes from OSD to OSD, and scrub leaves them
@@ -224,7 +223,7 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Scrubs admins asked for: the last ticket given, those queued or
     /// running (ticket, PG, deep), and the reports of those done.
     scrub_tickets: Cell<u64>,
-    scrub_asked: RefCell<Vec<(u64, u32, bool)>>,
+    scrub_asked: RefCell<Vec<(u64, PgId, bool)>>,
     scrub_reports: RefCell<BTreeMap<u64, ScrubReport>>,
     pub stats: OsdStats,
 }
@@ -287,11 +286,6 @@ pub fn pg_log_region(pgs: u32) -> nacre_blockstore::LogRegion {
         slots: pgs.clamp(d.slots, nacre_blockstore::LogRegion::SLOTS_MAX),
         ..d
     }
-}
-
-/// The key of a PG in the store's PG logs.
-pub fn pg_key(pool: u32, pg: u32) -> u64 {
-    (u64::from(pool) << 32) | u64::from(pg)
 }
 
 fn status_of(e: &StoreError) -> Status {
@@ -418,9 +412,9 @@ impl Drop for Serving {
 
 /// Counts an op in flight for its PG and epoch while it lives.
 struct Inflight<'a> {
-    counts: &'a RefCell<HashMap<(u32, u64), u32>>,
+    counts: &'a RefCell<HashMap<(PgId, u64), u32>>,
     drained: &'a Notify,
-    key: (u32, u64),
+    key: (PgId, u64),
 }
 
 impl Drop for Inflight<'_> {
@@ -439,20 +433,11 @@ impl Drop for Inflight<'_> {
 /// The map of an OSD that has not booted: epoch 0, no PGs.
 fn no_map() -> OsdMap {
     OsdMap {
-        pgmap: PgMap {
-            pool: 0,
-            epoch: 0,
-            size: 1,
-            osds: Vec::new(),
-            down: Vec::new(),
-            out: Vec::new(),
-            temp: Default::default(),
-        },
-        min_size: 1,
+        cluster: Default::default(),
+        pools: Default::default(),
         addrs: Default::default(),
         up_from: Default::default(),
         stores: Default::default(),
-        last_active: Default::default(),
         full: Default::default(),
     }
 }
@@ -569,7 +554,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// The state of PG `pg` if this OSD is its primary.
-    pub fn pg_state(&self, pg: u32) -> Option<PgState> {
+    pub fn pg_state(&self, pg: PgId) -> Option<PgState> {
         self.pgs.borrow().get(&pg).cloned()
     }
 
@@ -581,27 +566,25 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         r.scrubbing = (self.scrubbing.get())
             .map(|(pg, deep)| format!("{pg}{}", if deep { " deep" } else { "" }));
         // Only PGs this OSD still leads: another primary speaks for the rest.
-        (r.pgs_scrub_unrepaired).retain(|[pg, _]| {
-            u32::try_from(*pg).is_ok_and(|pg| self.pgs.borrow().contains_key(&pg))
-        });
+        (r.pgs_scrub_unrepaired).retain(|(pg, _)| self.pgs.borrow().contains_key(pg));
         let m = self.map.borrow();
         r.epoch = m.epoch();
-        let mut pgs: Vec<(u32, PgState)> = (self.pgs.borrow().iter())
+        let mut pgs: Vec<(PgId, PgState)> = (self.pgs.borrow().iter())
             .map(|(&pg, s)| (pg, s.clone()))
             .collect();
         pgs.sort_unstable_by_key(|(pg, _)| *pg);
         for (pg, s) in pgs {
             let acting = m.acting(pg);
-            let size = usize::from(m.pgmap.size);
+            let size = usize::from(m.size(pg.pool));
             // Temporary members keep the PG's copies while it moves: it
             // is degraded only with fewer complete copies than `size`.
             let complete = acting.len().saturating_sub(self.incomplete_members(pg));
-            let placed_up = (m.pgmap.placement(pg).iter())
+            let placed_up = (m.placement(pg).iter())
                 .filter(|o| acting.contains(o))
                 .count();
             let leaving = || {
                 let t: Vec<String> = (acting.iter())
-                    .filter(|o| !m.pgmap.placement(pg).contains(o))
+                    .filter(|o| !m.placement(pg).contains(o))
                     .map(|o| format!("osd.{o}"))
                     .collect();
                 format!(
@@ -630,7 +613,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                         ("active+recovering", Some(format!("{what}{up}")))
                     }
                 }
-                PgState::Active if m.pgmap.whole(pg) => ("active+clean", None),
+                PgState::Active if m.whole(pg) => ("active+clean", None),
                 PgState::Active if placed_up == size => ("active+remapped", Some(leaving())),
                 PgState::Active => (
                     "active+degraded",
@@ -838,7 +821,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if m.epoch() == known && !again {
             return;
         }
-        let mine: Vec<u32> = (0..m.pgmap.pg_count())
+        let mine: Vec<PgId> = (m.pgs())
             .filter(|&pg| me && m.primary(pg) == Some(self.id))
             .collect();
         *self.map.borrow_mut() = m;
@@ -904,7 +887,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    fn set_pg_state(&self, pg: u32, epoch: u64, s: PgState) {
+    fn set_pg_state(&self, pg: PgId, epoch: u64, s: PgState) {
         if self.epoch() == epoch {
             if let Some(st) = self.pgs.borrow_mut().get_mut(&pg) {
                 *st = s;
@@ -914,7 +897,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Waits until PG `pg` is active in `epoch` (bounded by `PG_WAIT_MS`).
-    async fn wait_active(&self, pg: u32, epoch: u64) -> Result<(), Status> {
+    async fn wait_active(&self, pg: PgId, epoch: u64) -> Result<(), Status> {
         let until = rt::monotonic() + Duration::from_millis(PG_WAIT_MS);
         loop {
             if self.epoch() != epoch {
@@ -932,7 +915,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    fn track(&self, pg: u32, epoch: u64) -> Inflight<'_> {
+    fn track(&self, pg: PgId, epoch: u64) -> Inflight<'_> {
         *self.inflight.borrow_mut().entry((pg, epoch)).or_default() += 1;
         Inflight {
             counts: &self.inflight,
@@ -946,7 +929,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// pushes, rewrites and log syncs of an earlier peering attempt that
     /// the primary stopped waiting for: the next attempt must see their
     /// effects, not have them land after it made its plan.
-    async fn drain(&self, pg: u32, epoch: u64) {
+    async fn drain(&self, pg: PgId, epoch: u64) {
         while (self.inflight.borrow().keys()).any(|&(p, e)| p == pg && e <= epoch) {
             self.drained.wait().await;
         }
@@ -954,7 +937,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Ends the interval of PG `pg` after a failed write: no more ops
     /// here, and the leader is asked for a new epoch.
-    fn fail_pg(self: &Rc<Self>, pg: u32, epoch: u64, why: String) {
+    fn fail_pg(self: &Rc<Self>, pg: PgId, epoch: u64, why: String) {
         if self.pg_state(pg) != Some(PgState::Active) || self.epoch() != epoch {
             return;
         }
@@ -975,10 +958,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Tells the leader about PG `pg` in `epoch`.
-    async fn report(&self, pg: u32, epoch: u64, ev: &PgEvent) -> Result<(), String> {
+    async fn report(&self, pg: PgId, epoch: u64, ev: &PgEvent) -> Result<(), String> {
         let body = serde_json::to_vec(ev).expect("events serialise");
         let mut h = Header::request(Op::PgEvent, 0, ObjectId::default()).with_payload(&body);
-        h.pg = pg;
+        h = h.with_pg(pg);
         h.epoch = epoch;
         h.sender = self.id;
         match self
@@ -995,7 +978,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// epoch and a version is left in it: a task of an epoch that just
     /// ended must not take one of the next epoch, whose versions belong to
     /// that epoch's primary.
-    fn next_version(&self, pg: u32, epoch: u64) -> Option<u64> {
+    fn next_version(&self, pg: PgId, epoch: u64) -> Option<u64> {
         if self.epoch() != epoch {
             return None;
         }
@@ -1030,7 +1013,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             _ => (LogOp::Delete, 0, 0),
         };
         LogEntry {
-            pg: pg_key(self.map.borrow().pgmap.pool, h.pg),
+            pg: h.pg_id().key(),
             version,
             oid: h.oid,
             op,
@@ -1047,11 +1030,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if h.epoch != map.epoch() {
             return Some(Status::StaleEpoch);
         }
-        let pgs = map.pgmap.pg_count();
-        if h.pg >= pgs || pg_of(h.oid, pgs) != h.pg {
+        // The object's pool (in its volume id) is in the map and the
+        // object is in the PG the frame names.
+        if map.pg_of(h.oid) != Some(h.pg_id()) {
             return Some(Status::Invalid);
         }
-        if need_primary && !self.pgs.borrow().contains_key(&h.pg) {
+        if need_primary && !self.pgs.borrow().contains_key(&h.pg_id()) {
             return Some(Status::NotPrimary);
         }
         if need_primary && h.sender != SENDER_CLIENT {
@@ -1065,7 +1049,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if !need_primary {
             // A sub-op is taken only from the PG's primary in this epoch,
             // and only by a member.
-            if !self.sent_by_primary(&map, h) || !map.pgmap.is_acting(h.pg, self.id) {
+            if !self.sent_by_primary(&map, h) || !map.is_acting(h.pg_id(), self.id) {
                 return Some(Status::NotPrimary);
             }
             if h.obj_version == 0 || h.obj_version >> 32 != h.epoch {
@@ -1075,10 +1059,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         None
     }
 
-    /// Whether `h` comes from another OSD that is PG `h.pg`'s primary in
-    /// `map`.
+    /// Whether `h` comes from another OSD that is the primary of the PG
+    /// it names in `map`.
     fn sent_by_primary(&self, map: &OsdMap, h: &Header) -> bool {
-        h.pg < map.pgmap.pg_count() && map.primary(h.pg) == Some(h.sender) && h.sender != self.id
+        map.primary(h.pg_id()) == Some(h.sender) && h.sender != self.id
     }
 
     async fn lock(&self, oid: ObjectId) {
@@ -1254,7 +1238,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         h: &Header,
         data: Option<AlignedBuf>,
     ) -> (Status, u64) {
-        if let Err(s) = self.wait_active(h.pg, h.epoch).await {
+        if let Err(s) = self.wait_active(h.pg_id(), h.epoch).await {
             return (s, 0);
         }
         let oid = h.oid;
@@ -1271,7 +1255,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     ) -> (Status, u64) {
         let oid = h.oid;
         let key = (h.client, h.request_id);
-        if let Some(v) = self.done.borrow().get(&h.pg).and_then(|c| c.get(key)) {
+        if let Some(v) = self.done.borrow().get(&h.pg_id()).and_then(|c| c.get(key)) {
             return (Status::Ok, v);
         }
         // The PG may have stopped, or the epoch moved, while this op
@@ -1280,14 +1264,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if self.epoch() != epoch {
             return (Status::StaleEpoch, 0);
         }
-        if self.pg_state(h.pg) != Some(PgState::Active) {
+        if self.pg_state(h.pg_id()) != Some(PgState::Active) {
             return (Status::Unavailable, 0);
         }
         // A copy that lacks the object must have it whole before a write
         // changes part of it (or a delete, before its recovery could
         // bring it back).
-        if self.must_recover(h.pg, epoch, oid, false) {
-            if let Err(s) = self.recover_for_op(h.pg, epoch, oid).await {
+        if self.must_recover(h.pg_id(), epoch, oid, false) {
+            if let Err(s) = self.recover_for_op(h.pg_id(), epoch, oid).await {
                 return (s, 0);
             }
         }
@@ -1298,15 +1282,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if h.op == Op::Write && self.store.needs_block(oid, h.offset, h.length) {
             let full = {
                 let m = self.map.borrow();
-                (m.acting(h.pg).into_iter()).find(|o| m.full.contains(o))
+                (m.acting(h.pg_id()).into_iter()).find(|o| m.full.contains(o))
             };
             if let Some(o) = full.or_else(|| (self.store.spare_blocks() == 0).then_some(self.id)) {
                 tracing::debug!("osd.{}: {oid}: osd.{o} is full", self.id);
                 return (Status::NoSpace, 0);
             }
         }
-        let _inflight = self.track(h.pg, epoch);
-        let Some(version) = self.next_version(h.pg, epoch) else {
+        let _inflight = self.track(h.pg_id(), epoch);
+        let Some(version) = self.next_version(h.pg_id(), epoch) else {
             // The epoch moved while the op recovered its object: the
             // client retries in the new one.
             if self.epoch() != epoch {
@@ -1315,7 +1299,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             tracing::warn!(
                 "osd.{}: PG {} has no version left in epoch {epoch} (this OSD's logs reach epoch {}, it is up from {})",
                 self.id,
-                h.pg,
+                h.pg_id(),
                 self.epoch_floor,
                 self.up_from.get()
             );
@@ -1330,7 +1314,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             tracing::error!("osd.{}: {why}", self.id);
             return (Status::Unavailable, 0);
         }
-        let acting = self.map.borrow().acting(h.pg);
+        let acting = self.map.borrow().acting(h.pg_id());
         let entry = self.entry(h, version);
         let mut sub = *h;
         sub.op = if h.op == Op::Delete {
@@ -1342,16 +1326,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         sub.sender = self.id;
         let status = self.replicate(&acting, sub, entry, data).await;
         if status == Status::Ok {
-            (self.done.borrow_mut().entry(h.pg).or_default()).insert(key, version);
+            (self.done.borrow_mut().entry(h.pg_id()).or_default()).insert(key, version);
         } else {
             // Some copies may have it and some not: the interval ends.
-            self.fail_pg(h.pg, epoch, format!("{oid} v{version:#x}: {status:?}"));
+            self.fail_pg(h.pg_id(), epoch, format!("{oid} v{version:#x}: {status:?}"));
         }
         (status, version)
     }
 
     async fn replica_update(&self, h: &Header, data: Option<AlignedBuf>) -> Status {
-        let _inflight = self.track(h.pg, h.epoch);
+        let _inflight = self.track(h.pg_id(), h.epoch);
         let entry = self.entry(h, h.obj_version);
         let r = match data {
             Some(d) => self.store.write_logged(entry, h.offset, d).await,
@@ -1386,7 +1370,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // The pulls took time: answer only if this OSD may still serve
         // reads of the PG (the same checks as before the read).
         let serving = self.epoch() == h.epoch
-            && self.pg_state(h.pg) == Some(PgState::Active)
+            && self.pg_state(h.pg_id()) == Some(PgState::Active)
             && self.holds_read_lease();
         match (r, serving) {
             (_, false) => Err(Status::Unavailable),
@@ -1405,7 +1389,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     async fn read_elsewhere_locked(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {
         let version = self.store.version(h.oid)?;
-        let d = (self.fetch_elsewhere(h.pg, h.epoch, h.oid, version, self.id, true)).await?;
+        let d = (self.fetch_elsewhere(h.pg_id(), h.epoch, h.oid, version, self.id, true)).await?;
         let range = h.offset as usize..(h.offset + h.length) as usize;
         (d.len() >= range.end).then(|| AlignedBuf::from_slice(&d[range]))
     }
@@ -1448,7 +1432,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         };
         tracing::error!("osd.{}: object {oid} holds damaged data: {why}", self.id);
         let n = self.stats.damaged(oid, format!("object {oid}: {why}"));
-        let out = self.map.borrow().pgmap.out.contains(&self.id);
+        let out = self.map.borrow().cluster.out.contains(&self.id);
         if n >= DAMAGED_OBJECTS_OUT && !out && !self.asking_out.replace(true) {
             let me = self.clone();
             rt::spawn(async move {
@@ -1485,12 +1469,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// is the primary of (one count per object across the cluster).
     pub fn volume_usage(&self) -> VolumeUsage {
         let m = self.map.borrow();
-        let pgs = m.pgmap.pg_count();
         let mut per: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         for (oid, _) in self.store.list() {
             let e = per.entry(oid.volume.0).or_default();
             e.0 += 1;
-            if m.primary(pg_of(oid, pgs)) == Some(self.id) {
+            if m.pg_of(oid).and_then(|pg| m.primary(pg)) == Some(self.id) {
                 e.1 += 1;
             }
         }
@@ -1572,7 +1555,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                     | Op::PgQuery
                     | Op::Pull
                     | Op::Scrub
-            ) && self.removing.borrow().contains(&h.pg))
+            ) && self.removing.borrow().contains(&h.pg_id()))
             .then_some(Status::Unavailable)
         });
         if let Some(s) = route {
@@ -1582,7 +1565,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         }
         match h.op {
             Op::Read => {
-                if let Err(s) = self.wait_active(h.pg, h.epoch).await {
+                if let Err(s) = self.wait_active(h.pg_id(), h.epoch).await {
                     let mut r = h.reply(s);
                     r.epoch = self.epoch();
                     return (r, None);
@@ -1595,14 +1578,14 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 if !self.holds_read_lease() {
                     return (h.reply(Status::Unavailable), None);
                 }
-                if self.pg_state(h.pg) != Some(PgState::Active) {
+                if self.pg_state(h.pg_id()) != Some(PgState::Active) {
                     // It failed: this copy may hold what others lack.
                     return (h.reply(Status::Unavailable), None);
                 }
                 // This copy still lacks the object: recover it first.
-                if self.must_recover(h.pg, h.epoch, h.oid, true) {
+                if self.must_recover(h.pg_id(), h.epoch, h.oid, true) {
                     self.lock(h.oid).await;
-                    let r = self.recover_for_op(h.pg, h.epoch, h.oid).await;
+                    let r = self.recover_for_op(h.pg_id(), h.epoch, h.oid).await;
                     self.unlock(h.oid);
                     if let Err(s) = r {
                         return (h.reply(s), None);

@@ -47,11 +47,11 @@ use std::time::Duration;
 use nacre_blockstore::{LogEntry, LogOp, PgLog};
 use nacre_io::{rt, AlignedBuf, BlockDev};
 use nacre_net::Transport;
-use nacre_types::{pg_of, ObjectId};
+use nacre_types::{ObjectId, PgId};
 use nacre_wire::{Header, Op, Status, PAYLOAD_MAX_BYTES};
 
 use crate::recovery::{self, Recovery};
-use crate::{pg_key, status_of, Osd, PgEvent, PgState, ReqCache};
+use crate::{status_of, Osd, PgEvent, PgState, ReqCache};
 
 /// Pause between two peering attempts of one PG in one epoch.
 const PEER_RETRY: Duration = Duration::from_millis(300);
@@ -143,10 +143,11 @@ impl LogSync {
         b
     }
 
-    /// Parses a primary's `LogSync` for PG `pg` (key `key`) in `epoch`:
-    /// versions of this epoch or older (this epoch's: rewrites of an
-    /// earlier peering attempt), never 0; entries of this PG, ascending.
-    fn decode(b: &[u8], key: u64, pg: u32, pg_count: u32, epoch: u64) -> Result<LogSync, String> {
+    /// Parses a primary's `LogSync` for PG `pg` (of `pg_count` in its
+    /// pool) in `epoch`: versions of this epoch or older (this epoch's:
+    /// rewrites of an earlier peering attempt), never 0; entries of this
+    /// PG, ascending.
+    fn decode(b: &[u8], pg: PgId, pg_count: u32, epoch: u64) -> Result<LogSync, String> {
         if b.len() < 20 {
             return Err(format!("log sync of {} bytes", b.len()));
         }
@@ -176,7 +177,7 @@ impl LogSync {
         let mut adopt = Vec::with_capacity(m);
         for c in b[8 + n * 8..].chunks_exact(64) {
             let e = LogEntry::from_bytes(c).ok_or("a malformed entry")?;
-            if e.pg != key || pg_of(e.oid, pg_count) != pg || !ok(e.version) {
+            if e.pg != pg.key() || PgId::of(e.oid, pg_count) != pg || !ok(e.version) {
                 return Err(format!("entry {e:?} is not of PG {pg} in epoch {epoch}"));
             }
             if adopt
@@ -232,9 +233,9 @@ impl Ask {
         Some(crate::scrub::encode_oids(oids))
     }
 
-    /// Parses a query for PG number `pg_no` among `pg_count`: every
+    /// Parses a query for PG `pg` (of `pg_count` in its pool): every
     /// object it names must be of that PG.
-    fn decode(code: u32, b: &[u8], pg_no: u32, pg_count: u32) -> Result<Ask, String> {
+    fn decode(code: u32, b: &[u8], pg: PgId, pg_count: u32) -> Result<Ask, String> {
         match code {
             Ask::LISTING | Ask::LOG if !b.is_empty() => Err("a payload where none goes".into()),
             Ask::LISTING => Ok(Ask::Listing),
@@ -244,8 +245,8 @@ impl Ask {
             }
             Ask::VERSIONS => {
                 let oids = crate::scrub::decode_oids(b);
-                match oids.iter().find(|&&o| pg_of(o, pg_count) != pg_no) {
-                    Some(o) => Err(format!("{o} is not of PG {pg_no}")),
+                match oids.iter().find(|&&o| PgId::of(o, pg_count) != pg) {
+                    Some(o) => Err(format!("{o} is not of PG {pg}")),
                     None => Ok(Ask::Versions(oids)),
                 }
             }
@@ -333,9 +334,9 @@ impl PgInfo {
         b
     }
 
-    /// Parses a peer's answer: every entry must be of PG `pg` and every
-    /// object of PG number `pg_no` among `pg_count`.
-    fn decode(b: &[u8], pg: u64, pg_no: u32, pg_count: u32) -> Result<PgInfo, String> {
+    /// Parses a peer's answer: every entry and every object must be of PG
+    /// `pg` (of `pg_count` in its pool).
+    fn decode(b: &[u8], pg: PgId, pg_count: u32) -> Result<PgInfo, String> {
         let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
         let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
         if b.len() < INFO_HEAD_BYTES {
@@ -358,7 +359,7 @@ impl PgInfo {
         for k in 0..n {
             let at = INFO_HEAD_BYTES + k * 64;
             let e = LogEntry::from_bytes(&b[at..at + 64])
-                .filter(|e| e.pg == pg && e.version > tail)
+                .filter(|e| e.pg == pg.key() && e.version > tail)
                 .ok_or_else(|| format!("PG info: entry {k} is not one of this PG's"))?;
             info.log.entries.insert(e.version, e);
         }
@@ -366,7 +367,7 @@ impl PgInfo {
             let at = INFO_HEAD_BYTES + n * 64 + k * OBJECT_BYTES;
             let oid = ObjectId::new(u64_at(at), u64_at(at + 8));
             let v = u64_at(at + 16);
-            if pg_of(oid, pg_count) != pg_no || v == 0 {
+            if PgId::of(oid, pg_count) != pg || v == 0 {
                 return Err(format!(
                     "PG info: object {oid} v{v} is not one of this PG's"
                 ));
@@ -401,17 +402,14 @@ impl std::fmt::Display for PeerError {
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// This copy's log of PG `pg` and the objects `ask` asks for, once
     /// no op of `epoch` or an earlier one is in flight here.
-    async fn local_info(&self, pg: u32, epoch: u64, ask: &Ask) -> PgInfo {
+    async fn local_info(&self, pg: PgId, epoch: u64, ask: &Ask) -> PgInfo {
         self.drain(pg, epoch).await;
-        let (key, count) = {
-            let m = self.map.borrow();
-            (pg_key(m.pgmap.pool, pg), m.pgmap.pg_count())
-        };
+        let (key, count) = (pg.key(), self.map.borrow().pg_count(pg.pool));
         let objects = match ask {
             Ask::Listing => {
                 self.stats.pg_listed();
                 (self.store.list().into_iter())
-                    .filter(|(oid, _)| pg_of(*oid, count) == pg)
+                    .filter(|(oid, _)| PgId::of(*oid, count) == pg)
                     .collect()
             }
             Ask::Log => BTreeMap::new(),
@@ -458,17 +456,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             r.epoch = self.epoch();
             return (r, None);
         }
-        let count = self.map.borrow().pgmap.pg_count();
-        let ask = match Ask::decode(h.length, payload.as_deref().unwrap_or(&[]), h.pg, count) {
+        let count = self.map.borrow().pg_count(h.pool);
+        let ask = match Ask::decode(
+            h.length,
+            payload.as_deref().unwrap_or(&[]),
+            h.pg_id(),
+            count,
+        ) {
             Ok(a) => a,
             Err(why) => {
-                tracing::warn!("osd.{}: PG {} query: {why}", self.id, h.pg);
+                tracing::warn!("osd.{}: PG {} query: {why}", self.id, h.pg_id());
                 return (h.reply(Status::Invalid), None);
             }
         };
         // The first page, or the one after object `h.oid`.
         let after = (h.offset != 0).then_some(h.oid);
-        let mut info = self.local_info(h.pg, h.epoch, &ask).await;
+        let mut info = self.local_info(h.pg_id(), h.epoch, &ask).await;
         if let Some(a) = after {
             info.objects = info.objects.split_off(&a);
             info.objects.remove(&a);
@@ -484,7 +487,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             tracing::error!(
                 "osd.{}: PG {}'s info is {} bytes, more than a frame holds",
                 self.id,
-                h.pg,
+                h.pg_id(),
                 body.len()
             );
             return (h.reply(Status::Unavailable), None);
@@ -497,6 +500,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub(crate) async fn answer_pull(self: &Rc<Self>, h: &Header) -> (Header, Option<AlignedBuf>) {
         if let Some(s) = self.check_peer_op(h).await {
             return (h.reply(s), None);
+        }
+        // Only an object of the PG its primary names: a primary pulls for
+        // its own PGs.
+        if self.map.borrow().pg_of(h.oid) != Some(h.pg_id()) {
+            return (h.reply(Status::Invalid), None);
         }
         let Some(v) = self.store.version(h.oid) else {
             return (h.reply(Status::NotFound), None);
@@ -528,12 +536,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         {
             let m = self.map.borrow();
-            if !m.pgmap.is_acting(h.pg, self.id) {
+            if !m.is_acting(h.pg_id(), self.id) {
                 return Status::NotPrimary;
             }
             // A version from this epoch or an earlier one, of an object of
             // this PG.
-            if pg_of(h.oid, m.pgmap.pg_count()) != h.pg
+            if m.pg_of(h.oid) != Some(h.pg_id())
                 || h.obj_version == 0
                 || h.obj_version >> 32 > h.epoch
             {
@@ -541,7 +549,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
         }
         // Counted like a sub-op: a later epoch's query waits for it.
-        let _inflight = self.track(h.pg, h.epoch);
+        let _inflight = self.track(h.pg_id(), h.epoch);
         if data
             .as_ref()
             .is_some_and(|d| d.len() != self.store.block_bytes() as usize)
@@ -549,7 +557,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Status::Invalid;
         }
         let entry = (!h.unlogged).then(|| LogEntry {
-            pg: pg_key(self.map.borrow().pgmap.pool, h.pg),
+            pg: h.pg_id().key(),
             version: h.obj_version,
             oid: h.oid,
             op: if data.is_some() {
@@ -562,7 +570,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             client: h.client,
             request: h.request_id,
         });
-        self.apply_push(h.pg, h.oid, h.obj_version, entry, data)
+        self.apply_push(h.pg_id(), h.oid, h.obj_version, entry, data)
             .await
     }
 
@@ -574,22 +582,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if let Some(s) = self.check_peer_op(h).await {
             return s;
         }
-        let (key, count) = {
+        let count = {
             let m = self.map.borrow();
-            if !m.pgmap.is_acting(h.pg, self.id) {
+            if !m.is_acting(h.pg_id(), self.id) {
                 return Status::NotPrimary;
             }
-            (pg_key(m.pgmap.pool, h.pg), m.pgmap.pg_count())
+            m.pg_count(h.pool)
         };
-        let Ok(sync) = LogSync::decode(body.unwrap_or(&[]), key, h.pg, count, h.epoch) else {
+        let Ok(sync) = LogSync::decode(body.unwrap_or(&[]), h.pg_id(), count, h.epoch) else {
             return Status::Invalid;
         };
-        let _inflight = self.track(h.pg, h.epoch);
-        self.log_sync_local(h.pg, &sync).await
+        let _inflight = self.track(h.pg_id(), h.epoch);
+        self.log_sync_local(h.pg_id(), &sync).await
     }
 
-    async fn log_sync_local(&self, pg: u32, sync: &LogSync) -> Status {
-        let key = pg_key(self.map.borrow().pgmap.pool, pg);
+    async fn log_sync_local(&self, pg: PgId, sync: &LogSync) -> Status {
+        let key = pg.key();
         for &v in &sync.forget {
             if let Err(e) = self.store.pg_forget(key, v).await {
                 tracing::warn!("osd.{}: forgetting PG {pg} v{v:#x}: {e}", self.id);
@@ -618,8 +626,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Sets (`on`) or clears this copy's recovering mark of PG `pg`
     /// ([`nacre_blockstore::PgLog::recovering`]), if it is not so already.
-    async fn set_recovering(&self, pg: u32, on: bool) -> Result<(), Status> {
-        let key = pg_key(self.map.borrow().pgmap.pool, pg);
+    async fn set_recovering(&self, pg: PgId, on: bool) -> Result<(), Status> {
+        let key = pg.key();
         if self.store.pg_recovering(key) == on {
             return Ok(());
         }
@@ -634,7 +642,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub(crate) async fn log_sync(
         self: &Rc<Self>,
         to: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         sync: &LogSync,
     ) -> Result<(), PeerError> {
@@ -644,7 +652,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         } else {
             let body = sync.encode();
             let mut h = Header::request(Op::LogSync, 0, ObjectId::default()).with_payload(&body);
-            h.pg = pg;
+            h = h.with_pg(pg);
             h.epoch = epoch;
             h.sender = self.id;
             let body = AlignedBuf::from_slice(&body);
@@ -667,7 +675,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// `version`, with `entry` logged in the same step when there is one.
     async fn apply_push(
         &self,
-        pg: u32,
+        pg: PgId,
         oid: ObjectId,
         version: u64,
         entry: Option<LogEntry>,
@@ -710,7 +718,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Peers PG `pg` in `epoch` until it is active, or inactive, or the
     /// epoch is over.
-    pub(crate) async fn peer(self: Rc<Self>, pg: u32, epoch: u64) {
+    pub(crate) async fn peer(self: Rc<Self>, pg: PgId, epoch: u64) {
         loop {
             if self.epoch() != epoch {
                 return;
@@ -740,19 +748,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     async fn query(
         self: &Rc<Self>,
         id: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         ask: &Ask,
     ) -> Result<PgInfo, String> {
         if id == self.id {
             return Ok(self.local_info(pg, epoch, ask).await);
         }
-        let (key, count) = {
-            let m = self.map.borrow();
-            (pg_key(m.pgmap.pool, pg), m.pgmap.pg_count())
-        };
+        let count = self.map.borrow().pg_count(pg.pool);
         let mut h = Header::request(Op::PgQuery, 0, ObjectId::default());
-        h.pg = pg;
+        h = h.with_pg(pg);
         h.epoch = epoch;
         h.sender = self.id;
         h.length = ask.code();
@@ -769,7 +774,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             if f.h.status != Status::Ok {
                 return Err(format!("osd.{id}: {:?}", f.h.status));
             }
-            let page = PgInfo::decode(f.payload.as_deref().unwrap_or(&[]), key, pg, count)
+            let page = PgInfo::decode(f.payload.as_deref().unwrap_or(&[]), pg, count)
                 .map_err(|e| format!("osd.{id}: {e}"))?;
             if let Ask::Versions(oids) = ask {
                 if page.objects.keys().any(|o| oids.binary_search(o).is_err()) {
@@ -802,10 +807,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         Ok(info.expect("one page at least"))
     }
 
-    async fn try_peer(self: &Rc<Self>, pg: u32, epoch: u64) -> Result<(), PeerError> {
+    async fn try_peer(self: &Rc<Self>, pg: PgId, epoch: u64) -> Result<(), PeerError> {
         let (acting, prior, min_size, size, members) = {
             let m = self.map.borrow();
-            let prior = m.last_active.get(&pg).cloned();
+            let prior = m.last_active(pg).cloned();
             // The members of the last active interval that are up with
             // the store they had then.
             let members: Vec<u32> = (prior.iter())
@@ -814,8 +819,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             (
                 m.acting(pg),
                 prior,
-                m.min_size as usize,
-                m.pgmap.size as usize,
+                m.min_size(pg.pool) as usize,
+                m.size(pg.pool) as usize,
                 members,
             )
         };
@@ -975,7 +980,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Err(Retry("the epoch moved".into()));
         }
         let incomplete: Vec<u32> = left.keys().copied().collect();
-        let clean = self.map.borrow().pgmap.whole(pg) && incomplete.is_empty();
+        let clean = self.map.borrow().whole(pg) && incomplete.is_empty();
         self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
             .await
             .map_err(Retry)?;
@@ -1011,7 +1016,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// once; the answers, with what was asked.
     async fn query_each(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         asks: Vec<(u32, Ask)>,
     ) -> Vec<(u32, Ask, Result<PgInfo, String>)> {
@@ -1037,7 +1042,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// comparisons are checked against listings of both copies.
     async fn compare(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         auth: u32,
         acting: &[u32],
@@ -1115,7 +1120,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// (`OsdReport::log_delta_misses`; the simulator requires none).
     fn check_log_delta(
         &self,
-        pg: u32,
+        pg: PgId,
         c: u32,
         named: &[ObjectId],
         auth: &BTreeMap<ObjectId, u64>,
@@ -1142,7 +1147,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub(crate) async fn fetch(
         self: &Rc<Self>,
         from: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oid: ObjectId,
         version: u64,
@@ -1162,7 +1167,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// rewritten with it.
     pub(crate) async fn fetch_elsewhere(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oid: ObjectId,
         version: u64,
@@ -1191,7 +1196,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub(crate) async fn fetch_copy(
         self: &Rc<Self>,
         from: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oid: ObjectId,
         version: u64,
@@ -1209,7 +1214,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             };
         }
         let mut h = Header::request(Op::Pull, 0, oid);
-        h.pg = pg;
+        h = h.with_pg(pg);
         h.epoch = epoch;
         h.sender = self.id;
         let f = (self.call_osd(from, h, None).await).map_err(|e| (Retry(e), false))?;
@@ -1230,7 +1235,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub(crate) async fn push(
         self: &Rc<Self>,
         to: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oid: ObjectId,
         version: u64,
@@ -1246,7 +1251,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             if let Some(d) = data {
                 h = h.with_payload(d);
             }
-            h.pg = pg;
+            h = h.with_pg(pg);
             h.epoch = epoch;
             h.sender = self.id;
             h.obj_version = version;
@@ -1276,7 +1281,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// at a new version of `epoch`: what undoes a divergent write.
     pub(crate) async fn rewrite(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         acting: &[u32],
         oid: ObjectId,
@@ -1290,7 +1295,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .ok_or_else(|| Inactive(format!("no version left for PG {pg} in epoch {epoch}")))?;
         let bb = self.store.block_bytes();
         let entry = LogEntry {
-            pg: pg_key(self.map.borrow().pgmap.pool, pg),
+            pg: pg.key(),
             version,
             oid,
             op: if data.is_some() {
@@ -1316,7 +1321,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             sub = sub.with_payload(d);
             sub.length = bb;
         }
-        sub.pg = pg;
+        sub = sub.with_pg(pg);
         sub.epoch = epoch;
         sub.obj_version = version;
         sub.sender = self.id;
@@ -1335,6 +1340,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Block `b` of a volume of pool 1.
+    fn obj(b: u64) -> ObjectId {
+        ObjectId {
+            volume: nacre_types::VolumeId::new(1, 1),
+            block: b,
+        }
+    }
+
+    fn pg(pg: u32) -> PgId {
+        PgId::new(1, pg)
+    }
 
     fn entry(pg: u64, version: u64, oid: ObjectId) -> LogEntry {
         LogEntry {
@@ -1355,21 +1372,21 @@ mod tests {
     fn pg_info_roundtrips_and_refuses_what_is_not_its_pg() {
         let count = 8;
         let oid = (0..)
-            .map(|b| ObjectId::new(1, b))
-            .find(|o| pg_of(*o, count) == 3)
+            .map(obj)
+            .find(|o| PgId::of(*o, count) == pg(3))
             .unwrap();
         let other = (0..)
-            .map(|b| ObjectId::new(1, b))
-            .find(|o| pg_of(*o, count) != 3)
+            .map(obj)
+            .find(|o| PgId::of(*o, count) != pg(3))
             .unwrap();
-        let key = pg_key(1, 3);
+        let key = pg(3).key();
         let mut info = PgInfo::default();
         info.log.tail = 4;
         info.log.recovering = true;
         info.log.entries.insert(9, entry(key, 9, oid));
         info.objects.insert(oid, 9);
         let b = info.encode();
-        let back = PgInfo::decode(&b, key, 3, count).unwrap();
+        let back = PgInfo::decode(&b, pg(3), count).unwrap();
         assert_eq!(
             (back.log, back.objects),
             (info.log.clone(), info.objects.clone())
@@ -1378,26 +1395,26 @@ mod tests {
         for at in [16, 20] {
             let mut bad = b.clone();
             bad[at] = 2;
-            assert!(PgInfo::decode(&bad, key, 3, count).is_err());
+            assert!(PgInfo::decode(&bad, pg(3), count).is_err());
         }
         // Short, long, and counts that do not match the length.
-        assert!(PgInfo::decode(&b[..10], key, 3, count).is_err());
-        assert!(PgInfo::decode(&b[..b.len() - 1], key, 3, count).is_err());
+        assert!(PgInfo::decode(&b[..10], pg(3), count).is_err());
+        assert!(PgInfo::decode(&b[..b.len() - 1], pg(3), count).is_err());
         let mut more = b.clone();
         more.push(0);
-        assert!(PgInfo::decode(&more, key, 3, count).is_err());
+        assert!(PgInfo::decode(&more, pg(3), count).is_err());
         // An entry of another PG, or at or below the tail.
-        assert!(PgInfo::decode(&b, pg_key(1, 4), 3, count).is_err());
+        assert!(PgInfo::decode(&b, pg(4), count).is_err());
         let mut old = info.clone();
         old.log.entries = [(3, entry(key, 3, oid))].into();
-        assert!(PgInfo::decode(&old.encode(), key, 3, count).is_err());
+        assert!(PgInfo::decode(&old.encode(), pg(3), count).is_err());
         // An object of another PG, or at version 0.
         let mut foreign = info.clone();
         foreign.objects.insert(other, 5);
-        assert!(PgInfo::decode(&foreign.encode(), key, 3, count).is_err());
+        assert!(PgInfo::decode(&foreign.encode(), pg(3), count).is_err());
         let mut zero = info;
         zero.objects.insert(oid, 0);
-        assert!(PgInfo::decode(&zero.encode(), key, 3, count).is_err());
+        assert!(PgInfo::decode(&zero.encode(), pg(3), count).is_err());
     }
 
     /// A copy's log is made the authoritative one: what it holds above
@@ -1408,10 +1425,10 @@ mod tests {
     fn log_sync_makes_a_copy_the_authoritative_log_and_refuses_bad_input() {
         let count = 8;
         let oid = (0..)
-            .map(|b| ObjectId::new(1, b))
-            .find(|o| pg_of(*o, count) == 3)
+            .map(obj)
+            .find(|o| PgId::of(*o, count) == pg(3))
             .unwrap();
-        let key = pg_key(1, 3);
+        let key = pg(3).key();
         let e = |v: u64| entry(key, (2 << 32) | v, oid);
         let log = |tail: u64, vs: &[u64]| PgLog {
             entries: vs.iter().map(|&v| (e(v).version, e(v))).collect(),
@@ -1436,40 +1453,40 @@ mod tests {
         assert_eq!((sync.tail, sync.unmark), (e(2).version, true));
         assert!(LogSync::between(&auth, &auth).is_empty());
         let b = sync.encode();
-        assert_eq!(LogSync::decode(&b, key, 3, count, 2).unwrap(), sync);
+        assert_eq!(LogSync::decode(&b, pg(3), count, 2).unwrap(), sync);
         // Short, long, from a later epoch, of another PG, version 0, out
         // of order.
-        assert!(LogSync::decode(&b[..19], key, 3, count, 2).is_err());
+        assert!(LogSync::decode(&b[..19], pg(3), count, 2).is_err());
         let mut flags = b.clone();
         flags[8] = 2;
-        assert!(LogSync::decode(&flags, key, 3, count, 2).is_err());
+        assert!(LogSync::decode(&flags, pg(3), count, 2).is_err());
         let late = LogSync {
             tail: 3 << 32,
             ..LogSync::default()
         };
-        assert!(LogSync::decode(&late.encode(), key, 3, count, 2).is_err());
+        assert!(LogSync::decode(&late.encode(), pg(3), count, 2).is_err());
         // A mark goes alone.
         let mark = LogSync::mark();
         assert!(!mark.is_empty());
-        assert_eq!(LogSync::decode(&mark.encode(), key, 3, count, 2), Ok(mark));
+        assert_eq!(LogSync::decode(&mark.encode(), pg(3), count, 2), Ok(mark));
         let mixed = LogSync {
             mark: true,
             ..sync.clone()
         };
-        assert!(LogSync::decode(&mixed.encode(), key, 3, count, 2).is_err());
-        assert!(LogSync::decode(&b[..b.len() - 1], key, 3, count, 2).is_err());
-        assert!(LogSync::decode(&b, key, 3, count, 1).is_err());
-        assert!(LogSync::decode(&b, pg_key(1, 4), 3, count, 2).is_err());
+        assert!(LogSync::decode(&mixed.encode(), pg(3), count, 2).is_err());
+        assert!(LogSync::decode(&b[..b.len() - 1], pg(3), count, 2).is_err());
+        assert!(LogSync::decode(&b, pg(3), count, 1).is_err());
+        assert!(LogSync::decode(&b, pg(4), count, 2).is_err());
         let zero = LogSync {
             forget: vec![0],
             ..LogSync::default()
         };
-        assert!(LogSync::decode(&zero.encode(), key, 3, count, 2).is_err());
+        assert!(LogSync::decode(&zero.encode(), pg(3), count, 2).is_err());
         let unordered = LogSync {
             adopt: vec![e(6), e(5)],
             ..LogSync::default()
         };
-        assert!(LogSync::decode(&unordered.encode(), key, 3, count, 2).is_err());
+        assert!(LogSync::decode(&unordered.encode(), pg(3), count, 2).is_err());
     }
 
     /// A query asks for a listing, the log, or versions of objects of its
@@ -1477,24 +1494,24 @@ mod tests {
     #[test]
     fn queries_name_what_they_ask_and_only_objects_of_their_pg() {
         let count = 8;
-        let of = |pg: u32| -> Vec<ObjectId> {
+        let of = |pg: PgId| -> Vec<ObjectId> {
             (0..)
-                .map(|b| ObjectId::new(1, b))
-                .filter(|o| pg_of(*o, count) == pg)
+                .map(obj)
+                .filter(|o| PgId::of(*o, count) == pg)
                 .take(3)
                 .collect()
         };
-        for ask in [Ask::Listing, Ask::Log, Ask::Versions(of(3))] {
+        for ask in [Ask::Listing, Ask::Log, Ask::Versions(of(pg(3)))] {
             let b = ask.payload().unwrap_or_default();
-            assert_eq!(Ask::decode(ask.code(), &b, 3, count), Ok(ask));
+            assert_eq!(Ask::decode(ask.code(), &b, pg(3), count), Ok(ask));
         }
-        let mut mixed = of(3);
-        mixed.push(of(4)[0]);
+        let mut mixed = of(pg(3));
+        mixed.push(of(pg(4))[0]);
         let b = Ask::Versions(mixed).payload().unwrap();
-        assert!(Ask::decode(Ask::VERSIONS, &b, 3, count).is_err());
-        assert!(Ask::decode(Ask::VERSIONS, &b[..15], 3, count).is_err());
-        assert!(Ask::decode(Ask::LOG, &b, 3, count).is_err());
-        assert!(Ask::decode(3, &[], 3, count).is_err());
+        assert!(Ask::decode(Ask::VERSIONS, &b, pg(3), count).is_err());
+        assert!(Ask::decode(Ask::VERSIONS, &b[..15], pg(3), count).is_err());
+        assert!(Ask::decode(Ask::LOG, &b, pg(3), count).is_err());
+        assert!(Ask::decode(3, &[], pg(3), count).is_err());
     }
 
     /// The objects two logs may disagree on: those of every entry one

@@ -34,7 +34,7 @@ use std::time::Duration;
 use nacre_blockstore::{LogEntry, LogOp, PgLog};
 use nacre_io::{rt, BlockDev};
 use nacre_net::Transport;
-use nacre_types::ObjectId;
+use nacre_types::{ObjectId, PgId};
 
 use crate::peering::{divergent, LogSync, PeerError};
 use crate::{Osd, PgEvent, PgState};
@@ -210,13 +210,13 @@ fn log_last_entry(log: &PgLog, oid: ObjectId) -> Option<&LogEntry> {
 
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// Whether PG `pg` has copies left to recover in the current epoch.
-    pub fn pg_recovering(&self, pg: u32) -> bool {
+    pub fn pg_recovering(&self, pg: PgId) -> bool {
         let e = self.epoch();
         (self.recovery.borrow().get(&pg)).is_some_and(|r| r.epoch == e && !r.left.is_empty())
     }
 
     /// How many members of PG `pg` are still being recovered.
-    pub(crate) fn incomplete_members(&self, pg: u32) -> usize {
+    pub(crate) fn incomplete_members(&self, pg: PgId) -> usize {
         let e = self.epoch();
         (self.recovery.borrow().get(&pg))
             .filter(|r| r.epoch == e)
@@ -224,7 +224,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Object copies left to recover in PG `pg`, and at the start.
-    pub(crate) fn recovery_progress(&self, pg: u32) -> Option<(usize, usize)> {
+    pub(crate) fn recovery_progress(&self, pg: PgId) -> Option<(usize, usize)> {
         let e = self.epoch();
         (self.recovery.borrow().get(&pg))
             .filter(|r| r.epoch == e && !r.left.is_empty())
@@ -240,7 +240,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// Whether a client op on `oid` must wait for its recovery: it is in
     /// PG `pg`'s plan, for this copy (`mine`: a read needs only the
     /// primary's own copy) or for any.
-    pub(crate) fn must_recover(&self, pg: u32, epoch: u64, oid: ObjectId, mine: bool) -> bool {
+    pub(crate) fn must_recover(&self, pg: PgId, epoch: u64, oid: ObjectId, mine: bool) -> bool {
         (self.recovery.borrow().get(&pg))
             .filter(|r| r.epoch == epoch)
             .and_then(|r| r.wants.get(&oid))
@@ -251,7 +251,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// were purged everywhere: there is nothing left to bring over), then
     /// gives the copies that now lack nothing the authoritative log.
     pub(crate) async fn forget_volume(self: &Rc<Self>, volume: u64) {
-        let pgs: Vec<(u32, u64)> = {
+        let pgs: Vec<(PgId, u64)> = {
             let mut all = self.recovery.borrow_mut();
             let mut touched = Vec::new();
             for (&pg, r) in all.iter_mut() {
@@ -284,7 +284,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// object's lock); what the op answers if it cannot.
     pub(crate) async fn recover_for_op(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oid: ObjectId,
     ) -> Result<(), nacre_wire::Status> {
@@ -309,7 +309,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// holds `oid`'s lock.
     async fn recover_one(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oid: ObjectId,
     ) -> Result<(), PeerError> {
@@ -357,7 +357,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Gives every copy of PG `pg` that lacks no object any more the
     /// authoritative log, and tells the leader it is complete.
-    async fn sync_recovered(self: &Rc<Self>, pg: u32, epoch: u64) -> Result<(), PeerError> {
+    async fn sync_recovered(self: &Rc<Self>, pg: PgId, epoch: u64) -> Result<(), PeerError> {
         loop {
             let next = {
                 let r = self.recovery.borrow();
@@ -387,7 +387,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// at each try) until it is heard or the epoch ends: the leader drops
     /// a moving PG's temporary members only once it knows the new ones
     /// complete, and nothing else would tell it.
-    async fn report_recovered(self: &Rc<Self>, pg: u32, epoch: u64) {
+    async fn report_recovered(self: &Rc<Self>, pg: PgId, epoch: u64) {
         let Err(why) = self.try_report_recovered(pg, epoch).await else {
             return;
         };
@@ -411,7 +411,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         });
     }
 
-    async fn try_report_recovered(&self, pg: u32, epoch: u64) -> Result<(), String> {
+    async fn try_report_recovered(&self, pg: PgId, epoch: u64) -> Result<(), String> {
         let incomplete: Vec<u32> = {
             let r = self.recovery.borrow();
             match r.get(&pg).filter(|r| r.epoch == epoch) {
@@ -419,14 +419,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 None => return Ok(()),
             }
         };
-        let clean = incomplete.is_empty() && self.map.borrow().pgmap.whole(pg);
+        let clean = incomplete.is_empty() && self.map.borrow().whole(pg);
         self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
             .await
     }
 
     /// Complete copies of PG `pg` in `r`'s plan: its acting members but
     /// those still being recovered.
-    fn complete_copies(&self, pg: u32, r: &Recovery) -> usize {
+    fn complete_copies(&self, pg: PgId, r: &Recovery) -> usize {
         (self.map.borrow().acting(pg).len()).saturating_sub(r.left.len())
     }
 
@@ -436,7 +436,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// with all of its copies (§8.3), one with a single complete copy
     /// before one with two. (The fewest is recomputed at most every
     /// `RECOVERY_YIELD`: every PG step would otherwise walk every PG.)
-    fn outranked(&self, pg: u32) -> bool {
+    fn outranked(&self, pg: PgId) -> bool {
         let e = self.epoch();
         let now = rt::monotonic();
         let (at, epoch, _) = self.recovery_floor.get();
@@ -462,7 +462,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Recovers PG `pg`'s plan of `epoch` in the background, paced, until
     /// it is done, the epoch ends or the PG stops.
-    pub(crate) async fn recover_pg(self: Rc<Self>, pg: u32, epoch: u64) {
+    pub(crate) async fn recover_pg(self: Rc<Self>, pg: PgId, epoch: u64) {
         let bb = u64::from(self.store.block_bytes());
         let mut backoff = RECOVERY_RETRY;
         loop {

@@ -39,11 +39,11 @@ use std::time::Duration;
 use nacre_blockstore::LogOp;
 use nacre_io::{rt, AlignedBuf, BlockDev};
 use nacre_net::Transport;
-use nacre_types::{crc32c, pg_of, ObjectId};
+use nacre_types::{crc32c, ObjectId, PgId};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 use serde::{Deserialize, Serialize};
 
-use crate::{pg_key, Osd, PgState};
+use crate::{Osd, PgState};
 
 /// `Op::Scrub` kinds (in `length`).
 const LIST: u32 = 0;
@@ -100,7 +100,7 @@ impl Default for ScrubConfig {
 /// What one scrub of a PG found (the answer to an admin's `Op::Scrub`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScrubReport {
-    pub pg: u32,
+    pub pg: PgId,
     pub deep: bool,
     pub epoch: u64,
     /// The copies compared (the acting set, primary first).
@@ -384,22 +384,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// The PG being scrubbed now, and whether deeply.
-    pub fn scrubbing(&self) -> Option<(u32, bool)> {
+    pub fn scrubbing(&self) -> Option<(PgId, bool)> {
         self.scrubbing.get()
     }
 
     /// Whether PG `pg`, of which this OSD is primary, is active+clean in
     /// the current epoch: active, every member of the placement up and
     /// complete, nothing left to recover.
-    pub(crate) fn is_clean(&self, pg: u32) -> bool {
+    pub(crate) fn is_clean(&self, pg: PgId) -> bool {
         matches!(self.pgs.borrow().get(&pg), Some(PgState::Active))
             && self.recovery_progress(pg).is_none()
-            && self.map.borrow().pgmap.whole(pg)
+            && self.map.borrow().whole(pg)
     }
 
     /// Scrubs PG `pg` (this OSD must be its primary), after any scrub
     /// running here; what it found.
-    pub async fn scrub_pg(self: &Rc<Self>, pg: u32, deep: bool) -> ScrubReport {
+    pub async fn scrub_pg(self: &Rc<Self>, pg: PgId, deep: bool) -> ScrubReport {
         while self.scrubbing.get().is_some() {
             self.scrub_idle.wait().await;
         }
@@ -449,7 +449,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// `Op::Scrub` `SCRUB_REPORT` answers with its report once it is done.
     /// One already queued or running for the PG (as deep) takes the ask
     /// instead; `None` when too many wait.
-    fn scrub_ask(self: &Rc<Self>, pg: u32, deep: bool) -> Option<u64> {
+    fn scrub_ask(self: &Rc<Self>, pg: PgId, deep: bool) -> Option<u64> {
         let mut asked = self.scrub_asked.borrow_mut();
         if let Some(a) = asked.iter().find(|a| a.1 == pg && (a.2 || !deep)) {
             return Some(a.0);
@@ -474,7 +474,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Why PG `pg` cannot be scrubbed (on) in `epoch`, if it cannot.
-    fn scrub_blocked(&self, pg: u32, epoch: u64) -> Result<(), String> {
+    fn scrub_blocked(&self, pg: PgId, epoch: u64) -> Result<(), String> {
         if self.halted.get() {
             return Err("the OSD is stopping".into());
         }
@@ -489,7 +489,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     async fn scrub_walk(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         deep: bool,
         r: &mut ScrubReport,
     ) -> Result<(), String> {
@@ -541,7 +541,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// repairs those that differ; the bytes read.
     async fn scrub_chunk(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         acting: &[u32],
         oids: &[ObjectId],
@@ -639,7 +639,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// [`Verdict::Repair`]), only those copies, in place.
     async fn scrub_repair(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         acting: &[u32],
         oid: ObjectId,
@@ -699,7 +699,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     async fn scrub_mend_on(
         &self,
         o: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oid: ObjectId,
         version: u64,
@@ -736,10 +736,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// The request for a scrub step on another member.
-    fn scrub_header(&self, kind: u32, pg: u32, epoch: u64, oid: ObjectId) -> Header {
+    fn scrub_header(&self, kind: u32, pg: PgId, epoch: u64, oid: ObjectId) -> Header {
         let mut h = Header::request(Op::Scrub, 0, oid);
         h.length = kind;
-        h.pg = pg;
+        h = h.with_pg(pg);
         h.epoch = epoch;
         h.sender = self.id;
         h
@@ -750,7 +750,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     async fn scrub_list_on(
         &self,
         m: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         after: Option<ObjectId>,
     ) -> Result<(Vec<ObjectId>, bool), String> {
@@ -764,7 +764,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Err(format!("osd.{m} listing PG {pg}: {:?}", f.h.status));
         }
         let b = f.payload.as_deref().unwrap_or(&[]);
-        let count = self.map.borrow().pgmap.pg_count();
+        let count = self.map.borrow().pg_count(pg.pool);
         let bad = |why: String| Err(format!("osd.{m} listing PG {pg}: {why}"));
         if !b.len().is_multiple_of(16) || b.len() / 16 > LIST_PAGE {
             return bad(format!("{} bytes", b.len()));
@@ -772,7 +772,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let oids = decode_oids(b);
         let mut prev = after;
         for &o in &oids {
-            if pg_of(o, count) != pg || prev.is_some_and(|p| o <= p) {
+            if PgId::of(o, count) != pg || prev.is_some_and(|p| o <= p) {
                 return bad(format!("{o} out of place"));
             }
             prev = Some(o);
@@ -789,7 +789,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     async fn scrub_check_on(
         self: Rc<Self>,
         m: u32,
-        pg: u32,
+        pg: PgId,
         epoch: u64,
         oids: Vec<ObjectId>,
         deep: bool,
@@ -826,14 +826,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// This copy's objects of PG `pg` (and those its log names) after
     /// `after`, a page of them, and whether more follow.
-    fn scrub_list(&self, pg: u32, after: Option<ObjectId>) -> (Vec<ObjectId>, bool) {
-        let (key, count) = {
-            let m = self.map.borrow();
-            (pg_key(m.pgmap.pool, pg), m.pgmap.pg_count())
-        };
+    fn scrub_list(&self, pg: PgId, after: Option<ObjectId>) -> (Vec<ObjectId>, bool) {
+        let (key, count) = (pg.key(), self.map.borrow().pg_count(pg.pool));
         let mut all: BTreeSet<ObjectId> = (self.store.list().into_iter())
             .map(|(o, _)| o)
-            .filter(|&o| pg_of(o, count) == pg && after.is_none_or(|a| o > a))
+            .filter(|&o| PgId::of(o, count) == pg && after.is_none_or(|a| o > a))
             .collect();
         if let Some(log) = self.store.pg_log(key) {
             all.extend(
@@ -850,11 +847,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// whole), and its log's floor.
     async fn scrub_check(
         self: &Rc<Self>,
-        pg: u32,
+        pg: PgId,
         oids: &[ObjectId],
         deep: bool,
     ) -> (u64, Vec<Seen>) {
-        let key = pg_key(self.map.borrow().pgmap.pool, pg);
+        let key = pg.key();
         let log = self.store.pg_log(key).unwrap_or_default();
         // Entries are in version order: the last one of an object is its
         // newest.
@@ -903,7 +900,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         h: &Header,
         payload: Option<AlignedBuf>,
     ) -> (Header, Option<AlignedBuf>) {
-        let count = self.map.borrow().pgmap.pg_count();
+        let count = self.map.borrow().pg_count(h.pool);
         let refuse = |s: Status| {
             let mut r = h.reply(s);
             r.epoch = self.epoch();
@@ -918,10 +915,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 if h.sender != SENDER_CLIENT || !b.is_empty() {
                     return refuse(Status::Invalid);
                 }
-                if !self.pgs.borrow().contains_key(&h.pg) {
+                if !self.pgs.borrow().contains_key(&h.pg_id()) {
                     return refuse(Status::NotPrimary);
                 }
-                match self.scrub_ask(h.pg, h.length == START_DEEP) {
+                match self.scrub_ask(h.pg_id(), h.length == START_DEEP) {
                     Some(ticket) => {
                         let mut r = h.reply(Status::Ok);
                         r.obj_version = ticket;
@@ -954,7 +951,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 }
                 if h.length == MEND {
                     let whole = b.len() == self.store.block_bytes() as usize;
-                    if !whole || pg_of(h.oid, count) != h.pg {
+                    if !whole || PgId::of(h.oid, count) != h.pg_id() {
                         return refuse(Status::Invalid);
                     }
                     let d = AlignedBuf::from_slice(b);
@@ -968,7 +965,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                         return refuse(Status::Invalid);
                     }
                     let after = (h.offset == 1).then_some(h.oid);
-                    let (oids, more) = self.scrub_list(h.pg, after);
+                    let (oids, more) = self.scrub_list(h.pg_id(), after);
                     let body = encode_oids(&oids);
                     let mut r = h.reply(Status::Ok).with_payload(&body);
                     r.obj_version = u64::from(more);
@@ -983,10 +980,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     return refuse(Status::Invalid);
                 }
                 let oids = decode_oids(b);
-                if oids.iter().any(|&o| pg_of(o, count) != h.pg) {
+                if oids.iter().any(|&o| PgId::of(o, count) != h.pg_id()) {
                     return refuse(Status::Invalid);
                 }
-                let (tail, seen) = self.scrub_check(h.pg, &oids, h.length == CHECK_DEEP).await;
+                let (tail, seen) = self
+                    .scrub_check(h.pg_id(), &oids, h.length == CHECK_DEEP)
+                    .await;
                 let mut body = Vec::with_capacity(8 + seen.len() * SEEN_BYTES);
                 body.extend_from_slice(&tail.to_le_bytes());
                 for s in &seen {
@@ -1038,12 +1037,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// The clean PG most overdue for a scrub, deep ones first.
-    fn scrub_next_due(&self) -> Option<(u32, bool)> {
+    fn scrub_next_due(&self) -> Option<(PgId, bool)> {
         let cfg = self.scrub_cfg.get();
         let now = rt::monotonic();
-        let pgs: Vec<u32> = self.pgs.borrow().keys().copied().collect();
+        let pgs: Vec<PgId> = self.pgs.borrow().keys().copied().collect();
         let mut due = self.scrub_due.borrow_mut();
-        let mut best: Option<(bool, Duration, u32)> = None;
+        let mut best: Option<(bool, Duration, PgId)> = None;
         for pg in pgs {
             if !self.is_clean(pg) {
                 continue;
@@ -1051,7 +1050,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             // First due somewhere in the interval, the same place for a
             // PG on every start of this OSD.
             let spread = |i: Duration| {
-                let h = crc32c(&[self.id.to_le_bytes(), pg.to_le_bytes()].concat());
+                let h = crc32c(&[&self.id.to_le_bytes()[..], &pg.key().to_le_bytes()].concat());
                 i.mul_f64(f64::from(h % 1000) / 1000.0)
             };
             let d = *due

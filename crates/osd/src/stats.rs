@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use nacre_blockstore::Store;
 use nacre_io::BlockDev;
-use nacre_types::ObjectId;
+use nacre_types::{ObjectId, PgId};
 use serde::{Deserialize, Serialize};
 
 use crate::scrub::ScrubReport;
@@ -71,7 +71,7 @@ pub struct OsdStats {
     scrub_unrepaired: Cell<u64>,
     last_scrub_finding: RefCell<Option<String>>,
     /// PGs whose last scrub left objects unrepaired, with how many.
-    scrub_unrepaired_pgs: RefCell<BTreeMap<u32, u64>>,
+    scrub_unrepaired_pgs: RefCell<BTreeMap<PgId, u64>>,
 }
 
 /// What `Op::Stat` answers (JSON).
@@ -183,11 +183,11 @@ pub struct OsdReport {
     pub scrub_unrepaired: u64,
     #[serde(default)]
     pub last_scrub_finding: Option<String>,
-    /// PGs whose last scrub left objects unrepaired (`[pg, objects]`, at
-    /// most [`PG_REPORT_MAX`]).
+    /// PGs whose last scrub left objects unrepaired (`["1.5", objects]`,
+    /// at most [`PG_REPORT_MAX`]).
     #[serde(default)]
-    pub pgs_scrub_unrepaired: Vec<[u64; 2]>,
-    /// The PG being scrubbed now, e.g. `5` or `5 deep`.
+    pub pgs_scrub_unrepaired: Vec<(PgId, u64)>,
+    /// The PG being scrubbed now, e.g. `1.5` or `1.5 deep`.
     #[serde(default)]
     pub scrubbing: Option<String>,
     /// The used fractions at which this OSD is near full and full.
@@ -218,7 +218,7 @@ pub const PG_REPORT_MAX: usize = 32;
 /// One PG as its primary sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PgReport {
-    pub pg: u32,
+    pub pg: PgId,
     /// `active+clean`, `active+degraded` (fewer than `size` copies up),
     /// `active+recovering` (some copies lack objects; served meanwhile),
     /// `active+remapped+backfilling` (moving to the OSDs placement gives
@@ -435,7 +435,7 @@ impl OsdStats {
             last_scrub_finding: self.last_scrub_finding.borrow().clone(),
             pgs_scrub_unrepaired: (self.scrub_unrepaired_pgs.borrow().iter())
                 .take(PG_REPORT_MAX)
-                .map(|(&pg, &n)| [u64::from(pg), n])
+                .map(|(&pg, &n)| (pg, n))
                 .collect(),
             ..OsdReport::default()
         }

@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use nacre_io::{rt, BlockDev};
 use nacre_net::{Rpc, Transport};
-use nacre_types::{pg_of, ObjectId};
+use nacre_types::{ObjectId, PgId};
 use nacre_wire::{Header, Op, Status};
 
-use crate::{pg_key, Osd};
+use crate::Osd;
 
 /// How often an OSD looks for stray copies to delete, while the map keeps
 /// changing or strays are left.
@@ -61,21 +61,19 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// The PGs of which this OSD holds objects or a log but is not in the
     /// acting set, with their objects, in the current epoch.
-    fn strays(&self) -> Vec<(u32, Vec<ObjectId>)> {
+    /// Objects and logs of pools the map does not have are left alone.
+    fn strays(&self) -> Vec<(PgId, Vec<ObjectId>)> {
         let m = self.map.borrow();
-        let pgs = m.pgmap.pg_count();
-        let pool = m.pgmap.pool;
-        let stray = |pg: u32| !m.pgmap.assigned(pg, self.id);
-        let mut out: std::collections::BTreeMap<u32, Vec<ObjectId>> = Default::default();
+        let stray = |pg: PgId| m.has(pg) && !m.assigned(pg, self.id);
+        let mut out: std::collections::BTreeMap<PgId, Vec<ObjectId>> = Default::default();
         for key in self.store.pg_logs() {
-            let pg = (key & 0xffff_ffff) as u32;
-            if key >> 32 == u64::from(pool) && pg < pgs && stray(pg) {
+            let pg = PgId::from_key(key);
+            if stray(pg) {
                 out.entry(pg).or_default();
             }
         }
         for (oid, _) in self.store.list() {
-            let pg = pg_of(oid, pgs);
-            if stray(pg) {
+            if let Some(pg) = m.pg_of(oid).filter(|pg| stray(*pg)) {
                 out.entry(pg).or_default().push(oid);
             }
         }
@@ -99,7 +97,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             };
             let mut h = Header::request(Op::PgClean, 0, ObjectId::default());
             h.epoch = epoch;
-            h.pg = pg;
+            h = h.with_pg(pg);
             h.sender = self.id;
             let clean = match self.conn(primary) {
                 Ok(c) => c
@@ -116,17 +114,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Whether placement or a temporary membership gives PG `pg` to this
     /// OSD (again).
-    fn member(&self, pg: u32) -> bool {
-        self.map.borrow().pgmap.assigned(pg, self.id)
+    fn member(&self, pg: PgId) -> bool {
+        self.map.borrow().assigned(pg, self.id)
     }
 
-    async fn remove_stray(self: &Rc<Self>, pg: u32, objects: Vec<ObjectId>) {
+    async fn remove_stray(self: &Rc<Self>, pg: PgId, objects: Vec<ObjectId>) {
         if self.member(pg) || !self.removing.borrow_mut().insert(pg) {
             return;
         }
-        let pool = self.map.borrow().pgmap.pool;
         let n = objects.len();
-        let key = pg_key(pool, pg);
+        let key = pg.key();
         // In flight for the PG, like an op of this epoch: if the PG comes
         // back here, its peering waits for the deletes under way before it
         // lists this copy (one landing after the listing would leave the
@@ -192,22 +189,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// `Op::PgClean` from a stray: whether PG `h.pg` is active+clean in
+    /// `Op::PgClean` from a stray: whether the PG it names is active+clean in
     /// `h.epoch` with this OSD as its primary (`Ok`), so the stray's copy
     /// is no longer needed.
     pub(crate) fn answer_pg_clean(&self, h: &Header) -> Status {
         let m = self.map.borrow();
-        if h.pg >= m.pgmap.pg_count() || m.pgmap.assigned(h.pg, h.sender) {
+        if !m.has(h.pg_id()) || m.assigned(h.pg_id(), h.sender) {
             return Status::Invalid;
         }
         if h.epoch != m.epoch() {
             return Status::StaleEpoch;
         }
-        if m.primary(h.pg) != Some(self.id) {
+        if m.primary(h.pg_id()) != Some(self.id) {
             return Status::NotPrimary;
         }
         drop(m);
-        if self.is_clean(h.pg) {
+        if self.is_clean(h.pg_id()) {
             Status::Ok
         } else {
             Status::Unavailable

@@ -11,15 +11,15 @@ use nacre_meta::embedded::Embedded;
 use nacre_meta::map::{self, OsdRecord, PoolRecord};
 use nacre_net::{Conn, Frame, Handler, Sockets};
 use nacre_osd::leader::Leader;
-use nacre_osd::{pg_key, Osd, OsdConfig, OsdMap, PgState};
-use nacre_types::{pg_of, ObjectId};
+use nacre_osd::{Osd, OsdConfig, OsdMap, PgState};
+use nacre_types::{ObjectId, PgId, VolumeId};
 use nacre_wire::{Header, Op, Status};
 
-fn write_header(oid: ObjectId, pg: u32, request_id: u64, data: &[u8], epoch: u64) -> Header {
+fn write_header(oid: ObjectId, pg: PgId, request_id: u64, data: &[u8], epoch: u64) -> Header {
     let mut h = Header::request(Op::Write, request_id, oid).with_payload(data);
     h.length = data.len() as u32;
     h.epoch = epoch;
-    h.pg = pg;
+    h = h.with_pg(pg);
     h.client = 42;
     h
 }
@@ -29,7 +29,7 @@ fn write_header(oid: ObjectId, pg: u32, request_id: u64, data: &[u8], epoch: u64
 struct Setup {
     osds: Vec<OsdRecord>,
     pool: PoolRecord,
-    pgmap: map::PgMap,
+    table: map::PgTable,
     addrs: HashMap<u32, Addr>,
 }
 
@@ -42,7 +42,7 @@ fn setup(d: &std::path::Path) -> Setup {
         .collect();
     let pool = PoolRecord::rbd(3, 2, 8, 64 << 10);
     let meta = Embedded::open(&d.join("meta")).unwrap();
-    let pgmap = map::init(&*meta, &osds, &pool).unwrap();
+    let table = map::init(&*meta, &osds, &pool).unwrap();
     let addrs = osds
         .iter()
         .map(|o| (o.id, o.addr.parse().unwrap()))
@@ -50,9 +50,22 @@ fn setup(d: &std::path::Path) -> Setup {
     Setup {
         osds,
         pool,
-        pgmap,
+        table,
         addrs,
     }
+}
+
+/// Block `b` of a volume of pool 1.
+fn obj(b: u64) -> ObjectId {
+    ObjectId {
+        volume: VolumeId::new(1, 9),
+        block: b,
+    }
+}
+
+/// PG `pg`'s acting set with every OSD up.
+fn acting_of(t: &map::PgTable, pg: PgId) -> Vec<u32> {
+    t.acting(pg.pg, &[])
 }
 
 fn leader_addr(d: &std::path::Path) -> Addr {
@@ -71,12 +84,22 @@ fn start_leader_with(
     persist: nacre_osd::leader::Persist,
 ) -> Rc<Leader<Sockets>> {
     let map = OsdMap {
-        pgmap: s.pgmap.clone(),
-        min_size: s.pool.min_size,
+        cluster: map::ClusterState {
+            epoch: 1,
+            ..Default::default()
+        },
+        pools: [(
+            s.pool.id,
+            map::PoolState {
+                record: s.pool.clone(),
+                table: s.table.clone(),
+                last_active: Default::default(),
+            },
+        )]
+        .into(),
         addrs: (s.addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
         up_from: Default::default(),
         stores: Default::default(),
-        last_active: Default::default(),
         full: Default::default(),
     };
     let leader = Leader::new(map, Sockets, persist).unwrap();
@@ -115,7 +138,7 @@ async fn start_osds(d: &std::path::Path, s: &Setup) -> Vec<(Rc<Osd>, nacre_osd::
 }
 
 /// Waits until `osd` serves PG `pg` in the leader's epoch; that epoch.
-async fn active(leader: &Leader<Sockets>, osd: &Osd, pg: u32) -> u64 {
+async fn active(leader: &Leader<Sockets>, osd: &Osd, pg: PgId) -> u64 {
     for _ in 0..500 {
         let e = leader.map().epoch();
         if osd.epoch() == e && osd.pg_state(pg) == Some(PgState::Active) {
@@ -134,7 +157,7 @@ async fn active(leader: &Leader<Sockets>, osd: &Osd, pg: u32) -> u64 {
 fn primary_orders_replicates_and_refuses_what_it_must() {
     let d = tempfile::tempdir().unwrap();
     let st = setup(d.path());
-    let (pool, pgmap, addrs) = (&st.pool, &st.pgmap, &st.addrs);
+    let (pool, table, addrs) = (&st.pool, &st.table, &st.addrs);
     rt::block_on(async {
         let leader = start_leader(d.path(), &st);
         let mut running: Vec<Rc<Osd>> = Vec::new();
@@ -144,9 +167,9 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
             serving.push(srv);
             running.push(osd);
         }
-        let oid = ObjectId::new(9, 3);
-        let pg = pg_of(oid, pool.pg_count);
-        let acting = pgmap.acting(pg);
+        let oid = obj(3);
+        let pg = PgId::of(oid, pool.pg_count);
+        let acting = acting_of(table, pg);
         let e = active(&leader, &running[acting[0] as usize], pg).await;
         let primary = Conn::connect(&addrs[&acting[0]]).unwrap();
         let replica = Conn::connect(&addrs[&acting[1]]).unwrap();
@@ -175,10 +198,7 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
                 "osd.{id}"
             );
             // ... and both entries in its PG log, with the client's request
-            let log = running[*id as usize]
-                .store()
-                .pg_log(pg_key(pool.id, pg))
-                .unwrap();
+            let log = running[*id as usize].store().pg_log(pg.key()).unwrap();
             let reqs: Vec<(u64, u64)> = log
                 .entries
                 .values()
@@ -195,7 +215,7 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         assert_eq!(r.h.status, Status::NotPrimary);
         let r = call(
             &primary,
-            write_header(oid, (pg + 1) % 8, 104, &data, e),
+            write_header(oid, PgId::new(1, (pg.pg + 1) % 8), 104, &data, e),
             Some(&data),
         )
         .await;
@@ -207,9 +227,27 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         let r = call(&primary, as0, Some(&data)).await;
         assert_eq!(r.h.status, Status::Invalid, "a write as client 0");
         let mut del0 = Header::request(Op::Delete, 106, oid);
-        (del0.pg, del0.epoch) = (pg, e);
+        (del0, del0.epoch) = (del0.with_pg(pg), e);
         let r = call(&primary, del0, None).await;
         assert_eq!(r.h.status, Status::Invalid, "a delete as client 0");
+        // The pool a frame names must be its object's, and one the map has.
+        let mut elsewhere = wr(107);
+        elsewhere.pool = 2;
+        let r = call(&primary, elsewhere, Some(&data)).await;
+        assert_eq!(r.h.status, Status::Invalid, "another pool's PG");
+        let stranger = ObjectId {
+            volume: VolumeId::new(7, 9),
+            block: oid.block,
+        };
+        let unknown = write_header(stranger, PgId::of(stranger, 8), 108, &data, e);
+        let r = call(&primary, unknown, Some(&data)).await;
+        assert_eq!(r.h.status, Status::Invalid, "an object of no pool");
+        // A pull from the PG's primary, for an object of another PG.
+        let other = (0..).map(obj).find(|o| PgId::of(*o, 8) != pg).unwrap();
+        let mut pull = Header::request(Op::Pull, 109, other).with_pg(pg);
+        (pull.epoch, pull.sender) = (e, acting[0]);
+        let r = call(&replica, pull, None).await;
+        assert_eq!(r.h.status, Status::Invalid, "a pull of another PG's object");
         assert_eq!(running[acting[0] as usize].store().version(oid), Some(v2));
         // a replica refuses a sub-op from an older epoch too
         let mut sub = wr(0);
@@ -243,24 +281,24 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         let mut rd = Header::request(Op::Read, 0, oid);
         rd.length = 8192;
         rd.epoch = e;
-        rd.pg = pg;
+        rd = rd.with_pg(pg);
         let r = call(&primary, rd, None).await;
         assert_eq!(r.h.status, Status::Ok);
         let got = r.payload.unwrap();
         assert_eq!(&got[..4096], &data[..]);
         assert!(got[4096..].iter().all(|&x| x == 0));
         let mut missing = rd;
-        missing.oid = ObjectId::new(9, 4);
-        missing.pg = pg_of(missing.oid, 8);
-        let owner_id = pgmap.acting(missing.pg)[0];
-        active(&leader, &running[owner_id as usize], missing.pg).await;
+        missing.oid = obj(4);
+        missing = missing.with_pg(PgId::of(missing.oid, 8));
+        let owner_id = acting_of(table, missing.pg_id())[0];
+        active(&leader, &running[owner_id as usize], missing.pg_id()).await;
         let owner = Conn::connect(&addrs[&owner_id]).unwrap();
         assert_eq!(call(&owner, missing, None).await.h.status, Status::NotFound);
 
         // delete reaches every copy
         let mut del = Header::request(Op::Delete, 105, oid);
         del.epoch = e;
-        del.pg = pg;
+        del = del.with_pg(pg);
         del.client = 42;
         let r = call(&primary, del, None).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (e << 32) | 3));
@@ -274,10 +312,7 @@ fn primary_orders_replicates_and_refuses_what_it_must() {
         let r = call(&primary, del2, None).await;
         assert_eq!((r.h.status, r.h.obj_version), (Status::Ok, (e << 32) | 4));
         for id in &acting {
-            let log = running[*id as usize]
-                .store()
-                .pg_log(pg_key(pool.id, pg))
-                .unwrap();
+            let log = running[*id as usize].store().pg_log(pg.key()).unwrap();
             assert_eq!(log.head(), (e << 32) | 4, "osd.{id}");
             assert_eq!(log.entries[&((e << 32) | 4)].request, 107, "osd.{id}");
         }
@@ -318,9 +353,9 @@ impl Handler for Silent {
 fn reads_wait_for_writes_in_flight() {
     let d = tempfile::tempdir().unwrap();
     let st = setup(d.path());
-    let oid = ObjectId::new(9, 3);
-    let pg = pg_of(oid, st.pool.pg_count);
-    let acting = st.pgmap.acting(pg);
+    let oid = obj(3);
+    let pg = PgId::of(oid, st.pool.pg_count);
+    let acting = acting_of(&st.table, pg);
     rt::block_on(async {
         let leader = start_leader(d.path(), &st);
         // The third copy boots and peers, and never answers a sub-op.
@@ -358,7 +393,7 @@ fn reads_wait_for_writes_in_flight() {
         let mut rd = Header::request(Op::Read, 0, oid);
         rd.length = 4096;
         rd.epoch = e;
-        rd.pg = pg;
+        rd = rd.with_pg(pg);
         let read_done = Rc::new(std::cell::Cell::new(false));
         let read = {
             let (c, done) = (conn.clone(), read_done.clone());
@@ -384,9 +419,9 @@ fn reads_wait_for_writes_in_flight() {
 fn a_restarted_primary_answers_old_requests_and_never_reuses_a_version() {
     let d = tempfile::tempdir().unwrap();
     let st = setup(d.path());
-    let oid = ObjectId::new(9, 3);
-    let pg = pg_of(oid, st.pool.pg_count);
-    let acting = st.pgmap.acting(pg);
+    let oid = obj(3);
+    let pg = PgId::of(oid, st.pool.pg_count);
+    let acting = acting_of(&st.table, pg);
     let data = vec![0x33u8; 4096];
     let write = |c: &Rc<Conn>, h: Header| {
         let (c, p) = (c.clone(), AlignedBuf::from_slice(&data));
@@ -443,9 +478,7 @@ fn primaries_report_degraded_and_inactive_pgs() {
         let (b, sb) = start_osd(d.path(), &st, 1).await;
         let mine = |id: u32| {
             let m = leader.map();
-            (0..m.pgmap.pg_count())
-                .filter(|&pg| m.primary(pg) == Some(id))
-                .count() as u32
+            (m.pgs()).filter(|&pg| m.primary(pg) == Some(id)).count() as u32
         };
         let wait = |osd: Rc<Osd>, state: &'static str, n: u32| async move {
             for _ in 0..500 {
@@ -502,10 +535,11 @@ fn a_slow_meta_store_batches_pg_events_and_marks_no_one_down() {
         let e = leader.map().epoch();
         let all_active = || {
             let m = leader.map();
-            (0..st.pool.pg_count).all(|pg| {
+            let all = (m.pgs()).all(|pg| {
                 let osd = &running[m.primary(pg).unwrap() as usize].0;
                 osd.epoch() == e && osd.pg_state(pg) == Some(PgState::Active)
-            })
+            });
+            all
         };
         // A bound on the test, not a measure: 8 PGs, one store each, take
         // 16 s of the thread; batched they take a few.
@@ -517,12 +551,16 @@ fn a_slow_meta_store_batches_pg_events_and_marks_no_one_down() {
                 stored.borrow().len()
             );
             let m = leader.map();
-            assert!(m.pgmap.down.is_empty(), "marked down: {:?}", m.pgmap.down);
+            assert!(
+                m.cluster.down.is_empty(),
+                "marked down: {:?}",
+                m.cluster.down
+            );
             assert_eq!(m.epoch(), e, "a new epoch");
             rt::sleep(Duration::from_millis(50)).await;
         }
         let m = leader.map();
-        assert_eq!(m.last_active.len(), st.pool.pg_count as usize);
+        assert_eq!(m.pools[&1].last_active.len(), st.pool.pg_count as usize);
         // Stores of intervals are the ones that start no epoch.
         let s = stored.borrow();
         let actives = s.windows(2).filter(|w| w[0] == w[1]).count();
@@ -545,9 +583,9 @@ fn malformed_scrub_frames_are_refused() {
     rt::block_on(async {
         let leader = start_leader(d.path(), &st);
         let running = start_osds(d.path(), &st).await;
-        let oid = ObjectId::new(9, 3);
-        let pg = pg_of(oid, st.pool.pg_count);
-        let acting = st.pgmap.acting(pg);
+        let oid = obj(3);
+        let pg = PgId::of(oid, st.pool.pg_count);
+        let acting = acting_of(&st.table, pg);
         let e = active(&leader, &running[acting[0] as usize].0, pg).await;
         let primary = Conn::connect(&st.addrs[&acting[0]]).unwrap();
         let replica = Conn::connect(&st.addrs[&acting[1]]).unwrap();
@@ -560,13 +598,13 @@ fn malformed_scrub_frames_are_refused() {
         assert_eq!(f.h.status, Status::Ok);
         // Another PG's object, for frames that name the wrong one.
         let other = (0..)
-            .map(|b| ObjectId::new(9, b))
-            .find(|o| pg_of(*o, st.pool.pg_count) != pg)
+            .map(obj)
+            .find(|o| PgId::of(*o, st.pool.pg_count) != pg)
             .unwrap();
         let oids = nacre_osd::encode_oids;
-        let scrub = |kind: u32, to_pg: u32, sender: u32, oid: ObjectId| {
+        let scrub = |kind: u32, to_pg: PgId, sender: u32, oid: ObjectId| {
             let mut h = Header::request(Op::Scrub, 7, oid);
-            h.pg = to_pg;
+            h = h.with_pg(to_pg);
             h.length = kind;
             h.epoch = e;
             h.sender = sender;
@@ -578,7 +616,7 @@ fn malformed_scrub_frames_are_refused() {
             ("unknown kind", by_primary(99), vec![], Status::Invalid),
             (
                 "PG out of range",
-                scrub(0, 1000, acting[0], oid),
+                scrub(0, PgId::new(1, 1000), acting[0], oid),
                 vec![],
                 Status::Invalid,
             ),
@@ -674,7 +712,7 @@ fn malformed_scrub_frames_are_refused() {
             .await;
         assert_eq!(f.unwrap().h.status, Status::Ok);
         let mut r = Header::request(Op::Read, 2, oid);
-        r.pg = pg;
+        r = r.with_pg(pg);
         r.epoch = e;
         r.length = 4096;
         let f = primary.call(r, None).await.unwrap();
@@ -721,7 +759,7 @@ fn a_dead_report_marks_that_incarnation_down_and_no_other() {
             "osd.1 still up: {:?}",
             m.up_from
         );
-        assert!(m.pgmap.down.contains(&1));
+        assert!(m.cluster.down.contains(&1));
         assert_eq!(m.epoch(), epoch + 1);
         // Said twice: no second epoch.
         assert_eq!(dead(1, up_from).await, Status::Ok);
@@ -785,16 +823,22 @@ fn no_interval_goes_active_while_the_leader_holds_events() {
         rt::sleep(Duration::from_millis(500)).await;
         if rt::monotonic() - t0 < hold {
             assert!(
-                leader.map().last_active.is_empty(),
+                leader.map().pools[&1].last_active.is_empty(),
                 "an interval went active during the hold: {:?}",
-                leader.map().last_active.keys().collect::<Vec<_>>()
+                leader.map().pools[&1]
+                    .last_active
+                    .keys()
+                    .collect::<Vec<_>>()
             );
         }
-        for pg in 0..st.pool.pg_count {
+        for pg in leader.map().pgs() {
             let primary = leader.map().primary(pg).unwrap();
             let osd = &osds.iter().find(|(o, _)| o.id == primary).unwrap().0;
             active(&leader, osd, pg).await;
         }
-        assert_eq!(leader.map().last_active.len(), st.pool.pg_count as usize);
+        assert_eq!(
+            leader.map().pools[&1].last_active.len(),
+            st.pool.pg_count as usize
+        );
     });
 }

@@ -22,11 +22,11 @@ use nacre_blockstore::{FormatOptions, Store, StoreOptions};
 use nacre_io::fault::SplitMix;
 use nacre_io::net::Addr;
 use nacre_io::{rt, AlignedBuf, FaultDev};
-use nacre_meta::map::PgMap;
+use nacre_meta::map::{ClusterState, PgTable, PoolRecord, PoolState};
 use nacre_net::{Frame, Handler, NetError, Rpc, Transport};
 use nacre_osd::leader::Leader;
 use nacre_osd::{Osd, OsdMap, PgState};
-use nacre_types::{pg_of, ObjectId};
+use nacre_types::{ObjectId, PgId};
 use nacre_wire::Header;
 
 /// How often (per thousand messages) each fault strikes, and how long a
@@ -340,6 +340,19 @@ pub struct Node {
 /// Store parameters of every simulated OSD: small, so that crashes copy
 /// little and journals wrap.
 pub const OBJECT_BYTES: u32 = 16 << 10;
+
+/// Block `block` of volume `serial` of pool `pool`.
+pub fn object(pool: u32, serial: u64, block: u64) -> ObjectId {
+    ObjectId {
+        volume: nacre_types::VolumeId::new(pool, serial),
+        block,
+    }
+}
+
+/// Block `block` of volume `serial` of the simulator's pool 1.
+pub fn obj(serial: u64, block: u64) -> ObjectId {
+    object(1, serial, block)
+}
 const DEV_BYTES: u64 = 16 << 20;
 const JOURNAL_BYTES: u64 = 2_359_296;
 
@@ -417,21 +430,34 @@ impl Cluster {
             .collect();
         let all: Vec<u32> = (0..osds).collect();
         let table = consecutive(&all, pgs, size);
-        let map = OsdMap {
-            pgmap: PgMap {
+        let record = PoolRecord {
+            id: 1,
+            name: "rbd".into(),
+            size,
+            min_size,
+            pg_count: pgs,
+            failure_domain: "osd".into(),
+            object_bytes: OBJECT_BYTES,
+        };
+        let pool = PoolState {
+            record,
+            table: PgTable {
                 pool: 1,
-                epoch: 1,
                 size,
                 osds: table,
-                down: Vec::new(),
-                out: Vec::new(),
                 temp: Default::default(),
             },
-            min_size,
+            last_active: Default::default(),
+        };
+        let map = OsdMap {
+            cluster: ClusterState {
+                epoch: 1,
+                ..ClusterState::default()
+            },
+            pools: [(1, pool)].into(),
             addrs: (addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
             up_from: Default::default(),
             stores: Default::default(),
-            last_active: Default::default(),
             full: Default::default(),
         };
         // The leader is a node too: a partition can cut it off.
@@ -439,12 +465,11 @@ impl Cluster {
         let leader = Leader::new(map, lnet.clone(), Box::new(|_| Ok(()))).expect("a leader");
         // Marking an OSD out or in lays every PG out again over the OSDs
         // that are in: most PGs move, which is what the simulator wants.
-        leader.set_placer(Box::new(move |prev, out| {
-            let inn: Vec<u32> = (0..osds).filter(|o| !out.contains(o)).collect();
-            if inn.len() < usize::from(prev.size) {
-                return Err(format!("{} OSDs in for {} copies", inn.len(), prev.size));
+        leader.set_placer(Box::new(move |pool, _, inn| {
+            if inn.len() < usize::from(pool.size) {
+                return Err(format!("{} OSDs in for {} copies", inn.len(), pool.size));
             }
-            Ok(consecutive(&inn, prev.pg_count(), prev.size))
+            Ok(consecutive(inn, pool.pg_count, pool.size))
         }));
         lnet.attach_node(leader.clone());
         rt::spawn(leader.clone().run());
@@ -519,17 +544,15 @@ impl Cluster {
                 .filter(|n| n.osd.is_some() && !m.is_up(n.id))
                 .map(|n| format!("osd.{} runs and is down", n.id))
                 .collect();
-            for pg in 0..m.pgmap.pg_count() {
+            for pg in m.pgs() {
                 let state = (m.primary(pg))
                     .and_then(|p| self.osd(p).filter(|o| o.epoch() == m.epoch()))
                     .and_then(|o| o.pg_state(pg));
+                let temp = m.table(pg.pool).and_then(|t| t.temp.get(&pg.pg));
                 if state != Some(PgState::Active) {
                     waiting.push(format!("PG {pg}: {state:?}"));
-                } else if m.pgmap.temp.contains_key(&pg) {
-                    waiting.push(format!(
-                        "PG {pg}: temporary members {:?}",
-                        m.pgmap.temp[&pg]
-                    ));
+                } else if let Some(t) = temp {
+                    waiting.push(format!("PG {pg}: temporary members {t:?}"));
                 } else if (m.primary(pg).and_then(|p| self.osd(p)))
                     .is_some_and(|o| o.pg_recovering(pg))
                 {
@@ -616,17 +639,17 @@ impl Cluster {
     }
 
     /// The PG of `oid` and its acting set, in the leader's map.
-    pub fn route(&self, oid: ObjectId) -> (u32, Vec<u32>) {
+    pub fn route(&self, oid: ObjectId) -> (PgId, Vec<u32>) {
         let m = self.leader.map();
-        let pg = pg_of(oid, m.pgmap.pg_count());
+        let pg = m.pg_of(oid).expect("an object of a pool of the map");
         (pg, m.acting(pg))
     }
 
     /// The OSDs placement gives `oid`'s PG, up or not.
     pub fn placement(&self, oid: ObjectId) -> Vec<u32> {
         let m = self.leader.map();
-        let pg = pg_of(oid, m.pgmap.pg_count());
-        m.pgmap.placement(pg).to_vec()
+        let pg = m.pg_of(oid).expect("an object of a pool of the map");
+        m.placement(pg).to_vec()
     }
 
     /// Object copies running OSDs hold outside their objects' placement
@@ -652,8 +675,9 @@ impl Cluster {
         payload: Option<AlignedBuf>,
     ) -> Result<Frame, NetError> {
         let m = self.leader.map();
-        let pg = pg_of(h.oid, m.pgmap.pg_count());
-        h.pg = pg;
+        let pg = (m.pg_of(h.oid))
+            .ok_or_else(|| NetError::Protocol(format!("{}: no such pool", h.oid)))?;
+        h = h.with_pg(pg);
         h.epoch = m.epoch();
         let addr = (m.primary(pg).and_then(|p| m.addr(p)))
             .ok_or_else(|| NetError::Protocol(format!("PG {pg} has no primary up")))?;

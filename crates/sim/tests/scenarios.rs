@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use nacre_io::{rt, AlignedBuf};
 use nacre_net::{Frame, NetError};
-use nacre_osd::{pg_key, PgState};
+use nacre_osd::PgState;
 use nacre_sim::{Cluster, Net, OBJECT_BYTES};
-use nacre_types::ObjectId;
+use nacre_types::{ObjectId, PgId};
 use nacre_wire::{Header, Op, Status};
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -115,7 +115,7 @@ async fn only_on_primary(
 fn a_divergent_write_is_undone_and_its_retry_is_applied() {
     rt::block_on_virtual(async {
         let c = cluster(1).await;
-        let oid = ObjectId::new(1, 5);
+        let oid = nacre_sim::obj(1, 5);
         let (pg, _) = c.route(oid);
         let data = vec![0x5au8; 4096];
         let mut h = Header::request(Op::Write, 1, oid).with_payload(&data);
@@ -128,7 +128,7 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
         c.start(p).await;
         c.settle(SETTLE).await.unwrap();
         assert_eq!(c.route(oid).1[0], p, "osd.{p} is primary again");
-        let key = pg_key(1, pg);
+        let key = pg.key();
         for &id in &acting {
             let log = c.osd(id).unwrap().store().pg_log(key).unwrap_or_default();
             assert!(
@@ -157,7 +157,7 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
 fn a_divergent_delete_is_undone_by_a_rewrite_and_its_retry_is_applied() {
     rt::block_on_virtual(async {
         let c = cluster(2).await;
-        let oid = ObjectId::new(1, 6);
+        let oid = nacre_sim::obj(1, 6);
         let v1 = put(&c, oid, 1, 0x11).await;
         let mut h = Header::request(Op::Delete, 2, oid);
         h.client = CLIENT;
@@ -187,7 +187,7 @@ fn a_divergent_delete_is_undone_by_a_rewrite_and_its_retry_is_applied() {
 /// Object 1.9 written (0x11) on its acting set `[x, y, z]`, then, in an
 /// interval of x and y alone (z crashed), written again (0x22, 4 KiB).
 async fn a_write_z_missed(c: &Cluster) -> (ObjectId, [u32; 3]) {
-    let oid = ObjectId::new(1, 9);
+    let oid = nacre_sim::obj(1, 9);
     let (_, acting) = c.route(oid);
     put(c, oid, 1, 0x11).await;
     c.crash(acting[2], 1);
@@ -263,7 +263,7 @@ fn a_store_whose_journal_lost_writes_is_not_taken_for_its_copy() {
         let (oid, [x, y, z]) = a_write_z_missed(&c).await;
         // And one after it (a batch after it in x's journal says it was
         // durable: damage to it is damage, not a write a crash cut).
-        put(&c, ObjectId::new(1, 10), 3, 0x33).await;
+        put(&c, nacre_sim::obj(1, 10), 3, 0x33).await;
         let g = c.osd(x).unwrap().store().geometry().clone();
         let was = c.osd(x).unwrap().store_id();
         c.crash(y, 2);
@@ -301,7 +301,7 @@ fn a_store_whose_journal_lost_writes_is_not_taken_for_its_copy() {
 fn a_recovered_copy_carries_the_whole_history() {
     rt::block_on_virtual(async {
         let c = cluster(3).await;
-        let oid = ObjectId::new(1, 7);
+        let oid = nacre_sim::obj(1, 7);
         let (_, acting) = c.route(oid);
         let (x, y, z) = (acting[0], acting[1], acting[2]);
         // z misses two writes of the object; recovery brings it the second.
@@ -336,7 +336,7 @@ fn a_recovered_copy_carries_the_whole_history() {
 fn a_partitioned_primary_acknowledges_nothing_and_catches_up() {
     rt::block_on_virtual(async {
         let c = cluster(4).await;
-        let oid = ObjectId::new(1, 11);
+        let oid = nacre_sim::obj(1, 11);
         let (_, acting) = c.route(oid);
         let p = acting[0];
         put(&c, oid, 1, 0x11).await;
@@ -375,7 +375,7 @@ fn a_partitioned_primary_acknowledges_nothing_and_catches_up() {
 fn a_partitioned_primary_serves_no_stale_read() {
     rt::block_on_virtual(async {
         let c = cluster(5).await;
-        let oid = ObjectId::new(1, 13);
+        let oid = nacre_sim::obj(1, 13);
         let (pg, acting) = c.route(oid);
         let p = acting[0];
         put(&c, oid, 1, 0x11).await;
@@ -387,7 +387,7 @@ fn a_partitioned_primary_serves_no_stale_read() {
         assert_eq!(old.pg_state(pg), Some(PgState::Active));
         let mut h = Header::request(Op::Read, 0, oid);
         h.length = 4096;
-        h.pg = pg;
+        h = h.with_pg(pg);
         h.epoch = old.epoch();
         let addr = c.nodes.borrow()[p as usize].addr.clone();
         let conn = nacre_net::Transport::connect(&c.net, &addr).unwrap();
@@ -416,7 +416,7 @@ async fn returning_copy(seed: u64) -> (Rc<Cluster>, Vec<ObjectId>, nacre_osd::Os
     let back = 2;
     c.crash(back, 1);
     c.settle(SETTLE).await.unwrap();
-    let oids: Vec<ObjectId> = (0..24).map(|b| ObjectId::new(1, b)).collect();
+    let oids: Vec<ObjectId> = (0..24).map(|b| nacre_sim::obj(1, b)).collect();
     for (k, &oid) in oids.iter().enumerate() {
         put(&c, oid, k as u64 + 1, k as u8 + 1).await;
     }
@@ -430,7 +430,7 @@ async fn returning_copy(seed: u64) -> (Rc<Cluster>, Vec<ObjectId>, nacre_osd::Os
     // Every PG active, some still recovering.
     let m = loop {
         let m = c.leader.map();
-        let active = (0..m.pgmap.pg_count()).all(|pg| {
+        let active = m.pgs().all(|pg| {
             (m.primary(pg).and_then(|p| c.osd(p)))
                 .is_some_and(|o| o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active))
         });
@@ -453,12 +453,13 @@ fn a_returning_copy_is_recovered_while_its_pgs_serve() {
     rt::block_on_virtual(async {
         let (c, oids, m) = returning_copy(6).await;
         let back = 2;
-        let recovering: Vec<u32> = (0..m.pgmap.pg_count())
+        let recovering: Vec<PgId> = m
+            .pgs()
             .filter(|&pg| c.osd(m.primary(pg).unwrap()).unwrap().pg_recovering(pg))
             .collect();
         assert!(!recovering.is_empty(), "no PG recovers in the background");
         for &pg in &recovering {
-            let i = &m.last_active[&pg];
+            let i = m.last_active(pg).unwrap();
             assert_eq!(i.incomplete, vec![back], "PG {pg}'s interval: {i:?}");
             let r = c.osd(m.primary(pg).unwrap()).unwrap().stat_report();
             assert!(r.pg_states.contains_key("active+recovering"), "{r:?}");
@@ -483,7 +484,7 @@ fn a_returning_copy_is_recovered_while_its_pgs_serve() {
         c.settle(SETTLE).await.unwrap();
         let m = c.leader.map();
         assert!(
-            (m.last_active.values()).all(|i| i.incomplete.is_empty()),
+            (m.pools[&1].last_active.values()).all(|i| i.incomplete.is_empty()),
             "{m:?}"
         );
         // Its logs told what it lacked: no PG listed its objects.
@@ -515,10 +516,10 @@ fn a_returning_copy_is_recovered_while_its_pgs_serve() {
 /// then recovers one object a second. Returns `b`, the `a` and the acting
 /// set, with `z` down.
 async fn a_copy_far_behind(c: &Cluster) -> (ObjectId, Vec<ObjectId>, Vec<u32>) {
-    let pgs = c.leader.map().pgmap.pg_count();
+    let pgs = c.leader.map().pg_count(1);
     let in_pg: Vec<ObjectId> = (0..)
-        .map(|b| ObjectId::new(1, b))
-        .filter(|&o| nacre_types::pg_of(o, pgs) == 0)
+        .map(|b| nacre_sim::obj(1, b))
+        .filter(|&o| PgId::of(o, pgs) == PgId::new(1, 0))
         .take(6)
         .collect();
     let (b, a) = (in_pg[0], in_pg[1..].to_vec());
@@ -539,7 +540,7 @@ async fn a_copy_far_behind(c: &Cluster) -> (ObjectId, Vec<ObjectId>, Vec<u32>) {
         .osd(acting[0])
         .unwrap()
         .store()
-        .pg_log(pg_key(1, 0))
+        .pg_log(PgId::new(1, 0).key())
         .unwrap();
     assert!(a
         .iter()
@@ -567,10 +568,11 @@ async fn listed_in_a_new_epoch(c: &Cluster, z: u32, other: u32) {
     c.crash(other, 2);
     for _ in 0..600 {
         let m = c.leader.map();
-        let primary = m.primary(0).and_then(|p| c.osd(p));
+        let primary = m.primary(PgId::new(1, 0)).and_then(|p| c.osd(p));
         if !m.is_up(other)
-            && primary
-                .is_some_and(|o| o.epoch() == m.epoch() && o.pg_state(0) == Some(PgState::Active))
+            && primary.is_some_and(|o| {
+                o.epoch() == m.epoch() && o.pg_state(PgId::new(1, 0)) == Some(PgState::Active)
+            })
         {
             break;
         }
@@ -585,7 +587,7 @@ async fn whole_in_the_end(c: &Cluster, z: u32, other: u32, a: &[ObjectId]) {
     c.start(other).await;
     c.settle(SETTLE).await.unwrap();
     let zo = c.osd(z).unwrap();
-    assert!(!zo.store().pg_recovering(pg_key(1, 0)));
+    assert!(!zo.store().pg_recovering(PgId::new(1, 0).key()));
     for (k, &o) in a.iter().enumerate() {
         assert_eq!(
             zo.store().read(o, 0, 4096).await.map(|d| d[0]).ok(),
@@ -621,7 +623,7 @@ fn a_copy_whose_recovery_was_cut_short_is_not_compared_by_its_log() {
         }
         assert!(zo.store().version(b).is_some(), "b never recovered");
         assert!(a.iter().any(|&o| zo.store().version(o).is_none()));
-        assert!(zo.store().pg_recovering(pg_key(1, 0)));
+        assert!(zo.store().pg_recovering(PgId::new(1, 0).key()));
         listed_in_a_new_epoch(&c, z, acting[1]).await;
         whole_in_the_end(&c, z, acting[1], &a).await;
         c.stop();
@@ -645,12 +647,12 @@ fn a_copy_left_to_recover_is_marked_before_it_takes_writes() {
         c.start(z).await;
         let zo = c.osd(z).unwrap();
         let new = (0..)
-            .map(|k| ObjectId::new(2, k))
-            .find(|&o| nacre_types::pg_of(o, c.leader.map().pgmap.pg_count()) == 0)
+            .map(|k| nacre_sim::obj(2, k))
+            .find(|&o| c.route(o).0 == PgId::new(1, 0))
             .unwrap();
         put(&c, new, 1000, 0xcc).await;
         assert!(zo.store().version(new).is_some() && zo.store().version(b).is_none());
-        assert!(zo.store().pg_recovering(pg_key(1, 0)));
+        assert!(zo.store().pg_recovering(PgId::new(1, 0).key()));
         listed_in_a_new_epoch(&c, z, acting[1]).await;
         c.net.clear_filter();
         whole_in_the_end(&c, z, acting[1], &a).await;
@@ -665,12 +667,13 @@ fn a_copy_left_to_recover_is_marked_before_it_takes_writes() {
 fn a_volume_purged_while_its_objects_recover_leaves_the_pgs_clean() {
     rt::block_on_virtual(async {
         let (c, oids, m) = returning_copy(7).await;
-        assert!((0..m.pgmap.pg_count())
+        assert!(m
+            .pgs()
             .any(|pg| c.osd(m.primary(pg).unwrap()).unwrap().pg_recovering(pg)));
         for id in 0..3 {
             let addr = c.nodes.borrow()[id as usize].addr.clone();
             let conn = nacre_net::Transport::connect(&c.net, &addr).unwrap();
-            let h = Header::request(Op::PurgeVolume, 0, ObjectId::new(1, 0));
+            let h = Header::request(Op::PurgeVolume, 0, nacre_sim::obj(1, 0));
             let f = nacre_net::Rpc::call(&*conn, h, None).await.unwrap();
             assert_eq!(f.h.status, Status::Ok, "purge on osd.{id}");
         }
@@ -693,7 +696,7 @@ fn degraded_pgs_recover_before_moving_ones() {
     rt::block_on_virtual(async {
         let c = Cluster::new(Net::new(11, Duration::from_millis(500)), 4, 3, 2, 8).await;
         c.settle(SETTLE).await.unwrap();
-        let oids: Vec<ObjectId> = (0..64).map(|b| ObjectId::new(1, b)).collect();
+        let oids: Vec<ObjectId> = (0..64).map(|b| nacre_sim::obj(1, b)).collect();
         for (k, &oid) in oids.iter().enumerate() {
             put(&c, oid, k as u64 + 1, 1).await;
         }
@@ -711,7 +714,7 @@ fn degraded_pgs_recover_before_moving_ones() {
         c.start(back).await;
         c.osd(back).unwrap().set_recovery_rate(slow);
         // Per primary and PG moving with every copy: object copies left.
-        let mut moving: std::collections::HashMap<(u32, u32), usize> = Default::default();
+        let mut moving: std::collections::HashMap<(u32, PgId), usize> = Default::default();
         let (mut both, mut slipped) = (0, 0);
         for _ in 0..1200 {
             rt::sleep(Duration::from_millis(50)).await;
@@ -726,7 +729,7 @@ fn degraded_pgs_recover_before_moving_ones() {
                         .unwrap_or(0)
                 };
                 let degraded = (r.pgs_not_clean.iter()).any(|p| p.state == "active+recovering");
-                let mut now: Vec<((u32, u32), usize)> = Vec::new();
+                let mut now: Vec<((u32, PgId), usize)> = Vec::new();
                 for p in &r.pgs_not_clean {
                     busy = true;
                     if p.state == "active+remapped+backfilling" {
@@ -820,7 +823,7 @@ async fn recovered_around_the_damage(
 fn recovery_from_a_damaged_source_takes_another_copy() {
     rt::block_on_virtual(async {
         let c = cluster(13).await;
-        let oid = ObjectId::new(1, 6);
+        let oid = nacre_sim::obj(1, 6);
         put_whole(&c, oid, 1).await;
         let (_, acting) = c.route(oid);
         let (primary, behind) = (acting[0], acting[2]);
@@ -840,7 +843,7 @@ fn peering_from_a_damaged_source_takes_another_copy() {
     rt::block_on_virtual(async {
         let c = Cluster::new(Net::new(15, Duration::from_millis(500)), 3, 3, 3, 4).await;
         c.settle(SETTLE).await.unwrap();
-        let oid = ObjectId::new(1, 6);
+        let oid = nacre_sim::obj(1, 6);
         let data = put_whole(&c, oid, 1).await;
         let (_, acting) = c.route(oid);
         let (primary, replaced) = (acting[0], acting[2]);
@@ -861,7 +864,7 @@ fn an_osd_whose_reads_keep_finding_damage_is_marked_out() {
     rt::block_on_virtual(async {
         let c = Cluster::new(Net::new(14, Duration::from_millis(500)), 4, 3, 2, 8).await;
         c.settle(SETTLE).await.unwrap();
-        let oids: Vec<ObjectId> = (0..160).map(|b| ObjectId::new(1, b)).collect();
+        let oids: Vec<ObjectId> = (0..160).map(|b| nacre_sim::obj(1, b)).collect();
         let mut data = Vec::new();
         for (k, &oid) in oids.iter().enumerate() {
             data.push(put_whole(&c, oid, k as u64 + 1).await);
@@ -884,7 +887,7 @@ fn an_osd_whose_reads_keep_finding_damage_is_marked_out() {
                 Status::Ok => assert_eq!(f.payload.as_deref(), Some(&data[k][..])),
                 // Retried by a client: the PGs are moving.
                 s @ (Status::Unavailable | Status::NotPrimary | Status::StaleEpoch) => assert!(
-                    c.leader.map().pgmap.out.contains(&bad),
+                    c.leader.map().cluster.out.contains(&bad),
                     "read of {}: {s:?}",
                     oids[k]
                 ),
@@ -892,14 +895,14 @@ fn an_osd_whose_reads_keep_finding_damage_is_marked_out() {
             }
         }
         let mut waited = 0;
-        while !c.leader.map().pgmap.out.contains(&bad) {
+        while !c.leader.map().cluster.out.contains(&bad) {
             waited += 1;
             assert!(waited < 100, "osd.{bad} was not marked out");
             rt::sleep(Duration::from_millis(100)).await;
         }
         c.settle(SETTLE).await.unwrap();
         let m = c.leader.map();
-        for pg in 0..m.pgmap.pg_count() {
+        for pg in m.pgs() {
             assert!(!m.acting(pg).contains(&bad), "PG {pg} still on osd.{bad}");
         }
         for (k, &oid) in oids.iter().enumerate() {
@@ -918,7 +921,7 @@ fn an_osd_whose_reads_keep_finding_damage_is_marked_out() {
 fn a_damaged_primary_copy_is_read_from_another_and_repaired() {
     rt::block_on_virtual(async {
         let c = cluster(12).await;
-        let oid = ObjectId::new(1, 5);
+        let oid = nacre_sim::obj(1, 5);
         let data = put_whole(&c, oid, 1).await;
         let (_, acting) = c.route(oid);
         let primary = c.osd(acting[0]).unwrap();
@@ -941,7 +944,7 @@ fn a_damaged_primary_copy_is_read_from_another_and_repaired() {
 
 /// Scrubs PG `pg` on its primary and checks that it covered the whole
 /// PG; the report.
-async fn scrubbed(c: &Cluster, pg: u32, deep: bool) -> nacre_osd::ScrubReport {
+async fn scrubbed(c: &Cluster, pg: PgId, deep: bool) -> nacre_osd::ScrubReport {
     let primary = c.leader.map().primary(pg).unwrap();
     let r = c.osd(primary).unwrap().scrub_pg(pg, deep).await;
     assert_eq!(r.error, None, "{r:?}");
@@ -957,7 +960,7 @@ async fn scrubbed(c: &Cluster, pg: u32, deep: bool) -> nacre_osd::ScrubReport {
 fn deep_scrub_finds_a_damaged_replica_copy_and_repairs_it() {
     rt::block_on_virtual(async {
         let c = cluster(21).await;
-        let oids: Vec<ObjectId> = (0..12).map(|b| ObjectId::new(1, b)).collect();
+        let oids: Vec<ObjectId> = (0..12).map(|b| nacre_sim::obj(1, b)).collect();
         let mut data = Vec::new();
         for (k, &oid) in oids.iter().enumerate() {
             data.push(put_whole(&c, oid, k as u64 + 1).await);
@@ -1002,7 +1005,7 @@ fn deep_scrub_finds_a_damaged_replica_copy_and_repairs_it() {
 fn scrub_makes_copies_that_differ_silently_agree_with_the_majority() {
     rt::block_on_virtual(async {
         let c = cluster(22).await;
-        let oids: Vec<ObjectId> = (0..40).map(|b| ObjectId::new(1, b)).collect();
+        let oids: Vec<ObjectId> = (0..40).map(|b| nacre_sim::obj(1, b)).collect();
         let mut data = Vec::new();
         for (k, &oid) in oids.iter().enumerate() {
             data.push(put_whole(&c, oid, k as u64 + 1).await);
@@ -1025,7 +1028,7 @@ fn scrub_makes_copies_that_differ_silently_agree_with_the_majority() {
         b.store().delete(oids[k1], v1 + 1).await.unwrap();
         // An object of the PG that only one copy holds.
         let stray = (100..)
-            .map(|n| ObjectId::new(1, n))
+            .map(|n| nacre_sim::obj(1, n))
             .find(|&o| c.route(o).0 == pg)
             .unwrap();
         let junk = AlignedBuf::from_slice(&vec![0x77; OBJECT_BYTES as usize]);
@@ -1058,11 +1061,11 @@ fn scrub_makes_copies_that_differ_silently_agree_with_the_majority() {
 fn scrub_waits_for_a_clean_pg_and_the_schedule_scrubs_every_pg() {
     rt::block_on_virtual(async {
         let c = cluster(23).await;
-        let oid = ObjectId::new(1, 1);
+        let oid = nacre_sim::obj(1, 1);
         put_whole(&c, oid, 1).await;
         let (pg, acting) = c.route(oid);
         c.crash(acting[2], 1);
-        while !c.leader.map().pgmap.down.contains(&acting[2]) {
+        while !c.leader.map().cluster.down.contains(&acting[2]) {
             rt::sleep(Duration::from_millis(100)).await;
         }
         c.settle(SETTLE).await.unwrap();
@@ -1086,7 +1089,7 @@ fn scrub_waits_for_a_clean_pg_and_the_schedule_scrubs_every_pg() {
             c.osd(id).unwrap().set_scrub(cfg);
         }
         rt::sleep(Duration::from_secs(30)).await;
-        let pgs = c.leader.map().pgmap.pg_count();
+        let pgs = c.leader.map().pg_count(1);
         let (mut light, mut deep) = (0, 0);
         for id in 0..3 {
             let r = c.osd(id).unwrap().stat_report();

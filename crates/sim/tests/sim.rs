@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use nacre_io::{rt, AlignedBuf};
 use nacre_sim::{Cluster, Faults, Net, OBJECT_BYTES};
-use nacre_types::ObjectId;
 use nacre_wire::{Header, Op, Status};
 
 /// OSDs of the cluster; of the one whose histories mark OSDs out and in.
@@ -90,7 +89,7 @@ async fn client(c: Rc<Cluster>, k: u64, model: Model, seed: u64) {
     let mut rng = nacre_io::fault::SplitMix(seed ^ (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     for n in 0..OPS_PER_CLIENT {
         let obj = rng.below(OBJECTS / CLIENTS) * CLIENTS + k;
-        let oid = ObjectId::new(1, obj);
+        let oid = nacre_sim::obj(1, obj);
         let write = match rng.below(8) {
             0 => None,
             1..=3 => Some((rng.next_u64(), 0, CHUNKS)),
@@ -209,7 +208,7 @@ fn allowed(attempts: &[Attempt], chunk: u32) -> Vec<Option<u64>> {
 }
 
 async fn read(c: &Cluster, obj: u64) -> Option<Vec<u8>> {
-    let oid = ObjectId::new(1, obj);
+    let oid = nacre_sim::obj(1, obj);
     let mut last = String::new();
     for _ in 0..50 {
         let mut h = Header::request(Op::Read, 0, oid);
@@ -343,7 +342,7 @@ fn check_read(seed: u64, obj: u64, attempts: &[Attempt], got: Option<&[u8]>) {
 /// object holds the same version and the same bytes.
 async fn check_copies(c: &Cluster, seed: u64, model: &BTreeMap<u64, Vec<Attempt>>) {
     for &obj in model.keys() {
-        let oid = ObjectId::new(1, obj);
+        let oid = nacre_sim::obj(1, obj);
         let mut seen: Option<(u32, Option<u64>, Option<Vec<u8>>)> = None;
         for id in c.placement(oid) {
             let osd = c.osd(id).expect("healed: every OSD is up");

@@ -5,9 +5,114 @@
 
 use std::fmt;
 
-/// A volume's identifier, unique within a cluster.
+/// A volume's identifier, unique within a cluster: its pool's id in the
+/// top [`POOL_BITS`] bits, a serial number below (ids are never reused).
+/// An object's pool is thus known from its id alone, on every OSD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct VolumeId(pub u64);
+
+/// Bits of a volume id that name its pool: pool ids are below
+/// `1 << POOL_BITS`.
+pub const POOL_BITS: u32 = 16;
+/// The largest pool id.
+pub const POOL_ID_MAX: u32 = (1 << POOL_BITS) - 1;
+const SERIAL_BITS: u32 = 64 - POOL_BITS;
+
+impl VolumeId {
+    /// Volume `serial` of pool `pool` (`pool <= POOL_ID_MAX`, `serial`
+    /// below `1 << 48`).
+    pub const fn new(pool: u32, serial: u64) -> VolumeId {
+        assert!(pool <= POOL_ID_MAX && serial >> SERIAL_BITS == 0);
+        VolumeId(((pool as u64) << SERIAL_BITS) | serial)
+    }
+
+    pub const fn pool(self) -> u32 {
+        (self.0 >> SERIAL_BITS) as u32
+    }
+
+    /// The number the cluster handed out, unique over all pools.
+    pub const fn serial(self) -> u64 {
+        self.0 & ((1 << SERIAL_BITS) - 1)
+    }
+}
+
+/// A placement group: PG `pg` of pool `pool`. Shown as Ceph does, the
+/// pool in decimal and the PG in hex (`1.1f`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct PgId {
+    pub pool: u32,
+    pub pg: u32,
+}
+
+impl PgId {
+    pub const fn new(pool: u32, pg: u32) -> PgId {
+        PgId { pool, pg }
+    }
+
+    /// The PG of `oid` in its pool of `pg_count` PGs.
+    pub fn of(oid: ObjectId, pg_count: u32) -> PgId {
+        PgId::new(oid.volume.pool(), pg_of(oid, pg_count))
+    }
+
+    /// The PG's key in a store's PG logs.
+    pub const fn key(self) -> u64 {
+        ((self.pool as u64) << 32) | self.pg as u64
+    }
+
+    pub const fn from_key(key: u64) -> PgId {
+        PgId::new((key >> 32) as u32, key as u32)
+    }
+}
+
+impl fmt::Display for PgId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{:x}", self.pool, self.pg)
+    }
+}
+
+impl std::str::FromStr for PgId {
+    type Err = String;
+
+    /// `POOL.PG`, the PG in hex, as shown.
+    fn from_str(s: &str) -> Result<PgId, String> {
+        let bad = || format!("{s:?} is no PG id (POOL.PG, the PG in hex: 1.1f)");
+        let (pool, pg) = s.split_once('.').ok_or_else(bad)?;
+        let ok = |t: &str, hex: bool| {
+            !t.is_empty()
+                && t.len() <= 8
+                && t.bytes().all(|b| {
+                    b.is_ascii_digit() || (hex && (b'a'..=b'f').contains(&b.to_ascii_lowercase()))
+                })
+        };
+        if !ok(pool, false) || !ok(pg, true) {
+            return Err(bad());
+        }
+        let pool: u32 = pool.parse().map_err(|_| bad())?;
+        let pg = u32::from_str_radix(pg, 16).map_err(|_| bad())?;
+        Ok(PgId::new(pool, pg))
+    }
+}
+
+/// As text, `1.1f`: how operators read and type PG ids.
+impl serde::Serialize for PgId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PgId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PgId, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl ObjectId {
+    /// The pool the object belongs to (its volume's).
+    pub const fn pool(&self) -> u32 {
+        self.volume.pool()
+    }
+}
 
 /// The unit of placement and of storage: one block of one volume.
 ///
@@ -127,6 +232,40 @@ mod tests {
                 .collect();
             assert_eq!(crc32c(&data), ::crc32c::crc32c(&data), "length {len}");
         }
+    }
+
+    /// A volume id carries its pool; a PG id shows and parses as Ceph's
+    /// do, and its store key splits back.
+    #[test]
+    fn volume_and_pg_ids() {
+        let v = VolumeId::new(3, 77);
+        assert_eq!((v.pool(), v.serial()), (3, 77));
+        assert_eq!(VolumeId::new(POOL_ID_MAX, (1 << 48) - 1).0, u64::MAX);
+        assert_eq!(VolumeId(5).pool(), 0);
+        let pg = PgId::new(2, 0x1f);
+        assert_eq!(pg.to_string(), "2.1f");
+        assert_eq!("2.1f".parse(), Ok(pg));
+        assert_eq!("2.1F".parse(), Ok(pg));
+        assert_eq!(PgId::from_key(pg.key()), pg);
+        for bad in [
+            "",
+            "2",
+            "2.",
+            ".1",
+            "x.1",
+            "2.g",
+            "-1.1",
+            "2.1.1",
+            "99999999999.1",
+            "1.fffffffff",
+        ] {
+            assert!(bad.parse::<PgId>().is_err(), "{bad}");
+        }
+        let oid = ObjectId {
+            volume: v,
+            block: 9,
+        };
+        assert_eq!(PgId::of(oid, 64), PgId::new(3, pg_of(oid, 64)));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The wire protocol between clients, gateways and OSDs.
 //!
-//! Every message is one frame: an 88-byte little-endian header followed by
+//! Every message is one frame: a 96-byte little-endian header followed by
 //! `payload_len` bytes of payload. The header carries its own crc32c and the
 //! payload's, so a flipped bit on the way is an error, never data. Requests
 //! carry a request id chosen by the sender; the reply echoes it, so any
@@ -14,14 +14,14 @@
 //!
 //! This crate has no runtime and no I/O.
 
-use nacre_types::{crc32c, ObjectId, BLOCK_BYTES_MAX, SECTOR_BYTES};
+use nacre_types::{crc32c, ObjectId, PgId, BLOCK_BYTES_MAX, SECTOR_BYTES};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "NACR" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
-pub const VERSION: u8 = 2;
-pub const HEADER_BYTES: usize = 88;
+pub const VERSION: u8 = 3;
+pub const HEADER_BYTES: usize = 96;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
 /// Largest payload of a control frame (stats).
@@ -215,6 +215,10 @@ pub struct RawHeader {
     pub flags: U16,
     pub status: U32,
     pub pg: U32,
+    /// The pool of `pg` (with `pg`, the [`PgId`]).
+    pub pool: U32,
+    /// Zero.
+    pub reserved: U32,
     pub request_id: U64,
     /// The client's id, so that `(client, request_id)` names one write
     /// across reconnects and retries.
@@ -245,7 +249,9 @@ pub struct Header {
     /// [`FLAG_UNLOGGED`] (a `Push` without a log entry).
     pub unlogged: bool,
     pub status: Status,
+    /// The PG the frame is about: its number and its pool.
     pub pg: u32,
+    pub pool: u32,
     pub request_id: u64,
     pub client: u64,
     pub oid: ObjectId,
@@ -270,6 +276,8 @@ pub enum WireError {
     Version(u8),
     #[error("header checksum mismatch")]
     HeaderCrc,
+    #[error("reserved header field is {0:#x}, not zero")]
+    Reserved(u32),
     #[error("unknown op {0}")]
     Op(u8),
     #[error("unknown flags {0:#x}")]
@@ -293,6 +301,7 @@ impl Header {
             unlogged: false,
             status: Status::Ok,
             pg: 0,
+            pool: oid.pool(),
             request_id,
             client: 0,
             oid,
@@ -304,6 +313,18 @@ impl Header {
             payload_crc: 0,
             sender: SENDER_CLIENT,
         }
+    }
+
+    /// The PG the frame is about.
+    pub fn pg_id(&self) -> PgId {
+        PgId::new(self.pool, self.pg)
+    }
+
+    /// Addresses the frame to PG `pg`.
+    pub fn with_pg(mut self, pg: PgId) -> Header {
+        self.pool = pg.pool;
+        self.pg = pg.pg;
+        self
     }
 
     /// The reply to this request, with `status` and no payload.
@@ -335,6 +356,8 @@ impl Header {
             .into(),
             status: (self.status as u32).into(),
             pg: self.pg.into(),
+            pool: self.pool.into(),
+            reserved: 0.into(),
             request_id: self.request_id.into(),
             client: self.client.into(),
             volume: self.oid.volume.0.into(),
@@ -368,6 +391,9 @@ impl Header {
         if crc32c(&raw.as_bytes()[..HEADER_BYTES - 4]) != raw.header_crc.get() {
             return Err(WireError::HeaderCrc);
         }
+        if raw.reserved.get() != 0 {
+            return Err(WireError::Reserved(raw.reserved.get()));
+        }
         let op = Op::from_u8(raw.op).ok_or(WireError::Op(raw.op))?;
         let flags = raw.flags.get();
         if flags & !FLAGS_KNOWN != 0 {
@@ -381,6 +407,7 @@ impl Header {
             unlogged: flags & FLAG_UNLOGGED != 0,
             status,
             pg: raw.pg.get(),
+            pool: raw.pool.get(),
             request_id: raw.request_id.get(),
             client: raw.client.get(),
             oid: ObjectId::new(raw.volume.get(), raw.block.get()),

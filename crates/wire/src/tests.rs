@@ -9,6 +9,7 @@ fn write_req() -> (Header, Vec<u8>) {
     h.epoch = 3;
     h.client = 0x1122;
     h.pg = 5;
+    h.pool = 2;
     (h, data)
 }
 
@@ -26,8 +27,9 @@ fn round_trip() {
 }
 
 /// The layout is part of the protocol: these bytes must never change
-/// meaning within protocol version 2 (which turned version 1's reserved
-/// word at 80 into the sub-op sender).
+/// meaning within protocol version 3 (which put the PG's pool and a
+/// reserved word after the PG number; version 2 turned version 1's
+/// reserved word into the sub-op sender).
 #[test]
 fn golden_vector() {
     let mut h = Header::request(Op::Read, 0x0102_0304_0506_0708, ObjectId::new(0x11, 0x22));
@@ -35,21 +37,32 @@ fn golden_vector() {
     h.length = 4096;
     h.epoch = 9;
     h.pg = 0x33;
+    h.pool = 0x55;
     h.client = 0x44;
     let mut buf = [0u8; HEADER_BYTES];
     h.encode(&mut buf);
-    assert_eq!(&buf[0..8], b"NACR\x02\x01\x00\x00");
-    assert_eq!(&buf[80..84], &u32::MAX.to_le_bytes());
+    assert_eq!(&buf[0..8], b"NACR\x03\x01\x00\x00");
     assert_eq!(&buf[12..16], &0x33u32.to_le_bytes());
-    assert_eq!(&buf[16..24], &0x0102_0304_0506_0708u64.to_le_bytes());
-    assert_eq!(&buf[24..32], &0x44u64.to_le_bytes());
-    assert_eq!(&buf[32..40], &0x11u64.to_le_bytes());
-    assert_eq!(&buf[40..48], &0x22u64.to_le_bytes());
-    assert_eq!(&buf[48..52], &512u32.to_le_bytes());
-    assert_eq!(&buf[52..56], &4096u32.to_le_bytes());
-    assert_eq!(&buf[56..64], &9u64.to_le_bytes());
-    let crc = crc32c(&buf[..84]);
-    assert_eq!(&buf[84..88], &crc.to_le_bytes());
+    assert_eq!(&buf[16..20], &0x55u32.to_le_bytes());
+    assert_eq!(&buf[20..24], &[0; 4]);
+    assert_eq!(&buf[24..32], &0x0102_0304_0506_0708u64.to_le_bytes());
+    assert_eq!(&buf[32..40], &0x44u64.to_le_bytes());
+    assert_eq!(&buf[40..48], &0x11u64.to_le_bytes());
+    assert_eq!(&buf[48..56], &0x22u64.to_le_bytes());
+    assert_eq!(&buf[56..60], &512u32.to_le_bytes());
+    assert_eq!(&buf[60..64], &4096u32.to_le_bytes());
+    assert_eq!(&buf[64..72], &9u64.to_le_bytes());
+    assert_eq!(&buf[88..92], &u32::MAX.to_le_bytes());
+    let crc = crc32c(&buf[..92]);
+    assert_eq!(&buf[92..96], &crc.to_le_bytes());
+    // A request's pool is its object's.
+    let oid = ObjectId {
+        volume: nacre_types::VolumeId::new(7, 1),
+        block: 0,
+    };
+    assert_eq!(Header::request(Op::Read, 1, oid).pool, 7);
+    let pg = PgId::new(3, 9);
+    assert_eq!(Header::request(Op::PgQuery, 1, oid).with_pg(pg).pg_id(), pg);
 }
 
 #[test]
@@ -58,8 +71,8 @@ fn rejects_each_bad_field() {
     let mut good = [0u8; HEADER_BYTES];
     h.encode(&mut good);
     let reseal = |b: &mut [u8; HEADER_BYTES]| {
-        let c = crc32c(&b[..84]);
-        b[84..88].copy_from_slice(&c.to_le_bytes());
+        let c = crc32c(&b[..92]);
+        b[92..96].copy_from_slice(&c.to_le_bytes());
     };
     let mut b = good;
     b[0] = b'X';
@@ -70,6 +83,12 @@ fn rejects_each_bad_field() {
     let mut b = good;
     b[30] ^= 1;
     assert_eq!(Header::decode(&b), Err(WireError::HeaderCrc));
+    let mut b = good;
+    b[21] = 1;
+    reseal(&mut b);
+    assert_eq!(Header::decode(&b), Err(WireError::Reserved(0x100)));
+    // The pool survives the round trip.
+    assert_eq!(Header::decode(&good).map(|h| h.pool), Ok(2));
     let mut b = good;
     b[5] = 99;
     reseal(&mut b);
@@ -84,12 +103,12 @@ fn rejects_each_bad_field() {
     assert_eq!(Header::decode(&b), Err(WireError::Status(200)));
     // The sender survives the round trip.
     let mut b = good;
-    b[80..84].copy_from_slice(&7u32.to_le_bytes());
+    b[88..92].copy_from_slice(&7u32.to_le_bytes());
     reseal(&mut b);
     assert_eq!(Header::decode(&b).map(|h| h.sender), Ok(7));
     // payload longer than an object
     let mut b = good;
-    b[72..76].copy_from_slice(&(PAYLOAD_MAX_BYTES + 1).to_le_bytes());
+    b[80..84].copy_from_slice(&(PAYLOAD_MAX_BYTES + 1).to_le_bytes());
     reseal(&mut b);
     assert!(matches!(
         Header::decode(&b),
@@ -97,12 +116,12 @@ fn rejects_each_bad_field() {
     ));
     // unaligned range
     let mut b = good;
-    b[48..52].copy_from_slice(&100u32.to_le_bytes());
+    b[56..60].copy_from_slice(&100u32.to_le_bytes());
     reseal(&mut b);
     assert!(matches!(Header::decode(&b), Err(WireError::Range { .. })));
     // range past the largest object
     let mut b = good;
-    b[48..52].copy_from_slice(&BLOCK_BYTES_MAX.to_le_bytes());
+    b[56..60].copy_from_slice(&BLOCK_BYTES_MAX.to_le_bytes());
     reseal(&mut b);
     assert!(matches!(Header::decode(&b), Err(WireError::Range { .. })));
     assert!(matches!(
@@ -129,8 +148,8 @@ fn payload_must_match_op() {
         ..Default::default()
     };
     buf.copy_from_slice(raw.as_bytes());
-    let c = crc32c(&buf[..84]);
-    buf[84..88].copy_from_slice(&c.to_le_bytes());
+    let c = crc32c(&buf[..92]);
+    buf[92..96].copy_from_slice(&c.to_le_bytes());
     assert!(matches!(
         Header::decode(&buf),
         Err(WireError::PayloadLen { .. })
@@ -157,8 +176,8 @@ proptest! {
         let mut b = [0u8; HEADER_BYTES];
         h.encode(&mut b);
         b[pos] = val;
-        let c = crc32c(&b[..84]);
-        b[84..88].copy_from_slice(&c.to_le_bytes());
+        let c = crc32c(&b[..92]);
+        b[92..96].copy_from_slice(&c.to_le_bytes());
         if let Ok(d) = Header::decode(&b) {
             prop_assert!(d.payload_len <= PAYLOAD_MAX_BYTES);
             if matches!(d.op, Op::Read | Op::Write | Op::RepWrite) {
