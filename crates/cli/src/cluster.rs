@@ -141,13 +141,22 @@ fn pg_count_for(osds: u32, replicas: u8) -> u32 {
         .max(32)
 }
 
-/// The record of OSD `id` of the cluster in `dir`, on a store of `bytes`.
-pub fn osd_record(dir: &Path, id: u32, bytes: u64) -> OsdRecord {
-    OsdRecord::local(
-        id,
-        Addr::Unix(dir.join(format!("osd.{id}.sock"))).to_string(),
-        (bytes >> 30).max(1) as u32,
-    )
+/// The record of OSD `id` of the cluster in `dir`, on a store of `bytes`
+/// with PG logs for `pgs` PGs (at least the store's default).
+pub fn osd_record(dir: &Path, id: u32, bytes: u64, pgs: u32) -> OsdRecord {
+    OsdRecord {
+        pg_logs: nacre_osd::pg_log_region(pgs).slots,
+        ..OsdRecord::local(
+            id,
+            Addr::Unix(dir.join(format!("osd.{id}.sock"))).to_string(),
+            (bytes >> 30).max(1) as u32,
+        )
+    }
+}
+
+/// PGs over every pool of `m`: what a new store's PG logs must hold.
+pub fn all_pgs(m: &map::ClusterMap) -> u32 {
+    m.pools.iter().map(|p| p.pg_count).sum()
 }
 
 /// The size of the stores of the cluster in `dir` (its first OSD file's),
@@ -181,15 +190,15 @@ fn create_bytes(o: &UpOpts) -> u64 {
 fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
     if !map::initialised(meta)? {
         let n = o.osds.unwrap_or(OSDS_DEFAULT);
-        let osds: Vec<OsdRecord> = (0..n)
-            .map(|id| osd_record(&o.dir, id, o.osd_size_bytes))
-            .collect();
         let pool = PoolRecord::rbd(
             o.replicas,
             o.replicas / 2 + 1,
             o.pgs.unwrap_or_else(|| pg_count_for(n, o.replicas)),
             OBJECT_BYTES,
         );
+        let osds: Vec<OsdRecord> = (0..n)
+            .map(|id| osd_record(&o.dir, id, o.osd_size_bytes, pool.pg_count))
+            .collect();
         map::init(meta, &osds, &pool)?;
         return Ok(());
     }
@@ -220,7 +229,7 @@ fn init_or_check(meta: &dyn MetaStore, o: &UpOpts) -> anyhow::Result<()> {
     }
     let next = m.next_osd_id();
     for id in next..next + (want - have) {
-        map::add_osd(meta, &osd_record(&o.dir, id, create_bytes(o)))?;
+        map::add_osd(meta, &osd_record(&o.dir, id, create_bytes(o), all_pgs(&m)))?;
         tracing::info!("osd.{id} added");
     }
     let moved = map::place_new_osds(meta)?;
@@ -329,7 +338,12 @@ pub fn spawn_leader(
                 // The OSD records come from the meta store each time:
                 // `nacre osd add` stores one before the leader hears of it.
                 leader.set_placer(Box::new(move |pool, prev, inn| {
-                    let osds = map::load(&*records).map_err(|e| e.to_string())?.osds;
+                    let m = map::load(&*records).map_err(|e| e.to_string())?;
+                    if prev.is_none() {
+                        // A new pool: its PGs must fit every store's PG logs.
+                        map::check_pg_logs(&m, pool).map_err(|e| e.to_string())?;
+                    }
+                    let osds = m.osds;
                     // An OSD registered but not yet added to the map (`nacre
                     // osd init` while this leader runs) holds no PG until it
                     // boots and asks to be marked in.

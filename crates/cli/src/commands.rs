@@ -217,6 +217,9 @@ pub enum VolumeCmd {
         /// 1.5T. Thin: nothing is allocated until written.
         #[arg(long, value_parser = parse_size)]
         size: u64,
+        /// The pool to keep it in (default: the only pool, else `rbd`).
+        #[arg(long)]
+        pool: Option<String>,
         #[command(flatten)]
         at: At,
     },
@@ -353,12 +356,12 @@ pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
             dir.display()
         ),
     };
-    let pgs = m.pools.first().map_or(0, |p| p.pg_count);
+    let pgs = cluster::all_pgs(&m);
     cluster::plan_store(bytes, None, pgs).map_err(|e| {
         anyhow::anyhow!("--size {}: an OSD store cannot be made: {e}", human(bytes))
     })?;
     let id = m.next_osd_id();
-    let rec = cluster::osd_record(&dir, id, bytes);
+    let rec = cluster::osd_record(&dir, id, bytes, pgs);
     map::add_osd(&*meta, &rec)?;
     // Out at first: it holds no PG until it runs, then is marked in.
     let leader = cluster::leader_addr(&dir);
@@ -442,6 +445,7 @@ pub fn osd_ls(at: &At, format: Format) -> anyhow::Result<()> {
     let m = map::load(&*meta)?;
     let mut rows = Vec::new();
     let down = &m.state.down;
+    let outs = map::out_osds(&*meta, &m)?;
     for o in &m.osds {
         let (mut pgs, mut primary) = (0, 0);
         for t in &m.tables {
@@ -450,8 +454,7 @@ pub fn osd_ls(at: &At, format: Format) -> anyhow::Result<()> {
                 primary += usize::from(t.primary(pg, down) == Some(o.id));
             }
         }
-        // Out: marked out, or registered and never yet in a table.
-        let out = m.state.out.contains(&o.id) || !m.tables.iter().any(|t| t.knows(o.id));
+        let out = outs.contains(&o.id);
         rows.push(serde_json::json!({
             "id": o.id,
             "host": o.host,
@@ -492,13 +495,21 @@ pub fn osd_ls(at: &At, format: Format) -> anyhow::Result<()> {
 
 pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, at } => {
+        VolumeCmd::Create {
+            name,
+            size,
+            pool,
+            at,
+        } => {
             let meta = at.meta()?;
-            let v = rt::block_on(async {
-                anyhow::Ok(Cluster::connect(meta)?.create_volume(&name, size)?)
+            let (v, pool) = rt::block_on(async {
+                let c = Cluster::connect(meta)?;
+                let v = c.create_volume(&name, pool.as_deref(), size)?;
+                let pool = pool_name(&c.map(), v.pool);
+                anyhow::Ok((v, pool))
             })?;
             println!(
-                "created volume {} ({}, id {})",
+                "created volume {} ({}, id {:#x}, pool {pool})",
                 v.name,
                 human(v.size_bytes),
                 v.id
@@ -944,20 +955,15 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         up: map::load(&*meta)?.up,
         ..m
     };
-    let pool = m.pools.first().context("no pool")?;
+    // Usable space and overcommit at the first pool's replicas (a
+    // cluster with none yet: 1, raw space).
+    let size = m.pools.first().map_or(1, |p| p.size);
     let pg_count = m.tables.iter().map(|t| t.pg_count()).sum();
     let (pgs, pg_checks) = pg_summary(pg_count, m.epoch(), &stats);
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
-    // Out: marked out, or registered and never yet in a PG table (`nacre
-    // osd init`, until the OSD first boots and is marked in).
-    let mut outs = m.state.out.clone();
-    outs.extend(
-        (m.osds.iter())
-            .map(|o| o.id)
-            .filter(|&id| !m.tables.iter().any(|t| t.knows(id))),
-    );
-    outs.sort_unstable();
-    outs.dedup();
+    // Out: marked out, or registered and not yet booted (`nacre osd
+    // init`, until the OSD first boots and is marked in).
+    let outs = map::out_osds(&*meta, &m)?;
     let mut checks = damage_checks(&stats);
     // A down OSD that is still in holds copies the cluster lacks; one
     // marked out has handed its PGs over.
@@ -991,8 +997,8 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     let vols = map::list_volumes(&*meta)?;
     let provisioned: u64 = vols.iter().map(|v| v.size_bytes).sum();
     let config = map::get_config(&*meta)?;
-    let usable = usable_bytes(&stats, &outs, pool.size);
-    if let Some(c) = overcommit_check(provisioned, usable, pool.size, config.overcommit_ratio) {
+    let usable = usable_bytes(&stats, &outs, size);
+    if let Some(c) = overcommit_check(provisioned, usable, size, config.overcommit_ratio) {
         checks.push(c);
     }
     let orphans = map::get_orphans(&*meta)?;
@@ -1025,7 +1031,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
         "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
                       "read_bytes_per_s": sum("read_bytes_per_s") as u64, "write_bytes_per_s": sum("write_bytes_per_s") as u64},
-        "pool": {"name": pool.name, "size": pool.size, "min_size": pool.min_size, "pg_count": pool.pg_count},
+        "pools": m.pools.iter().map(|p| serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_count": p.pg_count, "failure_domain": p.failure_domain})).collect::<Vec<_>>(),
         "volumes": vols.len(),
         "provisioned_bytes": provisioned,
         "usable_bytes": usable,
@@ -1115,10 +1121,12 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                     println!("          last found: {f}");
                 }
             }
-            println!(
-                "pool      {} (replicated size {}, min_size {})",
-                pool.name, pool.size, pool.min_size
-            );
+            for p in &m.pools {
+                println!(
+                    "pool      {} (id {}: replicated size {}, min_size {}, {} PGs, failure domain {})",
+                    p.name, p.id, p.size, p.min_size, p.pg_count, p.failure_domain
+                );
+            }
             println!(
                 "capacity  {} used of {} raw, {} objects, {} volumes",
                 human(sum("used_bytes") as u64),
@@ -1132,7 +1140,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                     human(provisioned),
                     provisioned as f64 / u as f64,
                     human(u),
-                    pool.size
+                    size
                 );
             }
             if orphans.reclaimed_objects > 0 || !orphans.left.is_empty() {
@@ -1381,7 +1389,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let r = rt::block_on(async {
         let c = Cluster::connect(meta)?;
         if temp {
-            c.create_volume(&name, a.size)?;
+            c.create_volume(&name, None, a.size)?;
         }
         let r = async {
             let v = Rc::new(Volume::open(&c, &name)?);

@@ -73,11 +73,12 @@ pub struct PoolCreate {
 }
 
 /// `nacre pool create NAME ...`: the pool and its PG table over the OSDs
-/// registered now.
-pub fn pool_create(e: &EtcdArgs, p: &PoolCreate) -> anyhow::Result<()> {
-    let meta = e.meta()?;
-    cluster_id(&*meta, e)?;
-    map::check_volume_name(&p.name).map_err(|err| anyhow::anyhow!("pool name: {err}"))?;
+/// that are in. A running leader (`nacre up`'s, an elected monitor's)
+/// makes it, in a new epoch; with none, it is written to the meta store,
+/// where the next leader finds it.
+pub fn pool_create(at: &crate::at::At, p: &PoolCreate) -> anyhow::Result<()> {
+    let meta = at.meta()?;
+    map::cluster_uuid(&*meta)?;
     if !(1..=crate::cluster::PGS_MAX).contains(&p.pgs) {
         bail!("--pgs {}: give 1..={}", p.pgs, crate::cluster::PGS_MAX);
     }
@@ -88,24 +89,51 @@ pub fn pool_create(e: &EtcdArgs, p: &PoolCreate) -> anyhow::Result<()> {
     if !(1..=p.replicas).contains(&min_size) {
         bail!("--min-size {min_size}: give 1..={}", p.replicas);
     }
-    let pool = PoolRecord {
+    let m = map::load(&*meta)?;
+    if let Some(q) = m.pool_named(&p.name) {
+        bail!("a pool named {:?} exists already (id {})", p.name, q.id);
+    }
+    let mut pool = PoolRecord {
         id: 0,
         name: p.name.clone(),
         size: p.replicas,
         min_size,
         pg_count: p.pgs,
         failure_domain: p.failure_domain.clone(),
-        object_bytes: crate::cluster::OBJECT_BYTES,
+        // An object is one store block: every pool's is the stores'.
+        object_bytes: m
+            .pools
+            .first()
+            .map_or(crate::cluster::OBJECT_BYTES, |q| q.object_bytes),
     };
-    let m = map::create_pool(&*meta, &pool)?;
-    let osds: std::collections::BTreeSet<u32> = m.table.osds.iter().copied().collect();
+    map::check_pool(&PoolRecord {
+        id: 1,
+        ..pool.clone()
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    map::check_pg_logs(&m, &pool)?;
+    let leader = match &at.dir {
+        Some(_) => Some(at.leader(&*meta)?),
+        None => crate::at::elected_leader(&*meta)?,
+    };
+    let id = match leader {
+        Some(addr) => {
+            pool.id = map::reserve_pool_id(&*meta)?;
+            let body = serde_json::to_vec(&nacre_osd::PoolChange::Create(pool.clone()))?;
+            let ask = crate::at::Ask {
+                op: nacre_wire::Op::PoolChange,
+                id: 0,
+                arg: 0,
+                body: Some(&body),
+            };
+            crate::at::ask_leader_now(&addr, &ask)?;
+            pool.id
+        }
+        None => map::create_pool(&*meta, &pool)?.record.id,
+    };
     println!(
-        "created pool {} ({} replicas, min_size {min_size}, {} PGs, failure domain {}) on {} OSDs",
-        p.name,
-        p.replicas,
-        p.pgs,
-        p.failure_domain,
-        osds.len()
+        "created pool {} (id {id}: {} replicas, min_size {min_size}, {} PGs, failure domain {})",
+        p.name, p.replicas, p.pgs, p.failure_domain,
     );
     Ok(())
 }
@@ -199,12 +227,10 @@ pub fn osd_init(e: &EtcdArgs, o: &OsdInit) -> anyhow::Result<()> {
     let meta = e.meta()?;
     let cluster = cluster_id(&*meta, e)?;
     let m = map::load(&*meta)?;
-    let pool_pgs = m.pools.first().map(|p| p.pg_count);
-    let pg_logs = o
-        .pg_logs
-        .unwrap_or(pool_pgs.unwrap_or(0).max(PG_LOGS_DEFAULT));
-    if let Some(pgs) = pool_pgs.filter(|&p| p > pg_logs) {
-        bail!("--pg-logs {pg_logs}: the pool has {pgs} PGs; give at least that");
+    let pool_pgs = crate::cluster::all_pgs(&m);
+    let pg_logs = o.pg_logs.unwrap_or(pool_pgs.max(PG_LOGS_DEFAULT));
+    if pool_pgs > pg_logs {
+        bail!("--pg-logs {pg_logs}: the pools have {pool_pgs} PGs in all; give at least that");
     }
     let created = !o.dev.exists();
     if created && o.size_bytes.is_none() {
@@ -447,9 +473,6 @@ pub fn osd_run(e: &EtcdArgs, o: &OsdRun) -> anyhow::Result<()> {
             rec.store
         );
     }
-    let pool = wait_for("a pool (nacre pool create)", || {
-        Ok(map::load(&*meta)?.pools.first().cloned())
-    })?;
     let leader = wait_for("an elected monitor (nacre mon)", || elected_leader(&*meta))?;
     let leader = LeaderAddr::new(leader);
     follow_leader(meta.clone(), leader.clone())?;
@@ -458,9 +481,10 @@ pub fn osd_run(e: &EtcdArgs, o: &OsdRun) -> anyhow::Result<()> {
         path: o.dev.clone(),
         size_bytes: 0,
         addr: rec.addr.parse().map_err(anyhow::Error::msg)?,
-        object_bytes: pool.object_bytes,
+        // The store exists (`osd init` formatted it): these only check it.
+        object_bytes: g.block_bytes,
         journal_bytes: None,
-        pg_log_slots: pool.pg_count,
+        pg_log_slots: rec.pg_logs,
         direct,
         leader,
     };

@@ -122,13 +122,13 @@ enum ClusterCmd {
 
 #[derive(Subcommand)]
 enum PoolCmd {
-    /// Create the cluster's pool over the OSDs registered now (this build
-    /// keeps one pool per cluster; `nacre up` makes its own).
+    /// Create a pool over the OSDs that are in (`nacre up` makes the
+    /// first, `rbd`; a real cluster's first is made by this).
     Create {
         /// The pool's name: 1 to 128 of A-Z a-z 0-9 . _ -.
         name: String,
         #[command(flatten)]
-        etcd: at::EtcdArgs,
+        at: at::At,
         /// Copies of every object, each in its own failure domain.
         #[arg(long, default_value_t = 3)]
         replicas: u8,
@@ -514,13 +514,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Pool { cmd } => match cmd {
             PoolCmd::Create {
                 name,
-                etcd,
+                at,
                 replicas,
                 min_size,
                 pgs,
                 failure_domain,
             } => daemons::pool_create(
-                &etcd,
+                &at,
                 &daemons::PoolCreate {
                     name,
                     replicas,

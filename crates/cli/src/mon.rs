@@ -277,20 +277,6 @@ fn lead_term(o: &MonOpts, term: &Term, stop: &AtomicBool) -> anyhow::Result<()> 
         CmpOp::Equal,
         term.value.clone(),
     )];
-    let mut said = false;
-    loop {
-        if ending() {
-            return Ok(());
-        }
-        if !map::load(&*o.meta)?.pools.is_empty() {
-            break;
-        }
-        if !said {
-            tracing::warn!("mon: the cluster has no pool yet (nacre pool create makes one)");
-            said = true;
-        }
-        std::thread::sleep(POLL * 5);
-    }
     // OSDs registered while no leader ran are out until they boot and
     // ask to be marked in.
     let new = map::out_new_osds(&*o.meta, &fence)?;

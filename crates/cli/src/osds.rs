@@ -292,7 +292,12 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
         addr: rec.addr.parse().map_err(anyhow::Error::msg)?,
         object_bytes: pool.object_bytes,
         journal_bytes: o.journal_bytes,
-        pg_log_slots: pool.pg_count,
+        // What its record says its store holds (0: a record of an earlier
+        // build, whose stores fit the one pool there was).
+        pg_log_slots: match rec.pg_logs {
+            0 => cluster::all_pgs(&m),
+            n => n,
+        },
         direct: cluster::direct_io_works(&dir),
         leader: nacre_osd::LeaderAddr::new(cluster::leader_addr(&dir)),
     };

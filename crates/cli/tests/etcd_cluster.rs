@@ -170,6 +170,32 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
     };
     let mut acks = 300;
     wait_acks(&log, acks);
+    // A second pool while a monitor leads (its leader makes it, in a new
+    // epoch), two copies; a writer of its own through everything below.
+    let made = d.ok(&[
+        "pool",
+        "create",
+        "fast",
+        "--replicas",
+        "2",
+        "--min-size",
+        "1",
+        "--pgs",
+        "16",
+    ]);
+    assert!(made.contains("created pool fast (id 2"), "{made}");
+    d.status_until("HEALTH_OK with two pools", |s| {
+        healthy(s) && s["pools"].as_array().is_some_and(|p| p.len() == 2)
+    });
+    d.ok(&["volume", "create", "w", "--size", "64M", "--pool", "fast"]);
+    let uri2 = format!("nbd+unix:///w?socket={}", sock.display());
+    let stop2 = Arc::new(Mutex::new(false));
+    let log2 = Arc::new(Mutex::new(AckLog::default()));
+    let writer2 = {
+        let (uri, stop, log) = (uri2.clone(), stop2.clone(), log2.clone());
+        std::thread::spawn(move || fua_writer(uri, 32 << 20, 9, stop, log))
+    };
+    wait_acks(&log2, 100);
 
     // The elected monitor dies: the other takes over, writes go on.
     let st = d.status();
@@ -230,6 +256,14 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
     d.etcd.run(e);
 
     stop_and_verify(writer, &stop, &log, &uri, "daemons died and came back");
+    stop_and_verify(
+        writer2,
+        &stop2,
+        &log2,
+        &uri2,
+        "daemons died and came back (pool fast)",
+    );
+    assert!(log2.lock().unwrap().acks > 100);
     // Every daemon stops cleanly at SIGTERM.
     for name in ["gw", "osd0", "osd1", "osd2", "mon0", "mon1"] {
         d.stop(name);

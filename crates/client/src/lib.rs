@@ -132,9 +132,28 @@ impl Cluster {
         self.map.borrow().clone()
     }
 
-    /// The pool volumes are created in (the first one).
-    pub fn default_pool(&self) -> PoolRecord {
-        self.map.borrow().pools[0].clone()
+    /// The pool named `name`, or with none the pool volumes go to by
+    /// default: the only one, else the one named `rbd` (as in Ceph).
+    pub fn pool(&self, name: Option<&str>) -> Result<PoolRecord> {
+        let m = self.map.borrow();
+        let names = || {
+            let n: Vec<&str> = m.pools.iter().map(|p| p.name.as_str()).collect();
+            n.join(", ")
+        };
+        let found = match name {
+            Some(n) => m.pool_named(n),
+            None if m.pools.len() == 1 => m.pools.first(),
+            None => m.pool_named("rbd"),
+        };
+        found.cloned().ok_or_else(|| {
+            ClientError::Invalid(match name {
+                _ if m.pools.is_empty() => {
+                    "the cluster has no pool yet (nacre pool create makes one)".into()
+                }
+                Some(n) => format!("no pool named {n:?}; the pools are {}", names()),
+                None => format!("name the pool (--pool): the pools are {}", names()),
+            })
+        })
     }
 
     /// Asks the map feed for a newer map, from an op's retry loop, and
@@ -569,14 +588,17 @@ impl Volume {
 
 /// Volume administration (create, resize, delete), for the CLI and tests.
 impl Cluster {
-    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeRecord> {
+    /// Creates volume `name` in pool `pool` (`None`: [`Cluster::pool`]'s
+    /// default).
+    pub fn create_volume(
+        &self,
+        name: &str,
+        pool: Option<&str>,
+        size_bytes: u64,
+    ) -> Result<VolumeRecord> {
         check_size(size_bytes)?;
-        Ok(map::create_volume(
-            &*self.meta,
-            name,
-            &self.default_pool(),
-            size_bytes,
-        )?)
+        let pool = self.pool(pool)?;
+        Ok(map::create_volume(&*self.meta, name, &pool, size_bytes)?)
     }
 
     /// Changes the size. A shrink of a volume with open connections is

@@ -623,9 +623,12 @@ fn check_name(what: &str, name: &str) -> Result<()> {
 /// last; `None`: read from the store first), in as few transactions as the
 /// store allows: each PG's last active interval that changed, under a key
 /// of its own (a PG event writes a few hundred bytes, whatever the PG
-/// count), then the pool records and PG tables that changed and the
+/// count), then the PG tables and pool records that changed and the
 /// cluster state, together and last, so a table is stored only after the
-/// intervals it was made with and with the out list it was placed for.
+/// intervals it was made with and with the out list it was placed for
+/// (when more pools change at once than one transaction takes, in an
+/// order any prefix of which loads). A pool is deleted only if `prev` had
+/// it: one this leader never knew of is left alone.
 ///
 /// `fence` guards every write: an elected leader passes the compare that
 /// says it still holds its election key, so one that lost it stores
@@ -649,6 +652,12 @@ pub fn save_map(
             (&loaded.0, &loaded.1)
         }
     };
+    // Only a pool the leader knew and dropped is deleted, never one it
+    // merely does not know (written while it was not looking).
+    let removed: Vec<u32> = match prev {
+        Some((_, p)) => (p.keys().filter(|id| !pools.contains_key(id)).copied()).collect(),
+        None => Vec::new(),
+    };
     let mut ops = Vec::new();
     for (id, p) in pools {
         let was = prev_pools.get(id).map(|p| &p.last_active);
@@ -663,27 +672,31 @@ pub fn save_map(
                 .map(|pg| TxnOp::Delete(Range::key(&interval_key(*id, *pg)))),
         );
     }
+    // In an order any prefix of which is a map that loads: a pool's table
+    // before its record (a table without a record is not read), its
+    // record deleted before the rest; the cluster state last.
     let mut last = Vec::new();
     for (id, p) in pools {
         let was = prev_pools.get(id);
-        if was.is_none_or(|w| w.record != p.record) {
-            last.push(put(pool_key(*id), json(&p.record)));
-        }
         if was.is_none_or(|w| w.table != p.table) {
             last.push(put(table_key(*id), json(&p.table)));
         }
+        if was.is_none_or(|w| w.record != p.record) {
+            last.push(put(pool_key(*id), json(&p.record)));
+        }
     }
-    for id in prev_pools.keys().filter(|id| !pools.contains_key(id)) {
-        last.push(TxnOp::Delete(Range::prefix(&interval_prefix(*id))));
-        last.push(TxnOp::Delete(Range::key(&table_key(*id))));
-        last.push(TxnOp::Delete(Range::key(&pool_key(*id))));
+    for id in removed {
+        last.push(TxnOp::Delete(Range::key(&pool_key(id))));
+        last.push(TxnOp::Delete(Range::key(&table_key(id))));
+        last.push(TxnOp::Delete(Range::prefix(&interval_prefix(id))));
     }
     if prev_state != state {
         last.push(put(STATE_KEY.into(), json(state)));
     }
     let per = store.txn_ops_max().max(1);
-    // The cluster state and the tables together if they fit; the state
-    // last whatever happens.
+    // The cluster state and the tables together if they fit (etcd's 128
+    // operations: a hundred pools changing at once); if not, in order,
+    // the state alone last.
     let split = if last.len() <= per {
         ops.len()
     } else {
@@ -794,18 +807,13 @@ pub fn register_osd(store: &dyn MetaStore, mut rec: OsdRecord) -> Result<OsdReco
 
 /// Creates `pool` with its PG table over the OSDs registered now (those
 /// not out), giving it the next pool id; for a cluster with no leader
-/// running (a monitor or `nacre up` adds pools through theirs). The name
-/// must be new.
+/// running (a monitor or `nacre up` adds pools through theirs: the
+/// transaction fails if a monitor holds the leader key). The name must be
+/// new.
 pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState> {
     cluster_uuid(store)?;
     for _ in 0..CAS_RETRY_MAX {
         let m = load(store)?;
-        if let Some(p) = m.pools.first() {
-            return Err(MetaError::Invalid(format!(
-                "pool {} exists; this build keeps one pool per cluster",
-                p.name
-            )));
-        }
         let counter = store.get(POOL_COUNTER_KEY)?;
         let last: u32 = counter.as_ref().map_or(Ok(0), parse)?;
         let pool = PoolRecord {
@@ -826,8 +834,11 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState
             osds: place(&m.osds, &pool, &m.state.out, None)?,
             temp: BTreeMap::new(),
         };
+        // A new epoch: a map with the pool is never one without it at the
+        // same epoch (an OSD still on the old one answers `StaleEpoch`, not
+        // that the pool does not exist).
         let state = ClusterState {
-            epoch: m.state.epoch.max(1),
+            epoch: m.state.epoch + 1,
             ..m.state.clone()
         };
         let t = Txn {
@@ -837,7 +848,11 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState
                     CmpOp::Equal,
                     counter.map_or(0, |kv| kv.mod_revision),
                 ),
+                // The state it was placed with and bumps is still the
+                // stored one.
+                Compare::ModRevision(STATE_KEY.into(), CmpOp::Less, m.revision + 1),
                 Compare::Version(pool_key(pool.id), CmpOp::Equal, 0),
+                Compare::Version(MON_LEADER_KEY.into(), CmpOp::Equal, 0),
             ],
             success: vec![
                 put(pool_key(pool.id), json(&pool)),
@@ -854,20 +869,64 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState
                 last_active: BTreeMap::new(),
             });
         }
+        if store.get(MON_LEADER_KEY)?.is_some() {
+            return Err(MetaError::Invalid(
+                "a monitor leads the cluster now: its leader makes pools".into(),
+            ));
+        }
     }
     Err(MetaError::Unavailable(
         "pool create kept losing races".into(),
     ))
 }
 
+/// Takes the next pool id from the meta store's counter (ids are never
+/// given twice, even to a pool whose creation then fails), for a pool a
+/// running leader creates.
+pub fn reserve_pool_id(store: &dyn MetaStore) -> Result<u32> {
+    for _ in 0..CAS_RETRY_MAX {
+        let counter = store.get(POOL_COUNTER_KEY)?;
+        let last: u32 = counter.as_ref().map_or(Ok(0), parse)?;
+        if last >= POOL_ID_MAX {
+            return Err(MetaError::Invalid(format!(
+                "every pool id up to {POOL_ID_MAX} has been given"
+            )));
+        }
+        let t = Txn {
+            compare: vec![Compare::ModRevision(
+                POOL_COUNTER_KEY.into(),
+                CmpOp::Equal,
+                counter.map_or(0, |kv| kv.mod_revision),
+            )],
+            success: vec![put(POOL_COUNTER_KEY.into(), json(&(last + 1)))],
+            failure: vec![],
+        };
+        if store.txn(t)?.succeeded {
+            return Ok(last + 1);
+        }
+    }
+    Err(MetaError::Unavailable("pool id kept being taken".into()))
+}
+
+/// Most PGs over every pool: the map a leader sends each OSD (`Boot`,
+/// `Map`), with a table entry and an interval of a few hundred bytes per
+/// PG, must fit one frame (4 MiB).
+pub const PGS_TOTAL_MAX: u32 = 16_384;
+
 /// Refuses a pool whose PGs, with every other pool's, would not all fit
-/// the PG log slots of some OSD's store.
+/// the PG log slots of some OSD's store, or the map's frame.
 pub fn check_pg_logs(m: &ClusterMap, pool: &PoolRecord) -> Result<()> {
     let others: u32 = (m.pools.iter())
         .filter(|p| p.id != pool.id)
         .map(|p| p.pg_count)
         .sum();
     let all = others + pool.pg_count;
+    if all > PGS_TOTAL_MAX {
+        return Err(MetaError::Invalid(format!(
+            "{} PGs: the pools would have {all} in all, more than {PGS_TOTAL_MAX} (the map every OSD is sent must fit a frame)",
+            pool.pg_count
+        )));
+    }
     if let Some(o) = (m.osds.iter()).find(|o| o.pg_logs != 0 && o.pg_logs < all) {
         return Err(MetaError::Invalid(format!(
             "{} PGs in all: osd.{}'s store holds the logs of {} PGs at most (nacre osd init --pg-logs)",
@@ -947,15 +1006,15 @@ pub fn place_new_osds(store: &dyn MetaStore) -> Result<usize> {
     Ok(moved)
 }
 
-/// Marks out the OSDs that are registered but neither in a PG table nor
-/// out (registered while no leader ran), in a new epoch: a leader that
-/// starts gives them their share only when they boot and ask to be marked
-/// in (an OSD never started holds no PG meanwhile). Returns their ids.
+/// Marks out the OSDs that `nacre osd init` registered while no leader
+/// ran and that have not booted yet (their [`fresh_key`] is there) and are
+/// neither in a PG table nor out, in a new epoch: a leader that starts
+/// gives them their share only when they boot and ask to be marked in (an
+/// OSD never started holds no PG meanwhile). Returns their ids.
 pub fn out_new_osds(store: &dyn MetaStore, fence: &[Compare]) -> Result<Vec<u32>> {
     let m = load(store)?;
-    let new: Vec<u32> = (m.osds.iter())
-        .map(|o| o.id)
-        .filter(|&id| !m.state.out.contains(&id) && !m.tables.iter().any(|t| t.knows(id)))
+    let new: Vec<u32> = (unbooted(store, &m)?.into_iter())
+        .filter(|id| !m.state.out.contains(id))
         .collect();
     if new.is_empty() {
         return Ok(new);
@@ -975,6 +1034,31 @@ pub fn out_new_osds(store: &dyn MetaStore, fence: &[Compare]) -> Result<Vec<u32>
         return Err(MetaError::NotLeader);
     }
     Ok(new)
+}
+
+/// The OSDs of `m` that `nacre osd init` registered and that have not
+/// booted yet (their [`fresh_key`] is there) and are in no PG table.
+fn unbooted(store: &dyn MetaStore, m: &ClusterMap) -> Result<Vec<u32>> {
+    let (fresh, _) = store.range(&Range::prefix(&format!("{ROOT}fresh/osd/")))?;
+    let fresh: Vec<u32> = (fresh.iter())
+        .filter_map(|kv| kv.key.rsplit('/').next()?.parse().ok())
+        .collect();
+    Ok((m.osds.iter())
+        .map(|o| o.id)
+        .filter(|id| fresh.contains(id))
+        .filter(|&id| !m.tables.iter().any(|t| t.knows(id)))
+        .collect())
+}
+
+/// The OSDs of `m` that are out: marked out, or registered and not yet
+/// booted (a leader marks those out when it starts, and in when they first
+/// boot). Sorted.
+pub fn out_osds(store: &dyn MetaStore, m: &ClusterMap) -> Result<Vec<u32>> {
+    let mut out = m.state.out.clone();
+    out.extend(unbooted(store, m)?);
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// The leader's history of pool `pool` (empty for a new pool): per PG,
@@ -1293,8 +1377,13 @@ mod tests {
         p3.insert(2, two);
         save_map(&*s, &next, &p3, Some((&next, &p2)), &[]).unwrap();
         assert_eq!(load_pools(&*s).unwrap(), p3);
+        // A pool the leader does not know (none before it) is kept...
+        save_map(&*s, &next, &p2, None, &[]).unwrap();
+        assert_eq!(load_pools(&*s).unwrap(), p3);
+        // ... one it knew and dropped goes.
+        let all = p3.clone();
         p3.remove(&1);
-        save_map(&*s, &next, &p3, None, &[]).unwrap();
+        save_map(&*s, &next, &p3, Some((&next, &all)), &[]).unwrap();
         assert_eq!(load_pools(&*s).unwrap(), p3);
         assert!(s
             .range(&Range::prefix(&interval_prefix(1)))
@@ -1313,6 +1402,8 @@ mod tests {
         inner: std::sync::Arc<Embedded>,
         max: usize,
         txns: std::sync::atomic::AtomicUsize,
+        /// Transactions taken before the store stops answering.
+        fail_after: usize,
     }
 
     impl MetaStore for Narrow {
@@ -1321,7 +1412,10 @@ mod tests {
         }
         fn txn(&self, t: Txn) -> Result<crate::TxnResponse> {
             assert!(t.success.len() <= self.max, "{} ops", t.success.len());
-            self.txns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let n = self.txns.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n >= self.fail_after {
+                return Err(MetaError::Unavailable("cut".into()));
+            }
             self.inner.txn(t)
         }
         fn watch(&self, r: &Range, start: crate::Revision) -> Result<crate::Watch> {
@@ -1353,6 +1447,7 @@ mod tests {
             inner,
             max: 6,
             txns: 0.into(),
+            fail_after: usize::MAX,
         };
         let state = load(&s).unwrap().state;
         let pools = load_pools(&s).unwrap();
@@ -1404,6 +1499,56 @@ mod tests {
         assert_eq!(load_pools(&s).unwrap(), next_pools);
         assert_eq!(load(&s).unwrap().epoch(), 2);
         assert_eq!(leader_addr_of(b"tcp:a:1 x").as_deref(), Some("tcp:a:1"));
+    }
+
+    /// More pools changing than one transaction takes: whatever prefix of
+    /// the change is stored when the store stops answering, the map loads
+    /// (a new pool's table goes before its record, a removed one's record
+    /// first), and the whole change lands when none is cut.
+    #[test]
+    fn a_change_cut_anywhere_leaves_a_map_that_loads() {
+        for cut in 0..8 {
+            let d = tempfile::tempdir().unwrap();
+            let inner = Embedded::open(d.path()).unwrap();
+            init(&*inner, &osds(4), &pool()).unwrap();
+            let s = Narrow {
+                inner,
+                max: 7,
+                txns: 0.into(),
+                fail_after: usize::MAX,
+            };
+            let state = load(&s).unwrap().state;
+            let pools = load_pools(&s).unwrap();
+            // Pool 1 goes, pools 2..=5 come: 12 operations in pieces of 7,
+            // one cut between a table and its record.
+            let mut next_pools = BTreeMap::new();
+            for id in 2..=5 {
+                let mut p = pools[&1].clone();
+                p.record.id = id;
+                p.record.name = format!("p{id}");
+                p.table.pool = id;
+                next_pools.insert(id, p);
+            }
+            let next = ClusterState {
+                epoch: 2,
+                out: vec![3],
+                ..state.clone()
+            };
+            let before = s.txns.load(std::sync::atomic::Ordering::Relaxed);
+            let s = Narrow {
+                fail_after: before + cut,
+                ..s
+            };
+            let r = save_map(&s, &next, &next_pools, Some((&state, &pools)), &[]);
+            let got = load_pools(&*s.inner).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+            let got_state = load(&*s.inner).unwrap().state;
+            if r.is_ok() {
+                assert_eq!((got, got_state), (next_pools.clone(), next.clone()));
+            } else {
+                assert!(got.keys().all(|id| *id <= 5), "cut {cut}: {got:?}");
+                assert!(got_state == state || got_state == next, "cut {cut}");
+            }
+        }
     }
 
     #[test]

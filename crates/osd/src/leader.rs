@@ -36,7 +36,7 @@ use nacre_net::{Frame, Handler, Rpc, Transport};
 use nacre_types::{ObjectId, PgId, HEARTBEAT_GRACE_MS, HEARTBEAT_INTERVAL_MS};
 use nacre_wire::{Header, Op, Status};
 
-use crate::map::{OsdMap, PgEvent};
+use crate::map::{OsdMap, PgEvent, PoolChange};
 
 /// How often the leader drops the temporary members of PGs whose new
 /// members are complete, all in one epoch.
@@ -246,11 +246,16 @@ impl<T: Transport> Leader<T> {
             let table = self
                 .place(&p.record, Some(&p.table), &outs)
                 .map_err(|e| format!("osd.{id} cannot be marked {verb}: {e}"))?;
-            moved += (table.iter().zip(&p.table.osds))
+            let n = (table.iter().zip(&p.table.osds))
                 .filter(|(a, b)| a != b)
                 .count();
             copies += table.len();
-            tables.insert(*pool, table);
+            moved += n;
+            // A pool whose table does not change keeps its temporary
+            // members as they are.
+            if n > 0 {
+                tables.insert(*pool, table);
+            }
         }
         let why = format!("osd.{id} marked {verb}; {moved} of {copies} PG copies move");
         self.change(&why, |m| {
@@ -311,6 +316,74 @@ impl<T: Transport> Leader<T> {
             m.addrs.insert(id, addr);
             m.cluster.out.push(id);
             m.cluster.out.sort_unstable();
+        })
+        .map(drop)
+        .map_err(|s| format!("the map could not be stored: {s:?}"))
+    }
+
+    /// Makes a pool change (`nacre pool create`) in a new epoch; why not,
+    /// if it cannot be.
+    pub fn pool_change(self: &Rc<Self>, c: PoolChange) -> Result<(), String> {
+        match c {
+            PoolChange::Create(rec) => self.add_pool(rec),
+        }
+    }
+
+    /// Adds pool `rec` (its id new, its name unused), placed over the OSDs
+    /// that are in. The same pool again is a no-op (a retried request).
+    fn add_pool(self: &Rc<Self>, rec: PoolRecord) -> Result<(), String> {
+        nacre_meta::map::check_pool(&rec).map_err(|e| e.to_string())?;
+        let out = {
+            let m = self.map.borrow();
+            if let Some(p) = m.pools.get(&rec.id) {
+                return if p.record == rec {
+                    Ok(())
+                } else {
+                    Err(format!("pool id {} is pool {}'s", rec.id, p.record.name))
+                };
+            }
+            if let Some(p) = m.pools.values().find(|p| p.record.name == rec.name) {
+                return Err(format!(
+                    "a pool named {:?} exists already (id {})",
+                    rec.name, p.record.id
+                ));
+            }
+            let all: u32 = m.pools.values().map(|p| p.record.pg_count).sum();
+            if all + rec.pg_count > nacre_meta::map::PGS_TOTAL_MAX {
+                return Err(format!(
+                    "{} PGs: the pools would have {} in all, more than {} (the map must fit a frame)",
+                    rec.pg_count,
+                    all + rec.pg_count,
+                    nacre_meta::map::PGS_TOTAL_MAX
+                ));
+            }
+            m.cluster.out.clone()
+        };
+        let osds = self
+            .place(&rec, None, &out)
+            .map_err(|e| format!("pool {}: {e}", rec.name))?;
+        let why = format!(
+            "pool {} (id {}) created: {} copies, min_size {}, {} PGs over {} OSDs",
+            rec.name,
+            rec.id,
+            rec.size,
+            rec.min_size,
+            rec.pg_count,
+            (osds.iter().collect::<std::collections::BTreeSet<_>>()).len()
+        );
+        let table = PgTable {
+            pool: rec.id,
+            size: rec.size,
+            osds,
+            temp: BTreeMap::new(),
+        };
+        self.change(&why, |m| {
+            let state = nacre_meta::map::PoolState {
+                record: rec.clone(),
+                table,
+                last_active: BTreeMap::new(),
+            };
+            m.pools.insert(rec.id, state);
         })
         .map(drop)
         .map_err(|s| format!("the map could not be stored: {s:?}"))
@@ -789,6 +862,11 @@ impl<T: Transport> Handler for Leader<T> {
             Op::Dead => (h.reply(self.dead(h.sender, h.obj_version)), None),
             Op::MarkOut => refusal(&h, self.mark_out(h.sender, h.obj_version != 0)),
             Op::RmOsd => refusal(&h, self.rm_osd(h.sender)),
+            Op::PoolChange => {
+                let c = serde_json::from_slice(f.payload.as_deref().unwrap_or(&[]))
+                    .map_err(|e| format!("a pool change that does not parse: {e}"));
+                refusal(&h, c.and_then(|c| self.pool_change(c)))
+            }
             Op::AddOsd => {
                 let addr = std::str::from_utf8(f.payload.as_deref().unwrap_or(&[]))
                     .map_err(|_| "the address is not UTF-8".to_string())

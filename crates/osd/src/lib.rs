@@ -59,7 +59,7 @@ use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
 use nacre_types::{ObjectId, PgId, DAMAGED_OBJECTS_OUT, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
-pub use map::{OsdMap, PgEvent};
+pub use map::{OsdMap, PgEvent, PoolChange};
 pub use peering::PG_QUERY_PAGE_OBJECTS;
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
 pub use scrub::{
@@ -1677,7 +1677,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             | Op::Dead
             | Op::MarkOut
             | Op::AddOsd
-            | Op::RmOsd => (h.reply(Status::Invalid), None),
+            | Op::RmOsd
+            | Op::PoolChange => (h.reply(Status::Invalid), None),
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use nacre_io::net::Addr;
-use nacre_meta::map::{ClusterState, Interval, PgTable, PoolState};
+use nacre_meta::map::{ClusterState, Interval, PgTable, PoolRecord, PoolState};
 use nacre_types::{ObjectId, PgId};
 use serde::{Deserialize, Serialize};
 
@@ -172,6 +172,14 @@ impl OsdMap {
         }
         Ok(())
     }
+}
+
+/// What an admin asks the leader to do to the pools (`Op::PoolChange`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PoolChange {
+    /// A new pool, its id already taken from the meta store's counter
+    /// (ids are never given twice): placed over the OSDs that are in.
+    Create(PoolRecord),
 }
 
 /// What a primary tells the leader about one of its PGs.

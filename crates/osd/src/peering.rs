@@ -177,7 +177,7 @@ impl LogSync {
         let mut adopt = Vec::with_capacity(m);
         for c in b[8 + n * 8..].chunks_exact(64) {
             let e = LogEntry::from_bytes(c).ok_or("a malformed entry")?;
-            if e.pg != pg.key() || PgId::of(e.oid, pg_count) != pg || !ok(e.version) {
+            if e.pg != pg.key() || !pg.holds(e.oid, pg_count) || !ok(e.version) {
                 return Err(format!("entry {e:?} is not of PG {pg} in epoch {epoch}"));
             }
             if adopt
@@ -245,7 +245,7 @@ impl Ask {
             }
             Ask::VERSIONS => {
                 let oids = crate::scrub::decode_oids(b);
-                match oids.iter().find(|&&o| PgId::of(o, pg_count) != pg) {
+                match oids.iter().find(|&&o| !pg.holds(o, pg_count)) {
                     Some(o) => Err(format!("{o} is not of PG {pg}")),
                     None => Ok(Ask::Versions(oids)),
                 }
@@ -367,7 +367,7 @@ impl PgInfo {
             let at = INFO_HEAD_BYTES + n * 64 + k * OBJECT_BYTES;
             let oid = ObjectId::new(u64_at(at), u64_at(at + 8));
             let v = u64_at(at + 16);
-            if PgId::of(oid, pg_count) != pg || v == 0 {
+            if !pg.holds(oid, pg_count) || v == 0 {
                 return Err(format!(
                     "PG info: object {oid} v{v} is not one of this PG's"
                 ));
@@ -409,7 +409,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             Ask::Listing => {
                 self.stats.pg_listed();
                 (self.store.list().into_iter())
-                    .filter(|(oid, _)| PgId::of(*oid, count) == pg)
+                    .filter(|(oid, _)| pg.holds(*oid, count))
                     .collect()
             }
             Ask::Log => BTreeMap::new(),
@@ -810,6 +810,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     async fn try_peer(self: &Rc<Self>, pg: PgId, epoch: u64) -> Result<(), PeerError> {
         let (acting, prior, min_size, size, members) = {
             let m = self.map.borrow();
+            if !m.has(pg) {
+                return Err(Inactive(format!("no PG {pg} in epoch {}", m.epoch())));
+            }
             let prior = m.last_active(pg).cloned();
             // The members of the last active interval that are up with
             // the store they had then.

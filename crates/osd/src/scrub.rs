@@ -772,7 +772,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let oids = decode_oids(b);
         let mut prev = after;
         for &o in &oids {
-            if PgId::of(o, count) != pg || prev.is_some_and(|p| o <= p) {
+            if !pg.holds(o, count) || prev.is_some_and(|p| o <= p) {
                 return bad(format!("{o} out of place"));
             }
             prev = Some(o);
@@ -830,7 +830,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let (key, count) = (pg.key(), self.map.borrow().pg_count(pg.pool));
         let mut all: BTreeSet<ObjectId> = (self.store.list().into_iter())
             .map(|(o, _)| o)
-            .filter(|&o| PgId::of(o, count) == pg && after.is_none_or(|a| o > a))
+            .filter(|&o| pg.holds(o, count) && after.is_none_or(|a| o > a))
             .collect();
         if let Some(log) = self.store.pg_log(key) {
             all.extend(
@@ -951,7 +951,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 }
                 if h.length == MEND {
                     let whole = b.len() == self.store.block_bytes() as usize;
-                    if !whole || PgId::of(h.oid, count) != h.pg_id() {
+                    if !whole || !h.pg_id().holds(h.oid, count) {
                         return refuse(Status::Invalid);
                     }
                     let d = AlignedBuf::from_slice(b);
@@ -980,7 +980,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     return refuse(Status::Invalid);
                 }
                 let oids = decode_oids(b);
-                if oids.iter().any(|&o| PgId::of(o, count) != h.pg_id()) {
+                if oids.iter().any(|&o| !h.pg_id().holds(o, count)) {
                     return refuse(Status::Invalid);
                 }
                 let (tail, seen) = self

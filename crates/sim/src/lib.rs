@@ -422,39 +422,52 @@ impl Cluster {
         self.leader.mark_out(id, out)
     }
 
-    /// Formats every OSD's device and starts them with a leader. Inside
+    /// Formats every OSD's device and starts them with a leader, one pool
+    /// (id 1) of `size` copies, `min_size` and `pgs` PGs. Inside
     /// `block_on_virtual`.
     pub async fn new(net: Net, osds: u32, size: u8, min_size: u8, pgs: u32) -> Rc<Cluster> {
+        Cluster::with_pools(net, osds, &[(size, min_size, pgs)]).await
+    }
+
+    /// [`Cluster::new`] with pools 1, 2, … of `(size, min_size, pgs)`.
+    pub async fn with_pools(net: Net, osds: u32, pools: &[(u8, u8, u32)]) -> Rc<Cluster> {
         let addrs: HashMap<u32, Addr> = (0..osds)
             .map(|id| (id, Addr::Tcp(format!("osd{id}:6800"))))
             .collect();
         let all: Vec<u32> = (0..osds).collect();
-        let table = consecutive(&all, pgs, size);
-        let record = PoolRecord {
-            id: 1,
-            name: "rbd".into(),
-            size,
-            min_size,
-            pg_count: pgs,
-            failure_domain: "osd".into(),
-            object_bytes: OBJECT_BYTES,
-        };
-        let pool = PoolState {
-            record,
-            table: PgTable {
-                pool: 1,
+        let pools = (1..).zip(pools).map(|(id, &(size, min_size, pgs))| {
+            let record = PoolRecord {
+                id,
+                name: if id == 1 {
+                    "rbd".into()
+                } else {
+                    format!("p{id}")
+                },
                 size,
-                osds: table,
+                min_size,
+                pg_count: pgs,
+                failure_domain: "osd".into(),
+                object_bytes: OBJECT_BYTES,
+            };
+            let table = PgTable {
+                pool: id,
+                size,
+                osds: consecutive(&all, pgs, size),
                 temp: Default::default(),
-            },
-            last_active: Default::default(),
-        };
+            };
+            let state = PoolState {
+                record,
+                table,
+                last_active: Default::default(),
+            };
+            (id, state)
+        });
         let map = OsdMap {
             cluster: ClusterState {
                 epoch: 1,
                 ..ClusterState::default()
             },
-            pools: [(1, pool)].into(),
+            pools: pools.collect(),
             addrs: (addrs.iter()).map(|(k, a)| (*k, a.to_string())).collect(),
             up_from: Default::default(),
             stores: Default::default(),
@@ -636,6 +649,13 @@ impl Cluster {
     /// The running instance of OSD `id`.
     pub fn osd(&self, id: u32) -> Option<Rc<SimOsd>> {
         self.nodes.borrow()[id as usize].osd.clone()
+    }
+
+    /// Object `n` of a workload: block `n` of a volume of pool `n mod the
+    /// number of pools`, + 1 (so a one-pool cluster's are all pool 1's).
+    pub fn object(&self, n: u64) -> ObjectId {
+        let pools = self.leader.map().pools.len() as u64;
+        object((n % pools.max(1)) as u32 + 1, 1, n)
     }
 
     /// The PG of `oid` and its acting set, in the leader's map.

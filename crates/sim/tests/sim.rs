@@ -89,7 +89,7 @@ async fn client(c: Rc<Cluster>, k: u64, model: Model, seed: u64) {
     let mut rng = nacre_io::fault::SplitMix(seed ^ (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     for n in 0..OPS_PER_CLIENT {
         let obj = rng.below(OBJECTS / CLIENTS) * CLIENTS + k;
-        let oid = nacre_sim::obj(1, obj);
+        let oid = c.object(obj);
         let write = match rng.below(8) {
             0 => None,
             1..=3 => Some((rng.next_u64(), 0, CHUNKS)),
@@ -208,7 +208,7 @@ fn allowed(attempts: &[Attempt], chunk: u32) -> Vec<Option<u64>> {
 }
 
 async fn read(c: &Cluster, obj: u64) -> Option<Vec<u8>> {
-    let oid = nacre_sim::obj(1, obj);
+    let oid = c.object(obj);
     let mut last = String::new();
     for _ in 0..50 {
         let mut h = Header::request(Op::Read, 0, oid);
@@ -233,10 +233,17 @@ fn run(seed: u64) {
 /// in pages. (The regression seeds run unpaged: more round trips change
 /// the interleavings they were found with.)
 fn run_on(seed: u64, osds: u32, paged: bool) {
+    run_with(seed, osds, paged, &[(3, 2, 16)]);
+}
+
+/// [`run_on`] with pools of `(size, min_size, PGs)`; object `n` is in
+/// pool `n mod pools + 1`.
+fn run_with(seed: u64, osds: u32, paged: bool, pools: &[(u8, u8, u32)]) {
     init_log();
+    let pools = pools.to_vec();
     rt::block_on_virtual(async move {
         let net = Net::new(seed, Duration::from_millis(500));
-        let c = Cluster::new(net.clone(), osds, 3, 2, 16).await;
+        let c = Cluster::with_pools(net.clone(), osds, &pools).await;
         if paged {
             c.set_query_page(2);
         }
@@ -342,7 +349,7 @@ fn check_read(seed: u64, obj: u64, attempts: &[Attempt], got: Option<&[u8]>) {
 /// object holds the same version and the same bytes.
 async fn check_copies(c: &Cluster, seed: u64, model: &BTreeMap<u64, Vec<Attempt>>) {
     for &obj in model.keys() {
-        let oid = nacre_sim::obj(1, obj);
+        let oid = c.object(obj);
         let mut seen: Option<(u32, Option<u64>, Option<Vec<u8>>)> = None;
         for id in c.placement(oid) {
             let osd = c.osd(id).expect("healed: every OSD is up");
@@ -404,6 +411,22 @@ fn acknowledged_ops_survive_osds_marked_out_and_in() {
         let r = std::panic::catch_unwind(|| run_on(seed, OSDS_OUT_IN, seed % 2 == 0));
         if let Err(e) = r {
             eprintln!("failing seed: {seed} (replay: NACRE_SIM_SEED={seed}, the out-and-in test)");
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+/// The same on two pools of different sizes (3 copies and 2, 16 PGs and
+/// 8; OSDs marked out and in move both): every PG of both peers, recovers
+/// and keeps what it acknowledged, each pool's objects in its own PGs.
+#[test]
+fn acknowledged_ops_survive_on_two_pools() {
+    for seed in seeds() {
+        let r = std::panic::catch_unwind(|| {
+            run_with(seed, OSDS_OUT_IN, seed % 2 == 0, &[(3, 2, 16), (2, 2, 8)])
+        });
+        if let Err(e) = r {
+            eprintln!("failing seed: {seed} (replay: NACRE_SIM_SEED={seed}, the two-pool test)");
             std::panic::resume_unwind(e);
         }
     }

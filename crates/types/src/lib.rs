@@ -54,6 +54,12 @@ impl PgId {
         PgId::new(oid.volume.pool(), pg_of(oid, pg_count))
     }
 
+    /// Whether `oid` is in this PG, its pool having `pg_count` PGs (0: no
+    /// such pool, and no object is).
+    pub fn holds(self, oid: ObjectId, pg_count: u32) -> bool {
+        pg_count > 0 && oid.pool() == self.pool && pg_of(oid, pg_count) == self.pg
+    }
+
     /// The PG's key in a store's PG logs.
     pub const fn key(self) -> u64 {
         ((self.pool as u64) << 32) | self.pg as u64
@@ -266,6 +272,8 @@ mod tests {
             block: 9,
         };
         assert_eq!(PgId::of(oid, 64), PgId::new(3, pg_of(oid, 64)));
+        assert!(PgId::of(oid, 64).holds(oid, 64) && !PgId::new(2, pg_of(oid, 64)).holds(oid, 64));
+        assert!(!PgId::of(oid, 64).holds(oid, 0), "no pool, no PG");
     }
 
     #[test]

@@ -124,6 +124,10 @@ pub enum Op {
     /// refused, with the reason as UTF-8 text in the payload, unless it is
     /// down, out, and no PG counts on its copies.
     RmOsd = 23,
+    /// Admin → leader: create, change or remove a pool (JSON payload,
+    /// `nacre_osd::PoolChange`), in a new epoch; a refusal carries its
+    /// reason as UTF-8 text.
+    PoolChange = 24,
 }
 
 impl Op {
@@ -152,6 +156,7 @@ impl Op {
             21 => Op::AddOsd,
             22 => Op::Scrub,
             23 => Op::RmOsd,
+            24 => Op::PoolChange,
             _ => return None,
         })
     }
@@ -450,8 +455,11 @@ impl Header {
             (Op::Read, true) => self.status == Status::Ok,
             // A statistics report, a leader's reason for a refusal, a
             // scrub's objects and findings.
-            (Op::Stat | Op::MarkOut | Op::AddOsd | Op::Scrub | Op::RmOsd, true)
-            | (Op::AddOsd, false) => {
+            (
+                Op::Stat | Op::MarkOut | Op::AddOsd | Op::Scrub | Op::RmOsd | Op::PoolChange,
+                true,
+            )
+            | (Op::AddOsd | Op::PoolChange, false) => {
                 if len > CONTROL_PAYLOAD_MAX_BYTES {
                     return bad("larger than a control payload");
                 }
