@@ -117,16 +117,9 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate) -> anyhow::Result<()> {
         None => crate::at::elected_leader(&*meta)?,
     };
     let id = match leader {
-        Some(addr) => {
+        Some(_) => {
             pool.id = map::reserve_pool_id(&*meta)?;
-            let body = serde_json::to_vec(&nacre_osd::PoolChange::Create(pool.clone()))?;
-            let ask = crate::at::Ask {
-                op: nacre_wire::Op::PoolChange,
-                id: 0,
-                arg: 0,
-                body: Some(&body),
-            };
-            crate::at::ask_leader_now(&addr, &ask)?;
+            pool_change(at, &*meta, &nacre_osd::PoolChange::Create(pool.clone()))?;
             pool.id
         }
         None => map::create_pool(&*meta, &pool)?.record.id,
@@ -135,6 +128,101 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate) -> anyhow::Result<()> {
         "created pool {} (id {id}: {} replicas, min_size {min_size}, {} PGs, failure domain {})",
         p.name, p.replicas, p.pgs, p.failure_domain,
     );
+    Ok(())
+}
+
+/// Sends `change` to the cluster's running leader (`nacre up`'s, the
+/// elected monitor's); with none, says how to start one.
+fn pool_change(
+    at: &crate::at::At,
+    meta: &dyn MetaStore,
+    change: &nacre_osd::PoolChange,
+) -> anyhow::Result<()> {
+    let leader = match &at.dir {
+        Some(_) => at.leader(meta)?,
+        None => crate::at::elected_leader(meta)?
+            .with_context(|| format!("no monitor leads {}: start nacre mon", at.name()))?,
+    };
+    let body = serde_json::to_vec(change)?;
+    let ask = crate::at::Ask {
+        op: nacre_wire::Op::PoolChange,
+        id: 0,
+        arg: 0,
+        body: Some(&body),
+    };
+    crate::at::ask_leader_now(&leader, &ask)
+}
+
+/// The pool named `name` of `m`, or an error naming the pools there are.
+fn pool_named<'a>(
+    m: &'a map::ClusterMap,
+    name: &str,
+    at: &crate::at::At,
+) -> anyhow::Result<&'a PoolRecord> {
+    m.pool_named(name).with_context(|| {
+        let names: Vec<&str> = m.pools.iter().map(|p| p.name.as_str()).collect();
+        format!(
+            "no pool {name} in {}; the pools are: {}",
+            at.name(),
+            names.join(", ")
+        )
+    })
+}
+
+/// `nacre pool set NAME [--replicas N] [--min-size M]`.
+pub fn pool_set(
+    at: &crate::at::At,
+    name: &str,
+    replicas: Option<u8>,
+    min_size: Option<u8>,
+) -> anyhow::Result<()> {
+    if replicas.is_none() && min_size.is_none() {
+        bail!("give --replicas N, --min-size M or both");
+    }
+    let meta = at.meta()?;
+    let m = map::load(&*meta)?;
+    let p = pool_named(&m, name, at)?;
+    let size = replicas.unwrap_or(p.size);
+    let min = min_size.unwrap_or(p.min_size);
+    if !(1..=16).contains(&size) || !(1..=size).contains(&min) {
+        bail!("{size} copies and min_size {min}: give 1 <= min_size <= replicas <= 16");
+    }
+    let change = nacre_osd::PoolChange::Set {
+        id: p.id,
+        size: replicas,
+        min_size,
+    };
+    pool_change(at, &*meta, &change)?;
+    println!(
+        "pool {name}: {size} copies, min_size {min}{}",
+        if size != p.size {
+            " (its PGs move to their new members in the background; nacre status shows it)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// `nacre pool rm NAME`: refused while a volume uses the pool (the
+/// volumes are listed). The pool is first marked as being removed, in a
+/// transaction that sees no volume in it (so no volume is created in it
+/// after), then the leader drops it.
+pub fn pool_rm(at: &crate::at::At, name: &str) -> anyhow::Result<()> {
+    let meta = at.meta()?;
+    let m = map::load(&*meta)?;
+    let p = pool_named(&m, name, at)?.clone();
+    let vols = map::mark_pool_removing(&*meta, p.id)?;
+    if !vols.is_empty() {
+        bail!(
+            "pool {name} holds volumes {}: remove them first (nacre volume rm)",
+            vols.join(", ")
+        );
+    }
+    pool_change(at, &*meta, &nacre_osd::PoolChange::Remove { id: p.id }).with_context(|| {
+        format!("pool {name} is marked for removal (no volume can be created in it): run nacre pool rm {name} again")
+    })?;
+    println!("pool {name} removed: the OSDs delete what they hold of it");
     Ok(())
 }
 

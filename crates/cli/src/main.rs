@@ -162,6 +162,29 @@ enum PoolCmd {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
+    /// Change a pool: its copies (its PGs are laid out anew and their data
+    /// moves in the background, every complete copy kept until the new
+    /// ones are) or min_size. Its PG count is fixed.
+    Set {
+        /// The pool.
+        name: String,
+        #[command(flatten)]
+        at: at::At,
+        /// Copies of every object.
+        #[arg(long)]
+        replicas: Option<u8>,
+        /// Copies that must be up for I/O to go on.
+        #[arg(long)]
+        min_size: Option<u8>,
+    },
+    /// Remove a pool that no volume uses; every OSD deletes what it holds
+    /// of it.
+    Rm {
+        /// The pool.
+        name: String,
+        #[command(flatten)]
+        at: at::At,
+    },
 }
 
 #[derive(Subcommand)]
@@ -531,6 +554,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ),
             PoolCmd::Ls { at, format } => daemons::pool_show(&at, None, format),
             PoolCmd::Info { name, at, format } => daemons::pool_show(&at, Some(&name), format),
+            PoolCmd::Set {
+                name,
+                at,
+                replicas,
+                min_size,
+            } => daemons::pool_set(&at, &name, replicas, min_size),
+            PoolCmd::Rm { name, at } => daemons::pool_rm(&at, &name),
         },
         Cmd::Mon {
             etcd,

@@ -118,6 +118,10 @@ pub struct ClusterState {
     pub down: Vec<u32>,
     /// The PG tables place nothing on them.
     pub out: Vec<u32>,
+    /// Pools removed (`nacre pool rm`; ids are never given again): an OSD
+    /// deletes what it holds of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_pools: Vec<u32>,
 }
 
 /// A pool's PG → OSD table.
@@ -377,6 +381,11 @@ pub fn up_key(id: u32) -> String {
 fn pool_key(id: u32) -> String {
     format!("{ROOT}pool/{id:05}")
 }
+/// Present while `nacre pool rm` removes the pool: no volume is created
+/// in it from then on.
+fn removing_key(pool: u32) -> String {
+    format!("{ROOT}pool-removing/{pool:05}")
+}
 fn table_key(pool: u32) -> String {
     format!("{ROOT}pgtable/{pool:05}")
 }
@@ -473,13 +482,19 @@ pub fn place(
         size: pool.size,
         domain,
     };
-    // A table of another width (the pool's size changed) keeps nothing.
-    let prev = prev
-        .filter(|m| m.size == pool.size)
-        .map(|m| nacre_placement::Table {
-            size: m.size,
-            osds: m.osds.clone(),
-        });
+    // A table of another width (the pool's size changed) keeps each PG's
+    // first members, as many as fit: a PG that grows gains members, one
+    // that shrinks loses its last ones, and nothing else moves.
+    let prev = prev.map(|m| {
+        let (old, new) = (usize::from(m.size), usize::from(pool.size));
+        let osds = (m.osds.chunks(old.max(1)))
+            .flat_map(|row| (0..new).map(|k| row.get(k).copied().unwrap_or(u32::MAX)))
+            .collect();
+        nacre_placement::Table {
+            size: pool.size,
+            osds,
+        }
+    });
     let table = nacre_placement::place(&pos, &p, prev.as_ref())
         .map_err(|e| MetaError::Invalid(format!("placement: {e}")))?;
     Ok(table.osds)
@@ -535,6 +550,17 @@ pub fn check_pool(pool: &PoolRecord) -> Result<()> {
         return Err(MetaError::Invalid(format!(
             "pool {}: size {} and min_size {}: give 1 <= min_size <= size",
             pool.name, pool.size, pool.min_size
+        )));
+    }
+    let b = pool.object_bytes;
+    if !(nacre_types::BLOCK_BYTES_MIN..=nacre_types::BLOCK_BYTES_MAX).contains(&b)
+        || !b.is_power_of_two()
+    {
+        return Err(MetaError::Invalid(format!(
+            "pool {}: objects of {b} bytes (a power of two within {}..={})",
+            pool.name,
+            nacre_types::BLOCK_BYTES_MIN,
+            nacre_types::BLOCK_BYTES_MAX
         )));
     }
     if pool.pg_count == 0 || pool.pg_count > PG_COUNT_MAX {
@@ -652,12 +678,13 @@ pub fn save_map(
             (&loaded.0, &loaded.1)
         }
     };
-    // Only a pool the leader knew and dropped is deleted, never one it
-    // merely does not know (written while it was not looking).
-    let removed: Vec<u32> = match prev {
-        Some((_, p)) => (p.keys().filter(|id| !pools.contains_key(id)).copied()).collect(),
-        None => Vec::new(),
-    };
+    // Only a pool the leader knew and dropped, or one the state says was
+    // removed, is deleted, never one it merely does not know (written
+    // while it was not looking).
+    let removed: Vec<u32> = (prev_pools.keys().copied())
+        .filter(|id| !pools.contains_key(id))
+        .filter(|id| prev.is_some() || state.removed_pools.contains(id))
+        .collect();
     let mut ops = Vec::new();
     for (id, p) in pools {
         let was = prev_pools.get(id).map(|p| &p.last_active);
@@ -687,6 +714,7 @@ pub fn save_map(
     }
     for id in removed {
         last.push(TxnOp::Delete(Range::key(&pool_key(id))));
+        last.push(TxnOp::Delete(Range::key(&removing_key(id))));
         last.push(TxnOp::Delete(Range::key(&table_key(id))));
         last.push(TxnOp::Delete(Range::prefix(&interval_prefix(id))));
     }
@@ -878,6 +906,37 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState
     Err(MetaError::Unavailable(
         "pool create kept losing races".into(),
     ))
+}
+
+/// Marks pool `pool` as being removed if no volume names it: from then on
+/// no volume is created in it (`create_volume` compares the mark absent).
+/// The check and the mark are one transaction on the volume counter, so a
+/// volume created between them makes it fail and be tried again. Returns
+/// the volumes that name the pool (then nothing is marked).
+pub fn mark_pool_removing(store: &dyn MetaStore, pool: u32) -> Result<Vec<String>> {
+    for _ in 0..CAS_RETRY_MAX {
+        let counter = store.get(VOLUME_COUNTER_KEY)?;
+        let using: Vec<String> = (list_volumes(store)?.into_iter())
+            .filter(|v| v.pool == pool)
+            .map(|v| v.name)
+            .collect();
+        if !using.is_empty() {
+            return Ok(using);
+        }
+        let t = Txn {
+            compare: vec![Compare::ModRevision(
+                VOLUME_COUNTER_KEY.into(),
+                CmpOp::Equal,
+                counter.map_or(0, |kv| kv.mod_revision),
+            )],
+            success: vec![put(removing_key(pool), json(&now_s()))],
+            failure: vec![],
+        };
+        if store.txn(t)?.succeeded {
+            return Ok(Vec::new());
+        }
+    }
+    Err(MetaError::Unavailable("volumes kept being created".into()))
 }
 
 /// Takes the next pool id from the meta store's counter (ids are never
@@ -1169,6 +1228,10 @@ pub fn create_volume(
         let t = Txn {
             compare: vec![
                 Compare::Version(volume_key(name), CmpOp::Equal, 0),
+                // The pool is still there and not being removed (a `pool
+                // rm` may have raced).
+                Compare::Version(pool_key(pool.id), CmpOp::Greater, 0),
+                Compare::Version(removing_key(pool.id), CmpOp::Equal, 0),
                 Compare::ModRevision(
                     VOLUME_COUNTER_KEY.into(),
                     CmpOp::Equal,
@@ -1188,6 +1251,13 @@ pub fn create_volume(
         if matches!(r.results.first(), Some(OpResult::Get(kvs)) if !kvs.is_empty()) {
             return Err(MetaError::Invalid(format!(
                 "a volume named {name:?} already exists (`nacre volume ls` lists them)"
+            )));
+        }
+        if store.get(&pool_key(pool.id))?.is_none() || store.get(&removing_key(pool.id))?.is_some()
+        {
+            return Err(MetaError::Invalid(format!(
+                "pool {} is removed or being removed",
+                pool.name
             )));
         }
     }
@@ -1363,7 +1433,7 @@ mod tests {
         let next = ClusterState {
             epoch: 2,
             down: vec![3],
-            out: vec![],
+            ..ClusterState::default()
         };
         save_map(&*s, &next, &p2, None, &[]).unwrap();
         assert_eq!(load(&*s).unwrap().state, next);
@@ -1548,6 +1618,69 @@ mod tests {
                 assert!(got.keys().all(|id| *id <= 5), "cut {cut}: {got:?}");
                 assert!(got_state == state || got_state == next, "cut {cut}");
             }
+        }
+    }
+
+    /// A pool marked for removal takes no new volume (and one with a
+    /// volume is not marked); a removed pool's keys go even from a save
+    /// that read the store first; another size keeps each PG's first
+    /// members.
+    #[test]
+    fn pools_are_removed_whole_and_resized_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Embedded::open(d.path()).unwrap();
+        init(&*s, &osds(5), &pool()).unwrap();
+        create_volume(&*s, "v", &pool(), 1 << 20).unwrap();
+        assert_eq!(mark_pool_removing(&*s, 1).unwrap(), vec!["v".to_string()]);
+        create_volume(&*s, "w", &pool(), 1 << 20).unwrap();
+        for name in ["v", "w"] {
+            let id = get_volume(&*s, name).unwrap().unwrap().id;
+            remove_volume(&*s, name, id).unwrap();
+        }
+        assert!(mark_pool_removing(&*s, 1).unwrap().is_empty());
+        assert!(create_volume(&*s, "x", &pool(), 1 << 20).is_err());
+        // The leader dropped it, and its save was cut: the next one, from
+        // what is stored, deletes it.
+        let mut state = load(&*s).unwrap().state;
+        state.removed_pools.push(1);
+        save_map(&*s, &state, &BTreeMap::new(), None, &[]).unwrap();
+        assert!(load_pools(&*s).unwrap().is_empty());
+        assert!(s.get(&table_key(1)).unwrap().is_none());
+        assert!(s.get(&removing_key(1)).unwrap().is_none());
+        // 3 copies → 4 and → 2: every PG keeps its first members.
+        let t = place(&osds(5), &pool(), &[], None).unwrap();
+        for size in [4, 2] {
+            let p = PoolRecord {
+                size,
+                min_size: 2,
+                ..pool()
+            };
+            let n = place(
+                &osds(5),
+                &p,
+                &[],
+                Some(&PgTable {
+                    pool: 1,
+                    size: 3,
+                    osds: t.clone(),
+                    temp: BTreeMap::new(),
+                }),
+            )
+            .unwrap();
+            let kept = |pg: usize| {
+                let (old, new) = (
+                    &t[pg * 3..pg * 3 + 3],
+                    &n[pg * size as usize..][..size as usize],
+                );
+                old.iter().filter(|o| new.contains(o)).count()
+            };
+            let kept: usize = (0..64).map(kept).sum();
+            // (Laid out from scratch, 155 and 78 of them stay.)
+            let all = 64 * usize::from(size.min(3));
+            assert!(
+                kept + 6 >= all,
+                "{size} copies: {kept} of the old members kept"
+            );
         }
     }
 

@@ -143,6 +143,9 @@ impl<T: Transport> Leader<T> {
         all.sort_unstable();
         all.dedup();
         map.cluster.down = all;
+        // A pool removed whose keys a cut-short store left behind.
+        let removed = map.cluster.removed_pools.clone();
+        map.pools.retain(|id, _| !removed.contains(id));
         map.up_from.clear();
         map.stores.clear();
         map.cluster.epoch += 1;
@@ -326,7 +329,109 @@ impl<T: Transport> Leader<T> {
     pub fn pool_change(self: &Rc<Self>, c: PoolChange) -> Result<(), String> {
         match c {
             PoolChange::Create(rec) => self.add_pool(rec),
+            PoolChange::Set { id, size, min_size } => self.set_pool(id, size, min_size),
+            PoolChange::Remove { id } => self.rm_pool(id),
         }
+    }
+
+    /// Pool `id` with `size` copies and `min_size` (`None`: as it is), in
+    /// a new epoch. Another size is another table: placement lays the
+    /// pool out anew, and the OSDs each PG leaves that are complete stay
+    /// in its acting set until the new members are (as when an OSD is
+    /// marked out), so no copy is lost on the way.
+    fn set_pool(
+        self: &Rc<Self>,
+        id: u32,
+        size: Option<u8>,
+        min_size: Option<u8>,
+    ) -> Result<(), String> {
+        let (p, out) = {
+            let m = self.map.borrow();
+            let p = (m.pools.get(&id).cloned()).ok_or_else(|| format!("no pool {id}"))?;
+            (p, m.cluster.out.clone())
+        };
+        let rec = PoolRecord {
+            size: size.unwrap_or(p.record.size),
+            min_size: min_size.unwrap_or(p.record.min_size),
+            ..p.record.clone()
+        };
+        nacre_meta::map::check_pool(&rec).map_err(|e| e.to_string())?;
+        if rec == p.record {
+            return Ok(());
+        }
+        let table = if rec.size == p.record.size {
+            None
+        } else {
+            let osds = self
+                .place(&rec, Some(&p.table), &out)
+                .map_err(|e| format!("pool {} with {} copies: {e}", rec.name, rec.size))?;
+            Some(osds)
+        };
+        let why = format!(
+            "pool {}: {} copies, min_size {}{}",
+            rec.name,
+            rec.size,
+            rec.min_size,
+            if table.is_some() {
+                " (placed anew)"
+            } else {
+                ""
+            }
+        );
+        let set = |m: &mut OsdMap| {
+            let old = m.pools[&id].table.clone();
+            let pool = m.pools.get_mut(&id).expect("known pool");
+            pool.record = rec.clone();
+            if let Some(osds) = &table {
+                pool.table.size = rec.size;
+                pool.table.osds = osds.clone();
+                let temp = temp_members(m, id, &old);
+                m.pools.get_mut(&id).expect("known pool").table.temp = temp;
+            }
+        };
+        self.fits(&set)?;
+        self.change(&why, set)
+            .map(drop)
+            .map_err(|s| format!("the map could not be stored: {s:?}"))
+    }
+
+    /// Whether the map with `f` applied still fits the frame every OSD is
+    /// sent it in (with room for each PG's interval to be recorded: a few
+    /// hundred bytes each); why not.
+    fn fits(&self, f: &impl Fn(&mut OsdMap)) -> Result<(), String> {
+        let mut m = self.map.borrow().clone();
+        f(&mut m);
+        let intervals: usize = (m.pools.values())
+            .map(|p| (p.table.pg_count() as usize).saturating_sub(p.last_active.len()))
+            .sum();
+        let per = 64 + 48 * (m.pools.values().map(|p| p.table.size).max().unwrap_or(1) as usize);
+        let bytes = m.to_json().len() + intervals * per;
+        let max = nacre_wire::PAYLOAD_MAX_BYTES as usize;
+        if bytes > max {
+            return Err(format!(
+                "the map would be about {bytes} bytes with every PG's interval, more than the {max} a frame carries: fewer PGs or copies"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes pool `id` out of the map, in a new epoch; its id goes on
+    /// the removed list, from which every OSD learns to delete what it
+    /// holds of it. (That no volume uses it is the command's to check:
+    /// the leader does not know volumes.)
+    fn rm_pool(self: &Rc<Self>, id: u32) -> Result<(), String> {
+        let name = match self.map.borrow().pools.get(&id) {
+            Some(p) => p.record.name.clone(),
+            None if self.map.borrow().cluster.removed_pools.contains(&id) => return Ok(()),
+            None => return Err(format!("no pool {id}")),
+        };
+        self.change(&format!("pool {name} (id {id}) removed"), |m| {
+            m.pools.remove(&id);
+            m.cluster.removed_pools.push(id);
+            m.cluster.removed_pools.sort_unstable();
+        })
+        .map(drop)
+        .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
     /// Adds pool `rec` (its id new, its name unused), placed over the OSDs
@@ -335,6 +440,22 @@ impl<T: Transport> Leader<T> {
         nacre_meta::map::check_pool(&rec).map_err(|e| e.to_string())?;
         let out = {
             let m = self.map.borrow();
+            if m.cluster.removed_pools.contains(&rec.id) {
+                return Err(format!(
+                    "pool id {} was removed: ids are never given again",
+                    rec.id
+                ));
+            }
+            if let Some(p) = m
+                .pools
+                .values()
+                .find(|p| p.record.object_bytes != rec.object_bytes)
+            {
+                return Err(format!(
+                    "objects of {} bytes: pool {}'s are {} (an object is one store block)",
+                    rec.object_bytes, p.record.name, p.record.object_bytes
+                ));
+            }
             if let Some(p) = m.pools.get(&rec.id) {
                 return if p.record == rec {
                     Ok(())
@@ -377,16 +498,18 @@ impl<T: Transport> Leader<T> {
             osds,
             temp: BTreeMap::new(),
         };
-        self.change(&why, |m| {
+        let add = |m: &mut OsdMap| {
             let state = nacre_meta::map::PoolState {
                 record: rec.clone(),
-                table,
+                table: table.clone(),
                 last_active: BTreeMap::new(),
             };
             m.pools.insert(rec.id, state);
-        })
-        .map(drop)
-        .map_err(|s| format!("the map could not be stored: {s:?}"))
+        };
+        self.fits(&add)?;
+        self.change(&why, add)
+            .map(drop)
+            .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
     /// Takes OSD `id` out of the map (`nacre osd rm`): only once it is

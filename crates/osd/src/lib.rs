@@ -199,6 +199,10 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// PGs whose stray copy is being deleted here (`stray.rs`): writes
     /// into them are refused meanwhile.
     removing: RefCell<HashSet<PgId>>,
+    /// The removed pools of the last purge that left nothing of them, and
+    /// when (`stray::purge_removed_pools` lists the store again only when
+    /// the list changes or that is old).
+    purged_pools: RefCell<(Vec<u32>, Duration)>,
     /// The epoch in which a look for stray copies last found none, and
     /// when (`stray::stray_loop` looks again only when that is old).
     strays_none: Cell<(u64, Duration)>,
@@ -496,6 +500,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             query_page: Cell::new(peering::PG_QUERY_PAGE_OBJECTS),
             ratios: Cell::new((1.0, 1.0)),
             removing: RefCell::new(HashSet::new()),
+            purged_pools: RefCell::new((Vec::new(), Duration::ZERO)),
             strays_none: Cell::new((0, Duration::ZERO)),
             said_full: Cell::new(false),
             asking_out: Cell::new(false),

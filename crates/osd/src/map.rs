@@ -180,6 +180,17 @@ pub enum PoolChange {
     /// A new pool, its id already taken from the meta store's counter
     /// (ids are never given twice): placed over the OSDs that are in.
     Create(PoolRecord),
+    /// Pool `id` keeps `size` copies (a new table: the PGs move, keeping
+    /// their complete copies as temporary members meanwhile) and is
+    /// active with `min_size`; `None` leaves one as it is.
+    Set {
+        id: u32,
+        size: Option<u8>,
+        min_size: Option<u8>,
+    },
+    /// Pool `id` goes (its volumes gone first): its PGs stop, and every
+    /// OSD deletes what it holds of it.
+    Remove { id: u32 },
 }
 
 /// What a primary tells the leader about one of its PGs.

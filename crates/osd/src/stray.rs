@@ -52,6 +52,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             };
             let (epoch, at) = me.strays_none.get();
             let again = Duration::from_millis(STRAY_RESCAN_MS);
+            me.purge_removed_pools().await;
             if epoch == me.epoch() && rt::monotonic() < at + again {
                 continue;
             }
@@ -109,6 +110,74 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             if clean && self.epoch() == epoch {
                 self.remove_stray(pg, objects).await;
             }
+        }
+    }
+
+    /// Deletes every PG log and object of the pools the map says were
+    /// removed (`nacre pool rm`): no PG of theirs will ever be served
+    /// again (pool ids are never given twice), so nothing is asked first.
+    /// (A pool still in the map is never purged, whatever the list says.)
+    pub(crate) async fn purge_removed_pools(self: &Rc<Self>) {
+        let (removed, live): (Vec<u32>, Vec<u32>) = {
+            let m = self.map.borrow();
+            (
+                m.cluster.removed_pools.clone(),
+                m.pools.keys().copied().collect(),
+            )
+        };
+        {
+            let (done, at) = &*self.purged_pools.borrow();
+            let again = Duration::from_millis(STRAY_RESCAN_MS);
+            if removed.is_empty() || (*done == removed && rt::monotonic() < *at + again) {
+                return;
+            }
+        }
+        let gone = |pool: u32| removed.binary_search(&pool).is_ok() && !live.contains(&pool);
+        let logs: Vec<u64> = (self.store.pg_logs().into_iter())
+            .filter(|k| gone(PgId::from_key(*k).pool))
+            .collect();
+        let objects: Vec<ObjectId> = (self.store.list().into_iter())
+            .map(|(o, _)| o)
+            .filter(|o| gone(o.pool()))
+            .collect();
+        if logs.is_empty() && objects.is_empty() {
+            *self.purged_pools.borrow_mut() = (removed, rt::monotonic());
+            return;
+        }
+        let done = async {
+            for key in &logs {
+                self.store.pg_remove(*key).await?;
+            }
+            for chunk in objects.chunks(STRAY_PARALLEL_MAX) {
+                let tasks: Vec<_> = (chunk.iter())
+                    .map(|&oid| {
+                        let me = self.clone();
+                        rt::spawn(async move {
+                            me.lock(oid).await;
+                            let r = match me.store.version(oid) {
+                                Some(v) => me.store.delete(oid, v + 1).await,
+                                None => Ok(()),
+                            };
+                            me.unlock(oid);
+                            r
+                        })
+                    })
+                    .collect();
+                (rt::join_all(tasks).await.into_iter()).collect::<Result<(), _>>()?;
+            }
+            Ok::<(), nacre_blockstore::Error>(())
+        };
+        match done.await {
+            Ok(()) => {
+                tracing::info!(
+                    "osd.{}: deleted what it held of removed pools: {} PG logs, {} objects",
+                    self.id,
+                    logs.len(),
+                    objects.len()
+                );
+                self.stats.stray_removed(objects.len() as u64);
+            }
+            Err(e) => tracing::warn!("osd.{}: deleting removed pools' data: {e}", self.id),
         }
     }
 

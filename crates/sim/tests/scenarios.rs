@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nacre_io::{rt, AlignedBuf};
 use nacre_net::{Frame, NetError};
-use nacre_osd::PgState;
+use nacre_osd::{PgState, PoolChange};
 use nacre_sim::{Cluster, Net, OBJECT_BYTES};
 use nacre_types::{ObjectId, PgId};
 use nacre_wire::{Header, Op, Status};
@@ -1101,6 +1101,82 @@ fn scrub_waits_for_a_clean_pg_and_the_schedule_scrubs_every_pg() {
             deep >= u64::from(pgs) && light >= u64::from(pgs),
             "{light} light, {deep} deep"
         );
+        c.stop();
+    });
+}
+
+/// Two pools on four OSDs. The second goes from 2 copies to 3: it is laid
+/// out anew, and once settled every object of it is whole on its 3 new
+/// members and nowhere else. Then it is removed: every OSD deletes its
+/// objects and PG logs, and the first pool's read back untouched.
+#[test]
+fn a_pool_resized_keeps_its_data_and_a_removed_one_leaves_nothing() {
+    rt::block_on_virtual(async {
+        let net = Net::new(31, Duration::from_millis(500));
+        let c = Cluster::with_pools(net, 4, &[(3, 2, 8), (2, 1, 8)]).await;
+        c.settle(SETTLE).await.unwrap();
+        let one: Vec<ObjectId> = (0..16).map(|b| nacre_sim::object(1, 1, b)).collect();
+        let two: Vec<ObjectId> = (0..16).map(|b| nacre_sim::object(2, 1, b)).collect();
+        for (k, &oid) in one.iter().chain(&two).enumerate() {
+            put(&c, oid, k as u64 + 1, k as u8 + 1).await;
+        }
+        assert!(two.iter().all(|&o| c.route(o).1.len() == 2));
+        let set = PoolChange::Set {
+            id: 2,
+            size: Some(3),
+            min_size: None,
+        };
+        c.leader.pool_change(set).unwrap();
+        c.settle(SETTLE).await.unwrap();
+        let until = rt::monotonic() + Duration::from_millis(6 * nacre_osd::STRAY_CHECK_MS);
+        while !c.stray_copies().is_empty() && rt::monotonic() < until {
+            rt::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(c.stray_copies(), vec![]);
+        for (k, &oid) in two.iter().enumerate() {
+            let byte = (one.len() + k) as u8 + 1;
+            let members = c.placement(oid);
+            assert_eq!(members.len(), 3, "{oid}");
+            let v = c.osd(members[0]).unwrap().store().version(oid);
+            for id in members {
+                assert_eq!(
+                    c.osd(id).unwrap().store().version(oid),
+                    v,
+                    "{oid} on osd.{id}"
+                );
+            }
+            let got = read(&c, oid).await.expect("written");
+            assert_eq!(&got[..4096], &[byte; 4096][..], "{oid}");
+        }
+        // Removed: nothing of pool 2 stays on any OSD.
+        c.leader.pool_change(PoolChange::Remove { id: 2 }).unwrap();
+        let held = |c: &Cluster| -> usize {
+            (0..4)
+                .map(|id| {
+                    let s = c.osd(id).unwrap();
+                    let s = s.store();
+                    let objects = s.list().into_iter().filter(|(o, _)| o.pool() == 2).count();
+                    let logs = (s.pg_logs().into_iter())
+                        .filter(|k| PgId::from_key(*k).pool == 2)
+                        .count();
+                    objects + logs
+                })
+                .sum()
+        };
+        assert!(held(&c) > 0);
+        let until = rt::monotonic() + Duration::from_millis(3 * nacre_osd::STRAY_CHECK_MS);
+        while held(&c) > 0 && rt::monotonic() < until {
+            rt::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(held(&c), 0, "pool 2's objects and logs stay");
+        c.settle(SETTLE).await.unwrap();
+        for (k, &oid) in one.iter().enumerate() {
+            let got = read(&c, oid).await.expect("written");
+            assert_eq!(&got[..4096], &[k as u8 + 1; 4096][..], "{oid}");
+        }
+        // The map has no route to the removed pool any more.
+        let f = send(&c, two[0], 99, 1).await;
+        assert!(f.is_err(), "an op for a removed pool was sent");
         c.stop();
     });
 }
