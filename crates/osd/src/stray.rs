@@ -149,21 +149,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 self.store.pg_remove(*key).await?;
             }
             for chunk in objects.chunks(STRAY_PARALLEL_MAX) {
-                let tasks: Vec<_> = (chunk.iter())
-                    .map(|&oid| {
-                        let me = self.clone();
-                        rt::spawn(async move {
-                            me.lock(oid).await;
-                            let r = match me.store.version(oid) {
-                                Some(v) => me.store.delete(oid, v + 1).await,
-                                None => Ok(()),
-                            };
-                            me.unlock(oid);
-                            r
-                        })
-                    })
-                    .collect();
-                (rt::join_all(tasks).await.into_iter()).collect::<Result<(), _>>()?;
+                self.delete_here(chunk, None).await?;
             }
             Ok::<(), nacre_blockstore::Error>(())
         };
@@ -179,6 +165,34 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
             Err(e) => tracing::warn!("osd.{}: deleting removed pools' data: {e}", self.id),
         }
+    }
+
+    /// Deletes this copy of each of `objects` at once, each under its
+    /// object's lock, and returns when every delete has ended; with `pg`,
+    /// an object is left alone once the map makes this OSD a member of
+    /// `pg` again.
+    async fn delete_here(
+        self: &Rc<Self>,
+        objects: &[ObjectId],
+        pg: Option<PgId>,
+    ) -> Result<(), nacre_blockstore::Error> {
+        let tasks: Vec<_> = (objects.iter())
+            .map(|&oid| {
+                let me = self.clone();
+                rt::spawn(async move {
+                    me.lock(oid).await;
+                    let r = match me.store.version(oid) {
+                        Some(v) if pg.is_none_or(|pg| !me.member(pg)) => {
+                            me.store.delete(oid, v + 1).await
+                        }
+                        _ => Ok(()),
+                    };
+                    me.unlock(oid);
+                    r
+                })
+            })
+            .collect();
+        rt::join_all(tasks).await.into_iter().collect()
     }
 
     /// Whether placement or a temporary membership gives PG `pg` to this
@@ -218,25 +232,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 if self.member(pg) {
                     return Err("this OSD is a member again".to_string());
                 }
-                let tasks: Vec<_> = (chunk.iter())
-                    .map(|&oid| {
-                        let me = self.clone();
-                        rt::spawn(async move {
-                            me.lock(oid).await;
-                            let r = match me.store.version(oid) {
-                                Some(v) if !me.member(pg) => me.store.delete(oid, v + 1).await,
-                                _ => Ok(()),
-                            };
-                            me.unlock(oid);
-                            r
-                        })
-                    })
-                    .collect();
                 // Every delete ends before this does (and before the
                 // in-flight guard above drops): none may land after a
                 // peering that waited for them.
-                (rt::join_all(tasks).await.into_iter())
-                    .collect::<Result<(), _>>()
+                self.delete_here(chunk, Some(pg))
+                    .await
                     .map_err(|e| e.to_string())?;
             }
             if self.member(pg) {
