@@ -320,6 +320,9 @@ fn a_host_killed() {
 /// 64 MiB): 64 objects of 128 KiB.
 const STALE_AT: u64 = 128 << 20;
 const STALE_OBJECTS: u64 = 64;
+/// Where the client on a cut host writes (beyond the stale-read region and
+/// the writer's span).
+const CUT_AT: u64 = 192 << 20;
 const OBJECT: u64 = 128 << 10;
 
 /// Not a test: the reader `a_host_cut_off_and_back` starts inside the host
@@ -344,10 +347,19 @@ fn stale_reader() {
             rt::sleep(Duration::from_millis(50)).await;
         }
         for k in 0..STALE_OBJECTS {
+            let (r, rdir) = (c.clone(), dir.clone());
+            rt::spawn(async move {
+                if let Ok(d) = r.read(STALE_AT + k * OBJECT, OBJECT as u32).await {
+                    std::fs::write(rdir.join(format!("after.{k}")), &d[..]).unwrap();
+                }
+            });
+            // And a FUA write to each object of another region: the cut
+            // side must acknowledge none.
             let (c, dir) = (c.clone(), dir.clone());
             rt::spawn(async move {
-                if let Ok(d) = c.read(STALE_AT + k * OBJECT, OBJECT as u32).await {
-                    std::fs::write(dir.join(format!("after.{k}")), &d[..]).unwrap();
+                let d = AlignedBuf::from_slice(&[0xc3; 4096]);
+                if c.write(CUT_AT + k * OBJECT, d, true).await.is_ok() {
+                    std::fs::write(dir.join(format!("ack.{k}")), b"").unwrap();
                 }
             });
         }
@@ -382,7 +394,8 @@ fn wait_file(path: &std::path::Path) {
 
 /// Scenario 3: a host is cut off the network while primary for some PGs,
 /// then comes back: the others go on without it, and it rejoins. The cut
-/// side acknowledges nothing (the writer's log is checked), and serves no
+/// side acknowledges nothing (the writer's log is checked, and a client on
+/// the cut host has none of its FUA writes acknowledged), and serves no
 /// stale read: a client on the cut host, through a gateway there,
 /// connected before the cut, reads the region it read before (proving
 /// the path), the region is then written again on the other side, and
@@ -447,6 +460,10 @@ fn a_host_cut_off_and_back() {
                 "object {k} of the region read on the cut host holds what was overwritten"
             );
         }
+        assert!(
+            !dir.join(format!("ack.{k}")).exists(),
+            "the cut host acknowledged a write to object {k}"
+        );
     }
     c.net.heal("o0");
     c.status_until("HEALTH_OK again", healthy);

@@ -559,8 +559,11 @@ impl Volume {
     pub async fn zero(self: &Rc<Self>, offset: u64, len: u64) -> Result<()> {
         self.check("zero", offset, len, u64::MAX)?;
         let ob = self.rec.object_bytes;
-        let ps: Vec<Piece> = pieces(offset, len, ob).collect();
-        for chunk in ps.chunks(TRIM_PARALLEL_MAX) {
+        // A chunk of pieces at a time: a shrink of a huge volume holds
+        // `TRIM_PARALLEL_MAX` pieces, never the whole range's.
+        let mut ps = pieces(offset, len, ob).peekable();
+        while ps.peek().is_some() {
+            let chunk: Vec<Piece> = ps.by_ref().take(TRIM_PARALLEL_MAX).collect();
             let tasks: Vec<_> = chunk
                 .iter()
                 .map(|&p| {
