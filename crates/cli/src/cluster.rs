@@ -247,7 +247,7 @@ pub fn leader_map(meta: &dyn MetaStore) -> anyhow::Result<OsdMap> {
     let m = map::load(meta)?;
     Ok(OsdMap {
         cluster: m.state.clone(),
-        pools: map::load_pools(meta)?,
+        pools: map::pools_of(meta, &m)?,
         addrs: m.osds.iter().map(|r| (r.id, r.addr.clone())).collect(),
         up_from: Default::default(),
         stores: Default::default(),

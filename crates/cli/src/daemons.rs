@@ -117,9 +117,9 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate) -> anyhow::Result<()> {
         None => crate::at::elected_leader(&*meta)?,
     };
     let id = match leader {
-        Some(_) => {
+        Some(addr) => {
             pool.id = map::reserve_pool_id(&*meta)?;
-            pool_change(at, &*meta, &nacre_osd::PoolChange::Create(pool.clone()))?;
+            pool_change(&addr, &nacre_osd::PoolChange::Create(pool.clone()))?;
             pool.id
         }
         None => map::create_pool(&*meta, &pool)?.record.id,
@@ -131,18 +131,8 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends `change` to the cluster's running leader (`nacre up`'s, the
-/// elected monitor's); with none, says how to start one.
-fn pool_change(
-    at: &crate::at::At,
-    meta: &dyn MetaStore,
-    change: &nacre_osd::PoolChange,
-) -> anyhow::Result<()> {
-    let leader = match &at.dir {
-        Some(_) => at.leader(meta)?,
-        None => crate::at::elected_leader(meta)?
-            .with_context(|| format!("no monitor leads {}: start nacre mon", at.name()))?,
-    };
+/// Sends `change` to the cluster's leader at `leader` (`At::leader`).
+fn pool_change(leader: &Addr, change: &nacre_osd::PoolChange) -> anyhow::Result<()> {
     let body = serde_json::to_vec(change)?;
     let ask = crate::at::Ask {
         op: nacre_wire::Op::PoolChange,
@@ -150,7 +140,7 @@ fn pool_change(
         arg: 0,
         body: Some(&body),
     };
-    crate::at::ask_leader_now(&leader, &ask)
+    crate::at::ask_leader_now(leader, &ask)
 }
 
 /// The pool named `name` of `m`, or an error naming the pools there are.
@@ -192,7 +182,7 @@ pub fn pool_set(
         size: replicas,
         min_size,
     };
-    pool_change(at, &*meta, &change)?;
+    pool_change(&at.leader(&*meta)?, &change)?;
     println!(
         "pool {name}: {size} copies, min_size {min}{}",
         if size != p.size {
@@ -219,7 +209,8 @@ pub fn pool_rm(at: &crate::at::At, name: &str) -> anyhow::Result<()> {
             vols.join(", ")
         );
     }
-    pool_change(at, &*meta, &nacre_osd::PoolChange::Remove { id: p.id }).with_context(|| {
+    let remove = nacre_osd::PoolChange::Remove { id: p.id };
+    (at.leader(&*meta).and_then(|l| pool_change(&l, &remove))).with_context(|| {
         format!("pool {name} is marked for removal (no volume can be created in it): run nacre pool rm {name} again")
     })?;
     println!("pool {name} removed: the OSDs delete what they hold of it");
@@ -244,11 +235,7 @@ pub fn pool_show(
     let meta = at.meta()?;
     let m = map::load(&*meta)?;
     let pools: Vec<&PoolRecord> = match name {
-        Some(n) => vec![m
-            .pools
-            .iter()
-            .find(|p| p.name == n)
-            .with_context(|| format!("no pool {n} in {}", at.name()))?],
+        Some(n) => vec![pool_named(&m, n, at)?],
         None => m.pools.iter().collect(),
     };
     match format {

@@ -674,7 +674,8 @@ pub fn save_map(
     let (prev_state, prev_pools) = match prev {
         Some(p) => p,
         None => {
-            loaded = (load(store)?.state, load_pools(store)?);
+            let m = load(store)?;
+            loaded = (m.state.clone(), pools_of(store, &m)?);
             (&loaded.0, &loaded.1)
         }
     };
@@ -753,7 +754,11 @@ pub fn save_map(
 
 /// Every pool as stored: record, PG table and history.
 pub fn load_pools(store: &dyn MetaStore) -> Result<BTreeMap<u32, PoolState>> {
-    let m = load(store)?;
+    pools_of(store, &load(store)?)
+}
+
+/// Every pool of `m` (as loaded) with its history.
+pub fn pools_of(store: &dyn MetaStore, m: &ClusterMap) -> Result<BTreeMap<u32, PoolState>> {
     let mut pools = BTreeMap::new();
     for r in &m.pools {
         let table = (m.table(r.id).cloned())
@@ -972,13 +977,9 @@ pub fn reserve_pool_id(store: &dyn MetaStore) -> Result<u32> {
 /// PG, must fit one frame (4 MiB).
 pub const PGS_TOTAL_MAX: u32 = 16_384;
 
-/// Refuses a pool whose PGs, with every other pool's, would not all fit
-/// the PG log slots of some OSD's store, or the map's frame.
-pub fn check_pg_logs(m: &ClusterMap, pool: &PoolRecord) -> Result<()> {
-    let others: u32 = (m.pools.iter())
-        .filter(|p| p.id != pool.id)
-        .map(|p| p.pg_count)
-        .sum();
+/// The PGs of `pool` and of the other pools (`others` of them) together,
+/// refused past [`PGS_TOTAL_MAX`].
+pub fn check_pg_total(others: u32, pool: &PoolRecord) -> Result<u32> {
     let all = others + pool.pg_count;
     if all > PGS_TOTAL_MAX {
         return Err(MetaError::Invalid(format!(
@@ -986,6 +987,17 @@ pub fn check_pg_logs(m: &ClusterMap, pool: &PoolRecord) -> Result<()> {
             pool.pg_count
         )));
     }
+    Ok(all)
+}
+
+/// Refuses a pool whose PGs, with every other pool's, would not all fit
+/// the PG log slots of some OSD's store, or the map's frame.
+pub fn check_pg_logs(m: &ClusterMap, pool: &PoolRecord) -> Result<()> {
+    let others: u32 = (m.pools.iter())
+        .filter(|p| p.id != pool.id)
+        .map(|p| p.pg_count)
+        .sum();
+    let all = check_pg_total(others, pool)?;
     if let Some(o) = (m.osds.iter()).find(|o| o.pg_logs != 0 && o.pg_logs < all) {
         return Err(MetaError::Invalid(format!(
             "{} PGs in all: osd.{}'s store holds the logs of {} PGs at most (nacre osd init --pg-logs)",

@@ -261,17 +261,13 @@ impl<T: Transport> Leader<T> {
             }
         }
         let why = format!("osd.{id} marked {verb}; {moved} of {copies} PG copies move");
-        self.change(&why, |m| {
+        self.apply(&why, |m| {
             m.cluster.out = outs;
             for (pool, table) in tables {
-                let old = m.pools[&pool].table.clone();
-                m.pools.get_mut(&pool).expect("known pool").table.osds = table;
-                let temp = temp_members(m, pool, &old);
-                m.pools.get_mut(&pool).expect("known pool").table.temp = temp;
+                let size = m.pools[&pool].table.size;
+                retable(m, pool, size, table);
             }
         })
-        .map(drop)
-        .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
     /// Pool `pool`'s PG table over the OSDs of the map not in `out`,
@@ -315,13 +311,11 @@ impl<T: Transport> Leader<T> {
                 Err(format!("osd.{id} exists already, at {known}"))
             };
         }
-        self.change(&format!("osd.{id} added (out) at {addr}"), |m| {
+        self.apply(&format!("osd.{id} added (out) at {addr}"), |m| {
             m.addrs.insert(id, addr);
             m.cluster.out.push(id);
             m.cluster.out.sort_unstable();
         })
-        .map(drop)
-        .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
     /// Makes a pool change (`nacre pool create`) in a new epoch; why not,
@@ -379,20 +373,13 @@ impl<T: Transport> Leader<T> {
             }
         );
         let set = |m: &mut OsdMap| {
-            let old = m.pools[&id].table.clone();
-            let pool = m.pools.get_mut(&id).expect("known pool");
-            pool.record = rec.clone();
+            m.pools.get_mut(&id).expect("known pool").record = rec.clone();
             if let Some(osds) = &table {
-                pool.table.size = rec.size;
-                pool.table.osds = osds.clone();
-                let temp = temp_members(m, id, &old);
-                m.pools.get_mut(&id).expect("known pool").table.temp = temp;
+                retable(m, id, rec.size, osds.clone());
             }
         };
         self.fits(&set)?;
-        self.change(&why, set)
-            .map(drop)
-            .map_err(|s| format!("the map could not be stored: {s:?}"))
+        self.apply(&why, set)
     }
 
     /// Whether the map with `f` applied still fits the frame every OSD is
@@ -425,13 +412,11 @@ impl<T: Transport> Leader<T> {
             None if self.map.borrow().cluster.removed_pools.contains(&id) => return Ok(()),
             None => return Err(format!("no pool {id}")),
         };
-        self.change(&format!("pool {name} (id {id}) removed"), |m| {
+        self.apply(&format!("pool {name} (id {id}) removed"), |m| {
             m.pools.remove(&id);
             m.cluster.removed_pools.push(id);
             m.cluster.removed_pools.sort_unstable();
         })
-        .map(drop)
-        .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
     /// Adds pool `rec` (its id new, its name unused), placed over the OSDs
@@ -469,15 +454,8 @@ impl<T: Transport> Leader<T> {
                     rec.name, p.record.id
                 ));
             }
-            let all: u32 = m.pools.values().map(|p| p.record.pg_count).sum();
-            if all + rec.pg_count > nacre_meta::map::PGS_TOTAL_MAX {
-                return Err(format!(
-                    "{} PGs: the pools would have {} in all, more than {} (the map must fit a frame)",
-                    rec.pg_count,
-                    all + rec.pg_count,
-                    nacre_meta::map::PGS_TOTAL_MAX
-                ));
-            }
+            let others = m.pools.values().map(|p| p.record.pg_count).sum();
+            nacre_meta::map::check_pg_total(others, &rec).map_err(|e| e.to_string())?;
             m.cluster.out.clone()
         };
         let osds = self
@@ -507,9 +485,7 @@ impl<T: Transport> Leader<T> {
             m.pools.insert(rec.id, state);
         };
         self.fits(&add)?;
-        self.change(&why, add)
-            .map(drop)
-            .map_err(|s| format!("the map could not be stored: {s:?}"))
+        self.apply(&why, add)
     }
 
     /// Takes OSD `id` out of the map (`nacre osd rm`): only once it is
@@ -549,15 +525,14 @@ impl<T: Transport> Leader<T> {
                 ));
             }
         }
-        self.change(&format!("osd.{id} removed"), |m| {
+        self.apply(&format!("osd.{id} removed"), |m| {
             m.addrs.remove(&id);
             m.up_from.remove(&id);
             m.stores.remove(&id);
             m.full.remove(&id);
             m.cluster.out.retain(|&o| o != id);
             m.cluster.down.retain(|&o| o != id);
-        })
-        .map_err(|s| format!("the map could not be stored: {s:?}"))?;
+        })?;
         self.heard.borrow_mut().remove(&id);
         self.down_since.borrow_mut().remove(&id);
         self.auto_out.borrow_mut().remove(&id);
@@ -678,6 +653,13 @@ impl<T: Transport> Leader<T> {
             }));
         }
         self.stored.notify();
+    }
+
+    /// [`Leader::change`] for an admin's request: why not, as text.
+    fn apply(self: &Rc<Self>, why: &str, change: impl FnOnce(&mut OsdMap)) -> Result<(), String> {
+        self.change(why, change)
+            .map(drop)
+            .map_err(|s| format!("the map could not be stored: {s:?}"))
     }
 
     /// A new epoch with `change` applied: persisted, then pushed.
@@ -1013,6 +995,17 @@ impl<T: Transport> Handler for Leader<T> {
             _ => (h.reply(Status::Invalid), None),
         }
     }
+}
+
+/// Gives pool `pool` of `m` the table `osds` of `size` OSDs per PG, its
+/// temporary members those of the old table's acting sets that it leaves
+/// and that are complete ([`temp_members`]).
+fn retable(m: &mut OsdMap, pool: u32, size: u8, osds: Vec<u32>) {
+    let old = m.pools[&pool].table.clone();
+    let t = &mut m.pools.get_mut(&pool).expect("known pool").table;
+    (t.size, t.osds) = (size, osds);
+    let temp = temp_members(m, pool, &old);
+    m.pools.get_mut(&pool).expect("known pool").table.temp = temp;
 }
 
 /// The temporary members of every PG of pool `pool` of `m`, whose table
