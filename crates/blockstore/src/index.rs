@@ -168,19 +168,22 @@ impl Index {
         Some(block)
     }
 
-    /// Every object with its newest version.
-    pub fn list(&self) -> Vec<(ObjectId, u64)> {
+    /// Every object `keep` accepts, with its newest version, sorted.
+    pub fn list(&self, keep: impl Fn(&ObjectId) -> bool) -> Vec<(ObjectId, u64)> {
         let mut out: Vec<(ObjectId, u64)> = self
             .by_oid
             .iter()
-            .map(|b| {
+            .filter_map(|b| {
                 let e = &self.blocks[b as usize];
                 let oid = e.oid();
+                if !keep(&oid) {
+                    return None;
+                }
                 let v = self
                     .pending
                     .get(&oid)
                     .map_or(e.version.get(), |p| p.version);
-                (oid, v)
+                Some((oid, v))
             })
             .collect();
         out.sort_unstable();
@@ -256,7 +259,7 @@ mod tests {
         assert_eq!(ix.clear_block(&a), Some(7));
         assert!(ix.blocks[7].is_free());
         ix.set_block(a, 400, 4);
-        assert_eq!(ix.list(), vec![(a, 4)]);
+        assert_eq!(ix.list(|_| true), vec![(a, 4)]);
         assert_eq!(ix.take_dirty_pages(), vec![0, 2]);
         for i in 0..1000 {
             ix.set_block(ObjectId::new(2, i), 1000 + i as u32, 1);

@@ -639,7 +639,12 @@ impl<D: BlockDev + 'static> Store<D> {
 
     /// Every object with its newest version, sorted by id.
     pub fn list(&self) -> Vec<(ObjectId, u64)> {
-        self.0.st.borrow().index.list()
+        self.0.st.borrow().index.list(|_| true)
+    }
+
+    /// The objects `keep` accepts with their newest versions, sorted.
+    pub fn list_where(&self, keep: impl Fn(&ObjectId) -> bool) -> Vec<(ObjectId, u64)> {
+        self.0.st.borrow().index.list(keep)
     }
 
     pub fn space(&self) -> Space {

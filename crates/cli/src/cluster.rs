@@ -440,11 +440,13 @@ pub fn spawn_reclaimer(meta: Arc<dyn MetaStore>, every: Duration) -> anyhow::Res
 }
 
 /// Every `every`, deletes the objects of deleted volumes the OSDs that are
-/// up still hold ([`nacre_client::Cluster::reclaim_orphans`]).
+/// up still hold, and finishes interrupted deletes and shrinks
+/// ([`nacre_client::Cluster::reclaim_orphans`]).
 async fn reclaim_orphans(cluster: std::rc::Rc<nacre_client::Cluster>, every: Duration) {
+    let mut seen = nacre_client::Unfinished::new();
     loop {
         rt::sleep(every).await;
-        match cluster.reclaim_orphans().await {
+        match cluster.reclaim_orphans(&mut seen).await {
             Ok(r) if !r.left.is_empty() => {
                 tracing::warn!("orphaned objects left: {}", r.left.join("; "))
             }

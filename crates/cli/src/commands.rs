@@ -255,6 +255,13 @@ pub enum VolumeCmd {
         /// past the new end fail (ENOSPC) from then on.
         #[arg(long)]
         force: bool,
+        /// A shrink returns once the new size is recorded: the monitor's
+        /// sweep (every --reclaim-interval) deletes the data past the new
+        /// end, as it finishes a shrink whose command was stopped. A later
+        /// grow deletes it first if the sweep has not. (A grow always
+        /// waits.)
+        #[arg(long)]
+        no_wait: bool,
         #[command(flatten)]
         at: At,
     },
@@ -267,6 +274,11 @@ pub enum VolumeCmd {
         /// connections are cut first, and their later I/O fails.
         #[arg(long)]
         force: bool,
+        /// Return once the volume is marked deleting (new connections are
+        /// refused from then on): the monitor's sweep deletes its data and
+        /// its record, as it finishes a delete whose command was stopped.
+        #[arg(long)]
+        no_wait: bool,
         #[command(flatten)]
         at: At,
     },
@@ -280,6 +292,7 @@ fn volume_json(v: &map::VolumeRecord, m: &map::ClusterMap, u: &Usage) -> serde_j
         "name": v.name, "id": v.id, "size_bytes": v.size_bytes,
         "object_bytes": v.object_bytes, "pool": pool_name(m, v.pool), "pool_id": v.pool,
         "created_unix_s": v.created_unix_s, "deleting": v.deleting,
+        "cutting": v.stale_until > v.size_bytes,
         "used_bytes": used.bytes, "raw_used_bytes": used.raw_bytes, "objects": used.objects,
         "usage_missing_osds": u.missing,
     })
@@ -583,6 +596,8 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
                     }
                     if v.deleting {
                         println!("state    being deleted");
+                    } else if v.stale_until > v.size_bytes {
+                        println!("state    data past its end being deleted (a shrink)");
                     }
                     if let Some(n) = u.note() {
                         println!("{n}");
@@ -594,24 +609,41 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             name,
             size,
             force,
+            no_wait,
             at,
         } => {
             let meta = at.meta()?;
             let v = rt::block_on(async {
                 anyhow::Ok(
                     Cluster::connect(meta)?
-                        .resize_volume(&name, size, force)
+                        .resize_volume(&name, size, force, !no_wait)
                         .await?,
                 )
             })?;
             println!("volume {} is now {}", v.name, human(v.size_bytes));
+            if v.stale_until > v.size_bytes {
+                println!("the data past its end is deleted in the background");
+            }
         }
-        VolumeCmd::Rm { name, force, at } => {
+        VolumeCmd::Rm {
+            name,
+            force,
+            no_wait,
+            at,
+        } => {
             let meta = at.meta()?;
             rt::block_on(async {
-                anyhow::Ok(Cluster::connect(meta)?.delete_volume(&name, force).await?)
+                anyhow::Ok(
+                    Cluster::connect(meta)?
+                        .delete_volume(&name, force, !no_wait)
+                        .await?,
+                )
             })?;
-            println!("deleted volume {name}");
+            if no_wait {
+                println!("volume {name} is being deleted in the background");
+            } else {
+                println!("deleted volume {name}");
+            }
         }
     }
     Ok(())
@@ -1006,7 +1038,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         checks.push(serde_json::json!({
             "code": "ORPHANED_OBJECTS",
             "severity": "HEALTH_WARN",
-            "message": format!("objects of deleted volumes the last sweep could not delete (it tries again): {}", orphans.left.join("; ")),
+            "message": format!("what the last sweep could not delete (objects of deleted volumes, data past a volume's end; it tries again): {}", orphans.left.join("; ")),
         }));
     }
     let severity = |s: &str| checks.iter().any(|c| c["severity"] == s);
@@ -1143,10 +1175,16 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                     size
                 );
             }
-            if orphans.reclaimed_objects > 0 || !orphans.left.is_empty() {
+            if orphans.reclaimed_objects > 0
+                || orphans.trimmed_objects > 0
+                || orphans.finished > 0
+                || !orphans.left.is_empty()
+            {
                 println!(
-                    "orphans   {} object copies of deleted volumes reclaimed; last sweep {} s ago",
+                    "orphans   {} object copies of deleted volumes reclaimed, {} objects past volumes' ends deleted, {} interrupted deletes and shrinks finished; last sweep {} s ago",
                     orphans.reclaimed_objects,
+                    orphans.trimmed_objects,
+                    orphans.finished,
                     map::now_s().saturating_sub(orphans.last_sweep_unix_s)
                 );
             }
@@ -1410,7 +1448,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
         .await;
         if temp {
-            if let Err(e) = c.delete_volume(&name, false).await {
+            if let Err(e) = c.delete_volume(&name, false, true).await {
                 eprintln!("nacre bench: could not delete temporary volume {name}: {e}");
             }
         }

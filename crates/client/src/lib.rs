@@ -44,6 +44,18 @@ const SCRUB_POLL: Duration = Duration::from_millis(200);
 pub const IO_MAX_BYTES: u64 = 64 << 20;
 /// Objects deleted at once by a trim.
 const TRIM_PARALLEL_MAX: usize = 64;
+/// Rounds a cut makes while objects past the end change under it
+/// ([`Volume::cut_after`]).
+const CUT_ROUNDS_MAX: usize = 8;
+
+/// What a cut's op did to one object.
+enum Cut {
+    Deleted,
+    /// Nothing left to do (absent, or its tail zeroed).
+    Done,
+    /// Newer than listed: left, and listed again.
+    Changed,
+}
 /// How long `volume rm --force` and a shrink wait for the gateways to cut
 /// or shrink the open connections.
 pub const SESSION_WAIT_MS: u64 = 30_000;
@@ -518,12 +530,20 @@ impl Volume {
     }
 
     async fn write_piece(&self, p: Piece, data: AlignedBuf) -> Result<()> {
+        self.write_piece_if(p, data, 0).await.map(|_| ())
+    }
+
+    /// Writes piece `p`; with `up_to` not 0, only to an object that exists
+    /// at that version or below (else `NotFound` or `Stale`, not errors).
+    async fn write_piece_if(&self, p: Piece, data: AlignedBuf, up_to: u64) -> Result<Status> {
         let mut h = Header::request(Op::Write, 0, self.oid(p.block)).with_payload(&data);
         h.offset = p.offset;
         h.length = p.len;
+        h.obj_version = up_to;
         let f = self.cluster.object_op(h, Some(&data), &self.gone).await?;
         match f.h.status {
-            Status::Ok => Ok(()),
+            Status::Ok => Ok(Status::Ok),
+            s @ (Status::NotFound | Status::Stale) if up_to != 0 => Ok(s),
             s => Err(status_err(s, &format!("write {}", self.oid(p.block)))),
         }
     }
@@ -545,13 +565,145 @@ impl Volume {
         rt::join_all(tasks).await.into_iter().collect()
     }
 
-    async fn delete_object(&self, block: u64) -> Result<()> {
-        let h = Header::request(Op::Delete, 0, self.oid(block));
+    /// Deletes object `block`; with `up_to` not 0, only if it is at that
+    /// version or below. Whether it was there to delete (`None`: it was,
+    /// at a newer version, and stays).
+    async fn delete_object(&self, block: u64, up_to: u64) -> Result<Option<bool>> {
+        let mut h = Header::request(Op::Delete, 0, self.oid(block));
+        h.obj_version = up_to;
         let f = (self.cluster).object_op(h, None, &self.gone).await?;
         match f.h.status {
-            Status::Ok | Status::NotFound => Ok(()),
+            Status::Ok => Ok(Some(true)),
+            Status::NotFound => Ok(Some(false)),
+            Status::Stale if up_to != 0 => Ok(None),
             s => Err(status_err(s, &format!("delete {}", self.oid(block)))),
         }
+    }
+
+    /// One page of PG `pg`'s objects of this volume at block `from` or
+    /// above, with their versions, from the PG's primary (`Op::List`).
+    async fn list_page(&self, pg: PgId, from: u64) -> Result<Vec<(u64, u64)>> {
+        let mut h = Header::request(Op::List, 0, self.oid(from));
+        h.length = nacre_wire::LIST_PAGE_MAX;
+        let (_, f) = (self.cluster)
+            .primary_op(Some(pg), h, None, &self.gone)
+            .await?;
+        if f.h.status != Status::Ok {
+            return Err(status_err(f.h.status, &format!("list PG {pg}")));
+        }
+        let body = f.payload.as_deref().unwrap_or(&[]);
+        Ok((body.chunks_exact(nacre_wire::LIST_ENTRY_BYTES))
+            .map(|e| {
+                let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+                (word(0), word(8))
+            })
+            .collect())
+    }
+
+    /// Makes everything of the volume past its record's size read as
+    /// zeros, while the record still marks that data for deletion
+    /// (`stale_until` past the size): the objects each PG's primary lists
+    /// there are deleted (the one the end falls inside zeroed from it on),
+    /// each op conditional on the version listed. Only objects that exist
+    /// cost an op: a sparse 64 TiB volume's shrink sends one listing per
+    /// PG. The record is read again after each listing, and the cut stops
+    /// (`None`) once it has changed; while the mark stands no grow is
+    /// published, so what a client writes after a later grow has a version
+    /// above any listed before it and is never touched. An op refused
+    /// because its object changed since the listing (`Stale`: another
+    /// cut, a peering rewrite) sends the cut round again. Returns the
+    /// objects deleted.
+    pub async fn cut_after(self: &Rc<Self>) -> Result<Option<u64>> {
+        let (ob, end) = (u64::from(self.rec.object_bytes), self.rec.size_bytes);
+        let count = {
+            let m = self.cluster.map.borrow();
+            let t = m.table(self.rec.pool).ok_or_else(|| {
+                ClientError::Unavailable(format!("pool {} has no PG table", self.rec.pool))
+            })?;
+            t.pg_count()
+        };
+        let mut deleted = 0;
+        for _ in 0..CUT_ROUNDS_MAX {
+            let mut changed = false;
+            for pg in (0..count).map(|n| PgId::new(self.rec.pool, n)) {
+                let mut from = end / ob;
+                loop {
+                    let page = self.list_page(pg, from).await?;
+                    if !self.still_marked()? {
+                        return Ok(None);
+                    }
+                    for chunk in page.chunks(TRIM_PARALLEL_MAX) {
+                        let tasks: Vec<_> = (chunk.iter())
+                            .map(|&(block, version)| {
+                                let me = self.clone();
+                                rt::spawn(async move { me.cut_object(block, version).await })
+                            })
+                            .collect();
+                        // Every op ends before the cut does (none outlives it).
+                        for r in rt::join_all(tasks).await {
+                            match r? {
+                                Cut::Deleted => deleted += 1,
+                                Cut::Changed => changed = true,
+                                Cut::Done => {}
+                            }
+                        }
+                    }
+                    match page.last() {
+                        Some(&(last, _)) if page.len() == nacre_wire::LIST_PAGE_MAX as usize => {
+                            from = last.saturating_add(1)
+                        }
+                        _ => break,
+                    }
+                }
+            }
+            if !changed {
+                return Ok(Some(deleted));
+            }
+        }
+        Err(ClientError::Unavailable(format!(
+            "volume {:?}: objects past its end kept changing over {CUT_ROUNDS_MAX} rounds of deleting them; run the command again",
+            self.rec.name
+        )))
+    }
+
+    /// Whether the record still is the one this handle was opened with,
+    /// marking data past its end for deletion.
+    fn still_marked(&self) -> Result<bool> {
+        let r = map::get_volume(&*self.cluster.meta, &self.rec.name)?;
+        Ok(r.is_some_and(|r| {
+            (r.id, r.size_bytes, r.stale_until, r.deleting)
+                == (
+                    self.rec.id,
+                    self.rec.size_bytes,
+                    self.rec.stale_until,
+                    false,
+                )
+                && r.stale_until > r.size_bytes
+        }))
+    }
+
+    /// A cut's op on object `block`, listed at `version`: deleted if it
+    /// lies wholly past the end, else zeroed from the end on.
+    async fn cut_object(&self, block: u64, version: u64) -> Result<Cut> {
+        let (ob, end) = (u64::from(self.rec.object_bytes), self.rec.size_bytes);
+        if block > end / ob || end.is_multiple_of(ob) {
+            return Ok(match self.delete_object(block, version).await? {
+                Some(true) => Cut::Deleted,
+                Some(false) => Cut::Done,
+                None => Cut::Changed,
+            });
+        }
+        let p = Piece {
+            block,
+            offset: (end % ob) as u32,
+            len: (ob - end % ob) as u32,
+            at: 0,
+        };
+        let zeros = AlignedBuf::zeroed(p.len as usize);
+        Ok(match self.write_piece_if(p, zeros, version).await? {
+            Status::Stale => Cut::Changed,
+            _ => Cut::Done,
+        })
     }
 
     /// Makes `offset..offset+len` read as zeros. Whole objects are deleted
@@ -570,7 +722,7 @@ impl Volume {
                     let me = self.clone();
                     rt::spawn(async move {
                         if p.offset == 0 && p.len == ob {
-                            me.delete_object(p.block).await
+                            me.delete_object(p.block, 0).await.map(|_| ())
                         } else {
                             me.write_piece(p, AlignedBuf::zeroed(p.len as usize)).await
                         }
@@ -607,12 +759,15 @@ impl Cluster {
     /// Changes the size. A shrink of a volume with open connections is
     /// refused unless `force`; then the gateways enforce the new size on
     /// those connections (writes past it fail) before the data past the
-    /// new end is deleted, so a later grow reads zeros there.
+    /// new end is deleted, so a later grow reads zeros there. Without
+    /// `wait`, a shrink returns once recorded and the sweep deletes the
+    /// data ([`Cluster::reclaim_orphans`]).
     pub async fn resize_volume(
         self: &Rc<Self>,
         name: &str,
         size_bytes: u64,
         force: bool,
+        wait: bool,
     ) -> Result<VolumeRecord> {
         check_size(size_bytes)?;
         let old = self.volume(name)?;
@@ -623,30 +778,50 @@ impl Cluster {
                 "they see the new size at once and their writes past it fail",
             )?;
         }
-        // Whatever an earlier shrink left past the end goes before a grow
-        // can expose it.
-        if old.stale_until > old.size_bytes && size_bytes > old.size_bytes {
-            self.drop_stale(&old).await?;
-        }
-        let rec = map::update_volume(&*self.meta, name, |r| {
-            if r.id != old.id || r.deleting {
-                return Err(MetaError::Invalid(format!(
-                    "volume {name:?} is being deleted"
-                )));
+        // Whatever a shrink left past the end goes before a grow can expose
+        // it: the grow is published only while nothing is left to cut (a
+        // shrink, or the sweep finding data past the end, may mark some
+        // meanwhile; then it is cut, and the grow tried again).
+        let mut cur = old.clone();
+        let rec = loop {
+            if cur.stale_until > cur.size_bytes && size_bytes > cur.size_bytes {
+                self.drop_stale(&cur).await?;
             }
-            if size_bytes < r.size_bytes {
-                r.stale_until = r.stale_until.max(r.size_bytes);
+            let uncut = Cell::new(false);
+            let r = map::update_volume(&*self.meta, name, |r| {
+                uncut.set(false);
+                if r.id != old.id || r.deleting {
+                    return Err(MetaError::Invalid(format!(
+                        "volume {name:?} is being deleted"
+                    )));
+                }
+                if size_bytes > r.size_bytes && r.stale_until > r.size_bytes {
+                    uncut.set(true);
+                    return Err(MetaError::Invalid(format!(
+                        "volume {name:?}: data past its end is still being deleted; run the command again"
+                    )));
+                }
+                if size_bytes < r.size_bytes {
+                    r.stale_until = r.stale_until.max(r.size_bytes);
+                }
+                r.size_bytes = size_bytes;
+                Ok(())
+            });
+            match r {
+                Err(_) if uncut.get() && cur.stale_until <= cur.size_bytes => {
+                    cur = self.volume(name)?
+                }
+                r => break r?,
             }
-            r.size_bytes = size_bytes;
-            Ok(())
-        })?;
-        if rec.stale_until > rec.size_bytes {
+        };
+        if rec.stale_until > rec.size_bytes && wait {
             // Every open connection enforces the new size (no write
             // admitted at the old one still runs) before the cut-off data
             // goes; else a write racing the delete could outlive it.
             self.wait_sessions(&rec, |s| s.size_bytes <= size_bytes, "shrink")
                 .await?;
-            self.drop_stale(&rec).await?;
+            let n = self.drop_stale(&rec).await?;
+            tracing::info!("volume {name:?}: {n} objects past its new end deleted");
         } else if size_bytes > old.size_bytes {
             // A grow: the open connections see it once their gateway
             // heard of it; waited for (bounded), so that they do when this
@@ -709,20 +884,33 @@ impl Cluster {
         }
     }
 
-    /// Deletes the data a shrink cut off (`size_bytes..stale_until`), then
-    /// clears the mark if the record has not moved meanwhile.
-    async fn drop_stale(self: &Rc<Self>, v: &VolumeRecord) -> Result<()> {
-        let mut whole = v.clone();
-        whole.size_bytes = v.stale_until;
-        let h = Rc::new(Volume::with_record(self, whole));
-        h.zero(v.size_bytes, v.stale_until - v.size_bytes).await?;
-        map::update_volume(&*self.meta, &v.name, |r| {
-            if r.id == v.id && r.stale_until == v.stale_until {
+    /// Deletes the data a shrink cut off (everything past `size_bytes`;
+    /// [`Volume::cut_after`]), then clears the mark if the record (size
+    /// and mark) has not moved meanwhile; if it has, the cut stops and
+    /// whoever moved it owns what is left. Returns the objects deleted.
+    async fn drop_stale(self: &Rc<Self>, v: &VolumeRecord) -> Result<u64> {
+        self.reload_map()?;
+        let h = Rc::new(Volume::with_record(self, v.clone()));
+        let Some(deleted) = h.cut_after().await? else {
+            return Ok(0);
+        };
+        if !h.still_marked()? {
+            return Ok(deleted);
+        }
+        let cleared = map::update_volume(&*self.meta, &v.name, |r| {
+            if (r.id, r.size_bytes, r.stale_until) == (v.id, v.size_bytes, v.stale_until) {
                 r.stale_until = 0;
             }
             Ok(())
-        })?;
-        Ok(())
+        });
+        match cleared {
+            // Deleted meanwhile: nothing left to clear.
+            Err(_) if map::get_volume(&*self.meta, &v.name)?.is_none_or(|r| r.id != v.id) => {}
+            r => {
+                r?;
+            }
+        }
+        Ok(deleted)
     }
 
     /// Deletes a volume: refused while it has open connections unless
@@ -730,7 +918,8 @@ impl Cluster {
     /// the open ones), waits until none is open, deletes its objects on
     /// every OSD that is up, then its record. Copies on OSDs that are down
     /// are orphans the next sweep deletes ([`Cluster::reclaim_orphans`]).
-    pub async fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
+    /// Without `wait`, returns once it is marked; the sweep does the rest.
+    pub async fn delete_volume(&self, name: &str, force: bool, wait: bool) -> Result<()> {
         let rec = self.volume(name)?;
         if !force {
             self.refuse_in_use(&rec, "delete", "they are cut and their later I/O fails")?;
@@ -744,7 +933,16 @@ impl Cluster {
             r.deleting = true;
             Ok(())
         })?;
+        if !wait {
+            return Ok(());
+        }
         self.wait_sessions(&rec, |_| false, "delete").await?;
+        self.finish_delete(&rec).await
+    }
+
+    /// Deletes the objects of volume `rec` (marked deleting, no connection
+    /// open) on every OSD that is up, then its record.
+    async fn finish_delete(&self, rec: &VolumeRecord) -> Result<()> {
         self.reload_map()?;
         let m = self.map();
         for osd in m.osds.iter().map(|o| o.id).filter(|&o| m.is_up(o)) {
@@ -758,7 +956,7 @@ impl Cluster {
                 return Err(status_err(f.h.status, &format!("purge on osd.{osd}")));
             }
         }
-        Ok(map::remove_volume(&*self.meta, name, rec.id)?)
+        Ok(map::remove_volume(&*self.meta, &rec.name, rec.id)?)
     }
 
     /// Objects per volume id over the OSDs that are up, and the OSDs that
@@ -772,7 +970,7 @@ impl Cluster {
                 continue;
             };
             let bb = u.block_bytes;
-            for [v, n, primary] in u.volumes {
+            for [v, n, primary, _] in u.volumes {
                 let e = per.entry(v).or_default();
                 e.objects += primary;
                 e.bytes += primary * bb;
@@ -797,29 +995,47 @@ impl Cluster {
         })
     }
 
-    /// Finds objects of volumes that no longer exist (a purge that missed
-    /// a down OSD, a write or recovery push that raced a delete) on every
-    /// OSD that is up and deletes them; records what it did for `nacre
-    /// status`. Volume ids are never reused: an id whose serial is at
-    /// most the last one handed out (read first) that names no volume
-    /// (read after) belongs to a deleted volume, so a volume created
-    /// meanwhile is never taken.
-    pub async fn reclaim_orphans(&self) -> Result<map::OrphanReport> {
+    /// The sweep (every `--reclaim-interval`, in the elected monitor):
+    ///
+    /// - finds objects of volumes that no longer exist (a purge that
+    ///   missed a down OSD, a write or recovery push that raced a delete)
+    ///   on every OSD that is up and deletes them. Volume ids are never
+    ///   reused: an id whose serial is at most the last one handed out
+    ///   (read first) that names no volume (read after) belongs to a
+    ///   deleted volume, so a volume created meanwhile is never taken;
+    /// - finishes what a `volume rm` or a shrink left when its command
+    ///   stopped (killed, or its host lost) and was not run again: a
+    ///   volume still marked deleting, data past a shrink's end not yet
+    ///   cut — once no connection holds it and the previous sweep saw the
+    ///   same mark (`seen`): a command has had a whole interval (if it
+    ///   still runs, both cut, which [`Volume::cut_after`] makes safe);
+    /// - marks and cuts objects found past a volume's end that no shrink
+    ///   marked (a write a gateway cut off from the cluster sent before
+    ///   its session ran out).
+    ///
+    /// Records what it did for `nacre status`.
+    pub async fn reclaim_orphans(
+        self: &Rc<Self>,
+        seen: &mut Unfinished,
+    ) -> Result<map::OrphanReport> {
         let last = map::last_volume_id(&*self.meta)?;
-        let live: std::collections::HashSet<u64> = (map::list_volumes(&*self.meta)?.iter())
-            .map(|v| v.id)
-            .collect();
+        let volumes = map::list_volumes(&*self.meta)?;
+        let live: std::collections::HashSet<u64> = volumes.iter().map(|v| v.id).collect();
         self.reload_map()?;
         let m = self.map();
         let mut report = map::get_orphans(&*self.meta)?;
         report.left.clear();
+        // The highest block + 1 any OSD holds, per volume.
+        let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
         for osd in m.osds.iter().map(|o| o.id) {
             let Some(u) = self.osd_usage(osd, &m).await else {
                 continue;
             };
-            for [v, n, _] in u.volumes {
+            for [v, n, _, end] in u.volumes {
                 let serial = nacre_types::VolumeId(v).serial();
                 if serial == 0 || serial > last || live.contains(&v) {
+                    let e = ends.entry(v).or_default();
+                    *e = (*e).max(end);
                     continue;
                 }
                 let h = Header::request(Op::PurgeVolume, 0, ObjectId::new(v, 0));
@@ -847,9 +1063,84 @@ impl Cluster {
                 }
             }
         }
+        let mut now = Unfinished::new();
+        for v in volumes {
+            let end = ends.get(&v.id).copied().unwrap_or(0);
+            if let Err(e) = self.finish(&v, end, seen, &mut now, &mut report).await {
+                report.left.push(format!("volume {:?}: {e}", v.name));
+            }
+        }
+        *seen = now;
         report.last_sweep_unix_s = map::now_s();
         map::put_orphans(&*self.meta, &report)?;
         Ok(report)
+    }
+
+    /// The sweep's part for one live volume, `listed` as it was before the
+    /// OSDs were asked what they hold: its objects reach block `end` - 1
+    /// in the PGs the OSDs that answered lead.
+    async fn finish(
+        self: &Rc<Self>,
+        listed: &VolumeRecord,
+        end: u64,
+        seen: &Unfinished,
+        now: &mut Unfinished,
+        report: &mut map::OrphanReport,
+    ) -> Result<()> {
+        // Acted on as it is now (the sweep may have run long since).
+        let Some(mut v) = map::get_volume(&*self.meta, &listed.name)?.filter(|r| r.id == listed.id)
+        else {
+            return Ok(());
+        };
+        let blocks = listed.size_bytes.div_ceil(u64::from(v.object_bytes));
+        let unmarked = !v.deleting && v.stale_until <= v.size_bytes;
+        if unmarked {
+            if end <= blocks || v.size_bytes != listed.size_bytes {
+                return Ok(());
+            }
+            // Data past the end no shrink marked: marked now (if the size
+            // is still the one the objects were compared with).
+            tracing::warn!(
+                "volume {:?}: objects up to block {} past its end (block {blocks}): deleting them",
+                v.name,
+                end - 1
+            );
+            let stale = end.saturating_mul(u64::from(v.object_bytes));
+            v = map::update_volume(&*self.meta, &v.name, |r| {
+                if r.id == v.id && r.size_bytes == listed.size_bytes && !r.deleting {
+                    r.stale_until = r.stale_until.max(stale);
+                }
+                Ok(())
+            })?;
+            if v.stale_until < stale {
+                return Ok(());
+            }
+        }
+        // A command's mark is taken over once the previous sweep saw it
+        // too (the command has had a whole interval).
+        let mark = (v.id, v.deleting, v.size_bytes, v.stale_until);
+        now.insert(mark);
+        if !unmarked && !seen.contains(&mark) {
+            return Ok(());
+        }
+        let open = map::list_sessions(&*self.meta, v.id)?;
+        if v.deleting {
+            if open.is_empty() {
+                self.finish_delete(&v).await?;
+                tracing::info!("volume {:?}: its interrupted delete finished", v.name);
+                report.finished += 1;
+            }
+        } else if open.iter().all(|s| s.size_bytes <= v.size_bytes) {
+            let n = self.drop_stale(&v).await?;
+            tracing::info!(
+                "volume {:?}: {n} objects past its end ({} bytes) deleted",
+                v.name,
+                v.size_bytes
+            );
+            report.trimmed_objects += n;
+            report.finished += u64::from(!unmarked);
+        }
+        Ok(())
     }
 
     /// Has PG `pg` scrubbed by its primary, deeply
@@ -947,9 +1238,14 @@ impl Cluster {
 
 struct OsdUsage {
     block_bytes: u64,
-    /// `[volume id, objects, of them as primary]`.
-    volumes: Vec<[u64; 3]>,
+    /// `[volume id, objects, of them as primary, highest block + 1]`.
+    volumes: Vec<[u64; 4]>,
 }
+
+/// Marks of unfinished volume commands a sweep saw (volume id, deleting,
+/// size, data past the end up to): the next sweep finishes those it sees
+/// again ([`Cluster::reclaim_orphans`]).
+pub type Unfinished = std::collections::BTreeSet<(u64, bool, u64, u64)>;
 
 /// One volume's objects over the cluster ([`Cluster::volume_usage`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -315,6 +315,14 @@ pub struct OrphanReport {
     pub reclaimed_objects: u64,
     /// Copies the last sweep found but could not delete, and why.
     pub left: Vec<String>,
+    /// Objects past live volumes' ends the sweeps have deleted (a shrink
+    /// or a delete whose command stopped half-way, finished; data a
+    /// write landed past the end).
+    #[serde(default)]
+    pub trimmed_objects: u64,
+    /// Interrupted shrinks and deletes the sweeps have finished.
+    #[serde(default)]
+    pub finished: u64,
 }
 
 /// Everything a client or OSD needs to route ops.
@@ -1311,9 +1319,11 @@ pub fn update_volume(
 
 /// Removes the volume's record if it is still the one with id `id`.
 pub fn remove_volume(store: &dyn MetaStore, name: &str, id: u64) -> Result<()> {
-    let kv = store
-        .get(&volume_key(name))?
-        .ok_or_else(|| MetaError::Invalid(format!("no volume {name:?}")))?;
+    // Already gone: the sweep finished the delete (ids are never reused,
+    // so a volume created since under the name is found below).
+    let Some(kv) = store.get(&volume_key(name))? else {
+        return Ok(());
+    };
     let v: VolumeRecord = parse(&kv)?;
     if v.id != id {
         return Err(MetaError::Invalid(format!(

@@ -1036,8 +1036,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Some(Status::StaleEpoch);
         }
         // The object's pool (in its volume id) is in the map and the
-        // object is in the PG the frame names.
-        if map.pg_of(h.oid) != Some(h.pg_id()) {
+        // object is in the PG the frame names; a listing names a PG of its
+        // volume's pool.
+        let pg_ok = if h.op == Op::List {
+            h.oid.pool() == h.pool && h.pg < map.pg_count(h.pool)
+        } else {
+            map.pg_of(h.oid) == Some(h.pg_id())
+        };
+        if !pg_ok {
             return Some(Status::Invalid);
         }
         if need_primary && !self.pgs.borrow().contains_key(&h.pg_id()) {
@@ -1280,6 +1286,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 return (s, 0);
             }
         }
+        // A conditional op (a shrink's, on what it listed) leaves an
+        // object written since alone, and creates none.
+        if h.obj_version != 0 {
+            match self.store.version(oid) {
+                None => return (Status::NotFound, 0),
+                Some(cur) if cur > h.obj_version => return (Status::Stale, cur),
+                Some(_) => {}
+            }
+        }
         // A write that takes a new block (a new object, or a whole-block
         // write) where a copy is full: refused before it has a version, so
         // that it ends no interval (failed on that copy, it would, and
@@ -1474,26 +1489,73 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// is the primary of (one count per object across the cluster).
     pub fn volume_usage(&self) -> VolumeUsage {
         let m = self.map.borrow();
-        let mut per: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        let mut per: BTreeMap<u64, [u64; 4]> = BTreeMap::new();
         for (oid, _) in self.store.list() {
-            let e = per.entry(oid.volume.0).or_default();
-            e.0 += 1;
+            let e = per.entry(oid.volume.0).or_insert([oid.volume.0, 0, 0, 0]);
+            e[1] += 1;
+            // The highest block among the objects it leads: a stray copy
+            // (not listed by a primary, so no cut would take it) is not
+            // counted.
             if m.pg_of(oid).and_then(|pg| m.primary(pg)) == Some(self.id) {
-                e.1 += 1;
+                e[2] += 1;
+                e[3] = e[3].max(oid.block.saturating_add(1));
             }
         }
         VolumeUsage {
             block_bytes: self.store.block_bytes(),
-            volumes: per.into_iter().map(|(v, (n, p))| [v, n, p]).collect(),
+            volumes: per.into_values().collect(),
         }
+    }
+
+    /// Answers `Op::List` as the active primary of the PG: the objects of
+    /// the volume in the PG from the block named on, at their
+    /// authoritative versions (those this copy still lacks included,
+    /// those deleted since excluded), a page of them.
+    async fn answer_list(&self, h: &Header) -> (Header, Option<AlignedBuf>) {
+        let (pg, epoch, from) = (h.pg_id(), h.epoch, h.oid.block);
+        if h.length == 0 || h.length > nacre_wire::LIST_PAGE_MAX {
+            return (h.reply(Status::Invalid), None);
+        }
+        if let Err(s) = self.wait_active(pg, epoch).await {
+            let mut r = h.reply(s);
+            r.epoch = self.epoch();
+            return (r, None);
+        }
+        // As a read: a primary cut off from the leader may be deposed.
+        if !self.holds_read_lease() {
+            return (h.reply(Status::Unavailable), None);
+        }
+        let count = self.map.borrow().pg_count(pg.pool);
+        let volume = h.oid.volume;
+        let keep = |o: &ObjectId| o.volume == volume && o.block >= from && pg.holds(*o, count);
+        let mut found: BTreeMap<u64, u64> = (self.store.list_where(keep).into_iter())
+            .map(|(o, v)| (o.block, v))
+            .collect();
+        if let Some(r) = (self.recovery.borrow().get(&pg)).filter(|r| r.epoch == epoch) {
+            for (o, w) in r.wants.range(h.oid..) {
+                if o.volume != h.oid.volume {
+                    break;
+                }
+                if w.delete {
+                    found.remove(&o.block);
+                } else {
+                    found.insert(o.block, w.version);
+                }
+            }
+        }
+        let body: Vec<u8> = (found.into_iter().take(h.length as usize))
+            .flat_map(|(b, v)| b.to_le_bytes().into_iter().chain(v.to_le_bytes()))
+            .collect();
+        (
+            h.reply(Status::Ok).with_payload(&body),
+            Some(AlignedBuf::from_slice(&body)),
+        )
     }
 
     /// Deletes every local object of a volume.
     async fn purge_volume(self: &Rc<Self>, volume: u64) -> Status {
         self.purged.borrow_mut().insert(volume);
-        let victims: Vec<(ObjectId, u64)> = (self.store.list().into_iter())
-            .filter(|(o, _)| o.volume.0 == volume)
-            .collect();
+        let victims = self.store.list_where(|o| o.volume.0 == volume);
         let mut status = Status::Ok;
         for chunk in victims.chunks(PURGE_PARALLEL_MAX) {
             let tasks: Vec<_> = chunk
@@ -1530,6 +1592,9 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             Op::Pull => self.store.block_bytes() as usize,
             Op::Stat | Op::Scrub => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
             Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
+            Op::List => {
+                h.length.min(nacre_wire::LIST_PAGE_MAX) as usize * nacre_wire::LIST_ENTRY_BYTES
+            }
             _ => 0,
         }
     }
@@ -1543,7 +1608,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             rt::spawn(async move { me.refresh_map().await });
         }
         let route = match h.op {
-            Op::Read | Op::Write | Op::Delete => self.check_route(&h, true),
+            Op::Read | Op::Write | Op::Delete | Op::List => self.check_route(&h, true),
             Op::RepWrite | Op::RepDelete => self.check_route(&h, false),
             _ => None,
         };
@@ -1634,6 +1699,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 }
                 (h.reply(s), None)
             }
+            Op::List => self.answer_list(&h).await,
             Op::PurgeVolume => (h.reply(self.purge_volume(h.oid.volume.0).await), None),
             Op::PgClean => (h.reply(self.answer_pg_clean(&h)), None),
             Op::VolumeUsage => {

@@ -206,9 +206,9 @@ fn one() -> f64 {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VolumeUsage {
     pub block_bytes: u32,
-    /// `[volume id, objects here, of them in PGs this OSD is primary of]`,
-    /// by volume id.
-    pub volumes: Vec<[u64; 3]>,
+    /// `[volume id, objects here, of them in PGs this OSD is primary of,
+    /// the highest block of those + 1]`, by volume id.
+    pub volumes: Vec<[u64; 4]>,
 }
 
 /// PGs not `active+clean` an OSD names in its report (the counts cover

@@ -689,14 +689,20 @@ impl Cluster {
 
     /// Sends a client request for `h.oid` to its primary over the
     /// simulated network (with its faults), epoch and PG filled in.
-    pub async fn call(
+    pub async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        let pg = (self.leader.map().pg_of(h.oid))
+            .ok_or_else(|| NetError::Protocol(format!("{}: no such pool", h.oid)))?;
+        self.call_pg(pg, h, payload).await
+    }
+
+    /// [`Cluster::call`] to the primary of PG `pg` (a listing's).
+    pub async fn call_pg(
         &self,
+        pg: PgId,
         mut h: Header,
         payload: Option<AlignedBuf>,
     ) -> Result<Frame, NetError> {
         let m = self.leader.map();
-        let pg = (m.pg_of(h.oid))
-            .ok_or_else(|| NetError::Protocol(format!("{}: no such pool", h.oid)))?;
         h = h.with_pg(pg);
         h.epoch = m.epoch();
         let addr = (m.primary(pg).and_then(|p| m.addr(p)))

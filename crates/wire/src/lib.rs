@@ -20,7 +20,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "NACR" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 pub const HEADER_BYTES: usize = 96;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
@@ -34,6 +34,11 @@ pub const SCRUB_START_DEEP: u32 = 4;
 /// The report of the scrub whose ticket (the start's answer, in
 /// `obj_version`) is in `obj_version`: no payload while it waits or runs.
 pub const SCRUB_REPORT: u32 = 6;
+
+/// Most objects one [`Op::List`] reply names.
+pub const LIST_PAGE_MAX: u32 = 4096;
+/// Bytes per object of an [`Op::List`] reply: its block, its version.
+pub const LIST_ENTRY_BYTES: usize = 16;
 
 /// Flag: this frame answers the request with the same id.
 pub const FLAG_REPLY: u16 = 1;
@@ -49,7 +54,12 @@ pub enum Op {
     Read = 1,
     /// Client → primary: write the payload at `offset`.
     Write = 2,
-    /// Client → primary: delete the whole object.
+    /// Client → primary: delete the whole object. With `obj_version` not
+    /// 0, only if the object is at that version or below (`Stale` if it
+    /// is newer, `NotFound` if absent); a `Write` with `obj_version` not 0
+    /// likewise applies only to an object that exists at that version or
+    /// below. So data listed before a grow ([`Op::List`]) can be deleted
+    /// after it without touching what was written since.
     Delete = 3,
     /// Primary → replica: apply a write at `obj_version`.
     RepWrite = 4,
@@ -128,6 +138,14 @@ pub enum Op {
     /// `nacre_osd::PoolChange`), in a new epoch; a refusal carries its
     /// reason as UTF-8 text.
     PoolChange = 24,
+    /// Client → primary of PG `pg`: the objects of volume `volume` in the
+    /// PG at block `block` or above, with their versions, in block order:
+    /// at most `length` of them ([`LIST_PAGE_MAX`] at most; a full page
+    /// means more may follow). Reply: [`LIST_ENTRY_BYTES`] per object,
+    /// its block then its version (u64 each, little-endian). A shrink
+    /// deletes what it lists, each delete conditional on the listed
+    /// version (see [`Op::Delete`]).
+    List = 25,
 }
 
 impl Op {
@@ -157,6 +175,7 @@ impl Op {
             22 => Op::Scrub,
             23 => Op::RmOsd,
             24 => Op::PoolChange,
+            25 => Op::List,
             _ => return None,
         })
     }
@@ -468,6 +487,14 @@ impl Header {
             // Maps, PG events and logs, whole objects of recovery: sized
             // by their payload (bounded above), parsed by the receiver.
             // (A PG query may name the objects it asks about.)
+            (Op::List, true) => {
+                if len as usize > LIST_PAGE_MAX as usize * LIST_ENTRY_BYTES
+                    || !(len as usize).is_multiple_of(LIST_ENTRY_BYTES)
+                {
+                    return bad("not a page of listed objects");
+                }
+                return Ok(());
+            }
             (Op::Boot | Op::GetMap | Op::PgQuery | Op::Pull | Op::VolumeUsage, true)
             | (
                 Op::Boot | Op::Map | Op::PgEvent | Op::Push | Op::LogSync | Op::PgQuery | Op::Scrub,

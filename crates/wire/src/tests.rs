@@ -27,7 +27,8 @@ fn round_trip() {
 }
 
 /// The layout is part of the protocol: these bytes must never change
-/// meaning within protocol version 3 (which put the PG's pool and a
+/// meaning within protocol version 4 (which gave client ops a conditional
+/// `obj_version` and added `List`; version 3 put the PG's pool and a
 /// reserved word after the PG number; version 2 turned version 1's
 /// reserved word into the sub-op sender).
 #[test]
@@ -41,7 +42,7 @@ fn golden_vector() {
     h.client = 0x44;
     let mut buf = [0u8; HEADER_BYTES];
     h.encode(&mut buf);
-    assert_eq!(&buf[0..8], b"NACR\x03\x01\x00\x00");
+    assert_eq!(&buf[0..8], b"NACR\x04\x01\x00\x00");
     assert_eq!(&buf[12..16], &0x33u32.to_le_bytes());
     assert_eq!(&buf[16..20], &0x55u32.to_le_bytes());
     assert_eq!(&buf[20..24], &[0; 4]);
@@ -136,24 +137,44 @@ fn rejects_each_bad_field() {
     assert_eq!(back.check_payload(&d), Err(WireError::PayloadCrc));
 }
 
-#[test]
-fn payload_must_match_op() {
-    // encode asserts a round trip in debug builds; build the bytes by hand
+/// A header's bytes as a peer could send them (encode asserts a round
+/// trip in debug builds, so they are built by hand).
+fn raw_frame(op: Op, flags: u16, payload_len: u32) -> [u8; HEADER_BYTES] {
     let mut buf = [0u8; HEADER_BYTES];
     let raw = RawHeader {
         magic: MAGIC.into(),
         version: VERSION,
-        op: Op::Delete as u8,
-        payload_len: 512.into(),
+        op: op as u8,
+        flags: flags.into(),
+        payload_len: payload_len.into(),
         ..Default::default()
     };
     buf.copy_from_slice(raw.as_bytes());
     let c = crc32c(&buf[..92]);
     buf[92..96].copy_from_slice(&c.to_le_bytes());
+    buf
+}
+
+#[test]
+fn payload_must_match_op() {
     assert!(matches!(
-        Header::decode(&buf),
+        Header::decode(&raw_frame(Op::Delete, 0, 512)),
         Err(WireError::PayloadLen { .. })
     ));
+    // A listing request carries nothing; its reply whole entries, at most
+    // a page of them.
+    assert!(Header::decode(&raw_frame(Op::List, 0, 16)).is_err());
+    let page = LIST_PAGE_MAX * LIST_ENTRY_BYTES as u32;
+    for (len, ok) in [
+        (0, true),
+        (16, true),
+        (page, true),
+        (24, false),
+        (page + 16, false),
+    ] {
+        let r = Header::decode(&raw_frame(Op::List, FLAG_REPLY, len));
+        assert_eq!(r.is_ok(), ok, "a listing reply of {len} bytes: {r:?}");
+    }
 }
 
 proptest! {
