@@ -55,11 +55,10 @@ pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
     };
     let via = l.local_addr().to_string();
     let budget = Budget::new(GATEWAY_PAYLOAD_MAX_BYTES);
-    nacre_net::accept_capped(&l, CONNECTIONS_MAX, |s| {
-        let s = Rc::new(s);
+    nacre_net::accept_capped(&l, CONNECTIONS_MAX, |s, admitted| {
         let client = format!("NBD client {} via {via}", s.peer());
         let (cluster, sessions, budget) = (cluster.clone(), sessions.clone(), budget.clone());
-        async move { serve_conn(s, cluster, sessions, client, &budget).await }
+        async move { serve_conn(s, cluster, sessions, client, &budget, admitted).await }
     })
     .await
 }
@@ -70,6 +69,7 @@ async fn serve_conn(
     sessions: Rc<Sessions>,
     client: String,
     budget: &Rc<Budget>,
+    admitted: nacre_net::Admitted,
 ) {
     let mut rd = ByteReader::new(stream.clone());
     let opened = Opener {
@@ -81,6 +81,7 @@ async fn serve_conn(
     let limit = Duration::from_millis(HANDSHAKE_TIMEOUT_MS);
     match rt::timeout(limit, handshake(&stream, &mut rd, &opened)).await {
         Some(Ok(Some((vol, session)))) => {
+            admitted.attach();
             transmission(stream.clone(), rd, vol, budget).await;
             drop(session);
         }

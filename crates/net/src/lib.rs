@@ -15,7 +15,7 @@
 // PERF-CRITICAL
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 
 use nacre_io::net::{Addr, Listener, Stream};
@@ -51,8 +51,13 @@ pub const SERVE_PAYLOAD_MAX_BYTES: usize = 1 << 30;
 /// takes eight connections that never read to hold a listener's whole
 /// budget, and the send stall cuts them.
 pub const SERVE_CONN_PAYLOAD_MAX_BYTES: usize = 128 << 20;
-/// Connections one listener serves at once; more are closed as they come.
+/// Connections one listener serves at once; more are closed as they come
+/// (after the oldest that has not finished its handshake, if any: see
+/// [`accept_capped`]).
 pub const SERVE_CONNECTIONS_MAX: usize = 1024;
+/// Connections one listener serves at once from one IP address (TCP): one
+/// host cannot take every slot.
+pub const PEER_CONNECTIONS_MAX: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -923,45 +928,114 @@ pub trait Handler: 'static {
 /// [`SERVE_PAYLOAD_MAX_BYTES`] budget.
 pub async fn serve<H: Handler>(l: Listener, h: Rc<H>) {
     let budget = Budget::new(SERVE_PAYLOAD_MAX_BYTES);
-    accept_capped(&l, SERVE_CONNECTIONS_MAX, |s| {
+    accept_capped(&l, SERVE_CONNECTIONS_MAX, |s, admitted| {
+        // A frame connection has no handshake: it holds its slot at once.
+        admitted.attach();
         let (h, budget) = (h.clone(), budget.clone());
-        async move { serve_conn(Rc::new(s), h, &budget).await }
+        async move { serve_conn(s, h, &budget).await }
     })
     .await
 }
 
+/// A connection's place among a listener's ([`accept_capped`]).
+pub struct Admitted {
+    attached: Rc<Cell<bool>>,
+}
+
+impl Admitted {
+    /// The connection has finished its handshake (chosen what it serves):
+    /// from now on it is never closed to make room for another.
+    pub fn attach(&self) {
+        self.attached.set(true);
+    }
+}
+
+/// One open connection of a listener.
+struct Slot {
+    stream: Rc<Stream>,
+    peer: Option<std::net::IpAddr>,
+    attached: Rc<Cell<bool>>,
+}
+
 /// Accepts connections on `l` forever and runs `serve` on each, at most
-/// `max` at once: more are closed as they arrive, with one warning per
+/// `max` at once and [`PEER_CONNECTIONS_MAX`] from one IP address. When
+/// `max` are open, a new one takes the place of the oldest that has not
+/// finished its handshake (so a flood of connections that never finish
+/// theirs cannot keep a real client out for longer than its own
+/// handshake); if every one has, the new one is closed. One warning per
 /// burst.
 pub async fn accept_capped<F, Fut>(l: &Listener, max: usize, mut serve: F)
 where
-    F: FnMut(Stream) -> Fut,
+    F: FnMut(Rc<Stream>, Admitted) -> Fut,
     Fut: std::future::Future<Output = ()> + 'static,
 {
-    let open = Rc::new(Cell::new(0usize));
+    let open: Rc<RefCell<BTreeMap<u64, Slot>>> = Rc::default();
+    let mut next = 0u64;
     let mut refused = 0u64;
     loop {
         match l.accept().await {
-            Ok(s) if open.get() >= max => {
-                if refused == 0 {
-                    tracing::warn!(
-                        "{}: {max} connections open: closing new ones ({} first)",
-                        l.local_addr(),
-                        s.peer()
-                    );
-                }
-                refused += 1;
-                s.shutdown();
-            }
             Ok(s) => {
+                let peer = s
+                    .peer()
+                    .parse::<std::net::SocketAddr>()
+                    .ok()
+                    .map(|a| a.ip());
+                let from_peer = |o: &BTreeMap<u64, Slot>| {
+                    peer.map_or(0, |p| o.values().filter(|c| c.peer == Some(p)).count())
+                };
+                let why = {
+                    let mut o = open.borrow_mut();
+                    if from_peer(&o) >= PEER_CONNECTIONS_MAX {
+                        Some(format!(
+                            "{PEER_CONNECTIONS_MAX} connections from one address"
+                        ))
+                    } else if o.len() >= max {
+                        let oldest = (o.iter()).find(|(_, c)| !c.attached.get()).map(|(&k, _)| k);
+                        match oldest.and_then(|k| o.remove(&k)) {
+                            Some(c) => {
+                                tracing::info!(
+                                    "{}: {max} connections open: closed the oldest still in its handshake ({}) for a new one",
+                                    l.local_addr(),
+                                    c.stream.peer()
+                                );
+                                c.stream.shutdown();
+                                None
+                            }
+                            None => Some(format!("{max} connections open")),
+                        }
+                    } else {
+                        None
+                    }
+                };
+                if let Some(why) = why {
+                    if refused == 0 {
+                        tracing::warn!(
+                            "{}: {why}: closing new ones ({} first)",
+                            l.local_addr(),
+                            s.peer()
+                        );
+                    }
+                    refused += 1;
+                    s.shutdown();
+                    continue;
+                }
                 if std::mem::take(&mut refused) > 0 {
                     tracing::warn!("{}: connections accepted again", l.local_addr());
                 }
-                open.set(open.get() + 1);
-                let (conn, open) = (serve(s), open.clone());
+                let s = Rc::new(s);
+                let attached = Rc::new(Cell::new(false));
+                let key = next;
+                next += 1;
+                let slot = Slot {
+                    stream: s.clone(),
+                    peer,
+                    attached: attached.clone(),
+                };
+                open.borrow_mut().insert(key, slot);
+                let (conn, open) = (serve(s, Admitted { attached }), open.clone());
                 rt::spawn(async move {
                     conn.await;
-                    open.set(open.get() - 1);
+                    open.borrow_mut().remove(&key);
                 });
             }
             Err(e) => {
