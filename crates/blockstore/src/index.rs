@@ -168,6 +168,13 @@ impl Index {
         Some(block)
     }
 
+    /// Calls `f` with every object (in no order; nothing is collected).
+    pub fn for_each(&self, mut f: impl FnMut(ObjectId)) {
+        for b in self.by_oid.iter() {
+            f(self.blocks[b as usize].oid());
+        }
+    }
+
     /// Every object `keep` accepts, with its newest version, sorted.
     pub fn list(&self, keep: impl Fn(&ObjectId) -> bool) -> Vec<(ObjectId, u64)> {
         let mut out: Vec<(ObjectId, u64)> = self

@@ -642,6 +642,12 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.st.borrow().index.list(|_| true)
     }
 
+    /// Calls `f` with every object, in no order (a count, without
+    /// collecting them).
+    pub fn for_each_object(&self, f: impl FnMut(ObjectId)) {
+        self.0.st.borrow().index.for_each(f)
+    }
+
     /// The objects `keep` accepts with their newest versions, sorted.
     pub fn list_where(&self, keep: impl Fn(&ObjectId) -> bool) -> Vec<(ObjectId, u64)> {
         self.0.st.borrow().index.list(keep)

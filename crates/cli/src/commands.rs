@@ -840,13 +840,17 @@ fn pg_summary(
     let mut counts: std::collections::BTreeMap<String, u32> = Default::default();
     let mut named: Vec<nacre_osd::PgReport> = Vec::new();
     let (mut left, mut degraded_left, mut misplaced_left) = (0u64, 0u64, 0u64);
+    let mut waiting = 0u64;
     let (mut objects_per_s, mut bytes_per_s, mut object_bytes) = (0.0, 0.0, 0u64);
+    let (mut moved_objects_per_s, mut moved_bytes_per_s) = (0.0, 0.0);
     for v in stats.iter().filter_map(|(_, v)| v.as_ref()) {
         let Ok(r) = serde_json::from_value::<nacre_osd::OsdReport>(v.clone()) else {
             continue;
         };
         objects_per_s += r.recovery_objects_per_s;
         bytes_per_s += r.recovery_bytes_per_s;
+        moved_objects_per_s += r.rebalance_objects_per_s;
+        moved_bytes_per_s += r.rebalance_bytes_per_s;
         object_bytes = object_bytes.max(r.object_bytes);
         // A report from an epoch before the stored map's speaks for PGs
         // that may have another primary now.
@@ -859,20 +863,30 @@ fn pg_summary(
         left += r.recovery_objects_left;
         degraded_left += r.degraded_objects_left;
         misplaced_left += r.misplaced_objects_left;
+        waiting += r.degraded_waiting_objects;
         named.extend(r.pgs_not_clean);
     }
-    // At the pace of the last second: degraded PGs recover first.
+    // At the pace of the last second: degraded PGs recover first, at the
+    // pace of recovery proper (moves aside). Copies that wait for a down
+    // OSD to return or be marked out have no estimate.
     let eta =
-        |objects: u64| (objects > 0 && objects_per_s > 0.0).then(|| objects as f64 / objects_per_s);
+        |objects: u64, per_s: f64| (objects > 0 && per_s > 0.0).then(|| objects as f64 / per_s);
+    let recovering_per_s = (objects_per_s - moved_objects_per_s).max(0.0);
+    let degraded = degraded_left + waiting;
     let recovery = serde_json::json!({
-        "degraded_objects": degraded_left,
+        "degraded_objects": degraded,
+        "degraded_waiting_objects": waiting,
         "misplaced_objects": misplaced_left,
-        "degraded_bytes": degraded_left * object_bytes,
+        "degraded_bytes": degraded * object_bytes,
         "misplaced_bytes": misplaced_left * object_bytes,
         "objects_per_s": objects_per_s,
         "bytes_per_s": bytes_per_s,
-        "full_redundancy_eta_s": eta(degraded_left),
-        "clean_eta_s": eta(left),
+        "recovery_objects_per_s": recovering_per_s,
+        "recovery_bytes_per_s": (bytes_per_s - moved_bytes_per_s).max(0.0),
+        "rebalance_objects_per_s": moved_objects_per_s,
+        "rebalance_bytes_per_s": moved_bytes_per_s,
+        "full_redundancy_eta_s": if waiting > 0 { None } else { eta(degraded_left, recovering_per_s) },
+        "clean_eta_s": if waiting > 0 { None } else { eta(left, objects_per_s) },
     });
     named.sort_by_key(|p| p.pg);
     named.truncate(nacre_osd::PG_REPORT_MAX);
@@ -1110,23 +1124,42 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                             humantime(Duration::from_secs_f64(s))
                         })
                 };
+                let f = |k: &str| rec[k].as_f64().unwrap_or(0.0);
                 println!(
-                    "recovery  {} object copies degraded ({}), {} misplaced ({}); {}/s, {:.0} objects/s; {} recovered since the OSDs started",
+                    "recovery  {} object copies degraded ({}), {} misplaced ({}); recovery {}/s ({:.0} objects/s), rebalance {}/s ({:.0} objects/s); {} recovered since the OSDs started",
                     u("degraded_objects"),
                     human(u("degraded_bytes")),
                     u("misplaced_objects"),
                     human(u("misplaced_bytes")),
-                    human(rec["bytes_per_s"].as_f64().unwrap_or(0.0) as u64),
-                    rec["objects_per_s"].as_f64().unwrap_or(0.0),
+                    human(f("recovery_bytes_per_s") as u64),
+                    f("recovery_objects_per_s"),
+                    human(f("rebalance_bytes_per_s") as u64),
+                    f("rebalance_objects_per_s"),
                     human(sum("recovered_bytes") as u64)
                 );
-                if u("degraded_objects") > 0 {
+                if u("degraded_waiting_objects") > 0 {
+                    let why = if down_in.is_empty() {
+                        "an OSD to hold them (fewer OSDs up and in than the pools' copies)"
+                            .to_string()
+                    } else {
+                        format!(
+                            "{} to come back or be marked out (nacre osd out, or --out-delay)",
+                            down_in.join(", ")
+                        )
+                    };
                     println!(
-                        "          full redundancy in {}",
-                        eta("full_redundancy_eta_s")
+                        "          {} of the degraded copies wait for {why}",
+                        u("degraded_waiting_objects")
                     );
+                } else {
+                    if u("degraded_objects") > 0 {
+                        println!(
+                            "          full redundancy in {}",
+                            eta("full_redundancy_eta_s")
+                        );
+                    }
+                    println!("          every PG clean in {}", eta("clean_eta_s"));
                 }
-                println!("          every PG clean in {}", eta("clean_eta_s"));
             }
             if scrub["scrubs"].as_u64().unwrap_or(0) + scrub["deep_scrubs"].as_u64().unwrap_or(0)
                 > 0

@@ -578,12 +578,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .map(|(&pg, s)| (pg, s.clone()))
             .collect();
         pgs.sort_unstable_by_key(|(pg, _)| *pg);
+        // Objects per PG, counted only if some PG waits with copies down.
+        let mut objects: Option<HashMap<PgId, u64>> = None;
         for (pg, s) in pgs {
             let acting = m.acting(pg);
             let size = usize::from(m.size(pg.pool));
-            // Temporary members keep the PG's copies while it moves: it
-            // is degraded only with fewer complete copies than `size`.
-            let complete = acting.len().saturating_sub(self.incomplete_members(pg));
             let placed_up = (m.placement(pg).iter())
                 .filter(|o| acting.contains(o))
                 .count();
@@ -597,12 +596,30 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     t.join(", ")
                 )
             };
+            // Copies down and not yet replaced: degraded at once, waiting
+            // (for the OSD to return, or be marked out and replaced).
+            let missing = size.saturating_sub(acting.len()) as u64;
+            if missing > 0 && s == PgState::Active {
+                let per = objects.get_or_insert_with(|| {
+                    let mut per = HashMap::new();
+                    self.store.for_each_object(|oid| {
+                        if let Some(pg) = m.pg_of(oid) {
+                            *per.entry(pg).or_default() += 1;
+                        }
+                    });
+                    per
+                });
+                r.degraded_waiting_objects += per.get(&pg).copied().unwrap_or(0) * missing;
+            }
             let (state, detail) = match s {
                 PgState::Active if self.recovery_progress(pg).is_some() => {
                     let (left, total) = self.recovery_progress(pg).expect("checked");
                     r.recovery_objects_left += left as u64;
                     let what = format!("{left} of {total} object copies left to recover");
-                    if complete >= size {
+                    // Temporary members keep the PG's copies while it
+                    // moves: it is degraded only with fewer complete
+                    // copies than `size`.
+                    if !self.pg_degraded(pg) {
                         r.misplaced_objects_left += left as u64;
                         (
                             "active+remapped+backfilling",

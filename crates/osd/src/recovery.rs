@@ -215,6 +215,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         (self.recovery.borrow().get(&pg)).is_some_and(|r| r.epoch == e && !r.left.is_empty())
     }
 
+    /// Whether PG `pg` (led here) has fewer complete copies than its
+    /// pool's size: redundancy lost, not just a move.
+    pub(crate) fn pg_degraded(&self, pg: PgId) -> bool {
+        let m = self.map.borrow();
+        let complete = m
+            .acting(pg)
+            .len()
+            .saturating_sub(self.incomplete_members(pg));
+        complete < usize::from(m.size(pg.pool))
+    }
+
     /// How many members of PG `pg` are still being recovered.
     pub(crate) fn incomplete_members(&self, pg: PgId) -> usize {
         let e = self.epoch();
@@ -329,7 +340,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         };
         for &to in &want.to {
             (self.push(to, pg, epoch, oid, want.version, want.entry, data.as_ref())).await?;
-            (self.stats).recovered(data.as_ref().map_or(0, |d| d.len() as u64), 1);
+            let bytes = data.as_ref().map_or(0, |d| d.len() as u64);
+            (self.stats).recovered(bytes, 1, !self.pg_degraded(pg));
             let mut r = self.recovery.borrow_mut();
             let Some(r) = r.get_mut(&pg).filter(|r| r.epoch == epoch) else {
                 return Ok(());

@@ -17,8 +17,8 @@ use crate::scrub::ScrubReport;
 const DAMAGED_OBJECTS_KEPT: usize = 1024;
 
 /// Counters with a rate: reads, writes, their bytes, object copies
-/// recovered and their bytes.
-const RATES: usize = 6;
+/// recovered and their bytes, and of those the moves (rebalance).
+const RATES: usize = 8;
 
 #[derive(Default)]
 pub struct OsdStats {
@@ -46,9 +46,12 @@ pub struct OsdStats {
     unrepaired: RefCell<std::collections::HashSet<ObjectId>>,
     /// Why the store's journal replay stopped before its end at open.
     replay_stopped: RefCell<Option<String>>,
-    /// Object copies this OSD recovered as primary, and their bytes.
+    /// Object copies this OSD recovered as primary, and their bytes; and
+    /// of them, those of PGs that kept every copy (a move: rebalance).
     recovered_objects: Cell<u64>,
     recovered_bytes: Cell<u64>,
+    rebalanced_objects: Cell<u64>,
+    rebalanced_bytes: Cell<u64>,
     /// Objects of stray copies (PGs placement moved away) deleted here.
     stray_removed: Cell<u64>,
     /// PG queries this OSD answered with a listing of the PG's objects
@@ -143,6 +146,20 @@ pub struct OsdReport {
     pub recovery_objects_per_s: f64,
     #[serde(default)]
     pub recovery_bytes_per_s: f64,
+    /// Of the copies recovered (since the start, and the pace), those of
+    /// PGs that kept every copy: moves to a new placement (rebalance).
+    #[serde(default)]
+    pub rebalanced_objects: u64,
+    #[serde(default)]
+    pub rebalanced_bytes: u64,
+    #[serde(default)]
+    pub rebalance_objects_per_s: f64,
+    #[serde(default)]
+    pub rebalance_bytes_per_s: f64,
+    /// Object copies missing from active PGs that recover nothing: a copy
+    /// is down and not yet replaced (its OSD is still in).
+    #[serde(default)]
+    pub degraded_waiting_objects: u64,
     /// The store's object (block) size: a recovered copy is one.
     #[serde(default)]
     pub object_bytes: u64,
@@ -302,10 +319,15 @@ impl OsdStats {
         *self.replay_stopped.borrow_mut() = why;
     }
 
-    /// Recovery pushed `objects` object copies, `bytes` in all.
-    pub fn recovered(&self, bytes: u64, objects: u64) {
+    /// Recovery pushed `objects` object copies, `bytes` in all, for a PG
+    /// that had lost redundancy or (`moved`) one that had not.
+    pub fn recovered(&self, bytes: u64, objects: u64, moved: bool) {
         add(&self.recovered_bytes, bytes);
         add(&self.recovered_objects, objects);
+        if moved {
+            add(&self.rebalanced_bytes, bytes);
+            add(&self.rebalanced_objects, objects);
+        }
         self.tick();
     }
 
@@ -358,6 +380,8 @@ impl OsdStats {
             self.write_bytes.get(),
             self.recovered_objects.get(),
             self.recovered_bytes.get(),
+            self.rebalanced_objects.get(),
+            self.rebalanced_bytes.get(),
         ]
     }
 
@@ -409,6 +433,10 @@ impl OsdStats {
             write_bytes_per_s: r[3],
             recovery_objects_per_s: r[4],
             recovery_bytes_per_s: r[5],
+            rebalance_objects_per_s: r[6],
+            rebalance_bytes_per_s: r[7],
+            rebalanced_objects: self.rebalanced_objects.get(),
+            rebalanced_bytes: self.rebalanced_bytes.get(),
             object_bytes: u64::from(store.block_bytes()),
             capacity_bytes: sp.total_bytes,
             used_bytes: sp.used_bytes,
