@@ -395,10 +395,19 @@ pub fn spawn_gateway(
                         return;
                     }
                 };
-                let serving = rt::spawn(nacre_nbd::server::serve(l, cluster));
+                let stopping = nacre_io::sync::Latch::default();
+                let serving = rt::spawn(nacre_nbd::server::serve(l, cluster, stopping.clone()));
                 let _ = ready.send(Ok(()));
                 let _ = stop2.wait().await;
-                drop(serving);
+                // Requests already read finish and are answered first.
+                stopping.set();
+                let drain = Duration::from_millis(nacre_nbd::server::DRAIN_TIMEOUT_MS);
+                if rt::timeout(drain, serving).await.is_none() {
+                    tracing::warn!(
+                        "nbd: requests still running after {} s: closing their connections",
+                        drain.as_secs()
+                    );
+                }
             })
         })?;
     Ok(Worker {

@@ -123,6 +123,13 @@ impl Listener {
         }
     }
 
+    /// Stops listening: an accept in flight fails, and new connections
+    /// are refused (even while the descriptor is still open).
+    pub fn shutdown(&self) {
+        // SAFETY: shutdown on our own descriptor.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
     /// The bound address (with the real port when bound to port 0).
     pub fn local_addr(&self) -> &Addr {
         &self.local
@@ -330,6 +337,13 @@ impl Stream {
     pub fn shutdown(&self) {
         // SAFETY: shutdown on our own descriptor.
         unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
+    /// Ends the sending side (the peer reads to the end of what was
+    /// sent, then end of stream); receiving goes on.
+    pub fn shutdown_write(&self) {
+        // SAFETY: shutdown on our own descriptor.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_WR) };
     }
 }
 

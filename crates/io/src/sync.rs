@@ -4,7 +4,7 @@
 //! commit hands a result to each waiting writer and how background tasks are
 //! woken.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -121,10 +121,128 @@ impl Notify {
     }
 }
 
+/// A flag set once (a stop), that tasks wait for or race their work
+/// against. A waiter that goes away takes its waker with it (a gateway
+/// races every request's wait against its stop latch).
+#[derive(Clone, Default)]
+pub struct Latch(Rc<LatchState>);
+
+#[derive(Default)]
+struct LatchState {
+    set: Cell<bool>,
+    next: Cell<u64>,
+    waiters: RefCell<std::collections::BTreeMap<u64, Waker>>,
+}
+
+impl Latch {
+    pub fn set(&self) {
+        self.0.set.set(true);
+        let waiters = std::mem::take(&mut *self.0.waiters.borrow_mut());
+        for w in waiters.into_values() {
+            w.wake();
+        }
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.set.get()
+    }
+
+    /// Returns once the latch is set.
+    pub fn wait(&self) -> LatchWait<'_> {
+        LatchWait {
+            latch: self,
+            key: None,
+        }
+    }
+
+    /// Runs `f` until it ends (`Some`) or the latch is set (`None`; `f`
+    /// is dropped).
+    pub async fn until<F: Future>(&self, f: F) -> Option<F::Output> {
+        let mut f = std::pin::pin!(f);
+        let mut set = self.wait();
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                return Poll::Ready(Some(v));
+            }
+            Pin::new(&mut set).poll(cx).map(|()| None)
+        })
+        .await
+    }
+}
+
+/// [`Latch::wait`]: its waker is registered while it waits and removed
+/// when it ends or is dropped.
+pub struct LatchWait<'a> {
+    latch: &'a Latch,
+    key: Option<u64>,
+}
+
+impl Future for LatchWait<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let s = &self.latch.0;
+        if s.set.get() {
+            return Poll::Ready(());
+        }
+        let key = *self.key.get_or_insert_with(|| {
+            let k = s.next.get();
+            s.next.set(k + 1);
+            k
+        });
+        let mut w = s.waiters.borrow_mut();
+        match w.get_mut(&key) {
+            Some(old) if old.will_wake(cx.waker()) => {}
+            _ => {
+                w.insert(key, cx.waker().clone());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for LatchWait<'_> {
+    fn drop(&mut self) {
+        if let Some(k) = self.key {
+            self.latch.0.waiters.borrow_mut().remove(&k);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rt::{block_on, spawn, yield_now};
+
+    #[test]
+    fn a_latch_ends_what_runs_until_it_and_wakes_every_waiter() {
+        block_on(async {
+            let l = Latch::default();
+            let waiters: Vec<_> = (0..3)
+                .map(|_| {
+                    let l = l.clone();
+                    spawn(async move { l.wait().await })
+                })
+                .collect();
+            let l2 = l.clone();
+            let cut = spawn(async move { l2.until(std::future::pending::<()>()).await });
+            assert_eq!(l.until(async { 5 }).await, Some(5));
+            yield_now().await;
+            l.set();
+            assert_eq!(cut.await, None);
+            for w in waiters {
+                w.await;
+            }
+            // Set before: at once.
+            assert_eq!(l.until(std::future::pending::<()>()).await, None);
+            // A waiter that goes away leaves no waker behind.
+            let l = Latch::default();
+            for _ in 0..100 {
+                assert_eq!(l.until(yield_now()).await, Some(()));
+            }
+            assert!(l.0.waiters.borrow().is_empty());
+        });
+    }
 
     #[test]
     fn oneshot_delivers_or_closes() {

@@ -16,11 +16,13 @@
 //! minimum block size). Unaligned reads are served from the enclosing
 //! sectors; unaligned writes and zeroes are refused with EINVAL.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
 use nacre_client::{ClientError, Cluster, Volume};
 use nacre_io::net::{Listener, Stream};
+use nacre_io::sync::{Latch, Notify};
 use nacre_io::{rt, AlignedBuf};
 use nacre_net::{Budget, ByteReader, FrameSender, Inflight, ReadStall};
 
@@ -41,11 +43,20 @@ pub const CONN_PAYLOAD_MAX_BYTES: usize = 128 << 20;
 pub const CONNECTIONS_MAX: usize = 1024;
 /// A client must have chosen its export within this of connecting.
 pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// On a stop, the requests already read are given this long to finish and
+/// have their replies sent before the connections close.
+pub const DRAIN_TIMEOUT_MS: u64 = 30_000;
+/// After its last reply on a stop, how long a connection reads what the
+/// client still sends before it closes.
+const LINGER: Duration = Duration::from_secs(2);
 const SECTOR: u64 = 512;
 
-/// Serves NBD on `l` forever (each open connection a session the cluster
-/// sees: [`Sessions`]).
-pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
+/// Serves NBD on `l` (each open connection a session the cluster sees:
+/// [`Sessions`]) until `stop` is set; then accepts no more, closes the
+/// connections still in their handshakes, reads no further request, and
+/// returns once every request already read has finished and its reply has
+/// gone out (the caller bounds that wait: [`DRAIN_TIMEOUT_MS`]).
+pub async fn serve(l: Listener, cluster: Rc<Cluster>, stop: Latch) {
     let sessions = match Sessions::start(&cluster) {
         Ok(s) => s,
         Err(e) => {
@@ -55,12 +66,32 @@ pub async fn serve(l: Listener, cluster: Rc<Cluster>) {
     };
     let via = l.local_addr().to_string();
     let budget = Budget::new(GATEWAY_PAYLOAD_MAX_BYTES);
-    nacre_net::accept_capped(&l, CONNECTIONS_MAX, |s, admitted| {
+    let (live, ended) = (Rc::new(Cell::new(0usize)), Notify::new());
+    let accepting = nacre_net::accept_capped(&l, CONNECTIONS_MAX, |s, admitted| {
         let client = format!("NBD client {} via {via}", s.peer());
         let (cluster, sessions, budget) = (cluster.clone(), sessions.clone(), budget.clone());
-        async move { serve_conn(s, cluster, sessions, client, &budget, admitted).await }
-    })
-    .await
+        let (stop, live, ended) = (stop.clone(), live.clone(), ended.clone());
+        live.set(live.get() + 1);
+        async move {
+            serve_conn(s, cluster, sessions, client, &budget, admitted, &stop).await;
+            live.set(live.get() - 1);
+            ended.notify();
+        }
+    });
+    stop.until(accepting).await;
+    // Refuse new clients at once (they go to another gateway), not after
+    // the drain.
+    l.shutdown();
+    drop(l);
+    if live.get() > 0 {
+        tracing::info!(
+            "nbd: stopping: {} connections finish their requests",
+            live.get()
+        );
+    }
+    while live.get() > 0 {
+        ended.wait().await;
+    }
 }
 
 async fn serve_conn(
@@ -70,6 +101,7 @@ async fn serve_conn(
     client: String,
     budget: &Rc<Budget>,
     admitted: nacre_net::Admitted,
+    stop: &Latch,
 ) {
     let mut rd = ByteReader::new(stream.clone());
     let opened = Opener {
@@ -79,15 +111,20 @@ async fn serve_conn(
         client,
     };
     let limit = Duration::from_millis(HANDSHAKE_TIMEOUT_MS);
-    match rt::timeout(limit, handshake(&stream, &mut rd, &opened)).await {
-        Some(Ok(Some((vol, session)))) => {
+    let chosen = stop.until(rt::timeout(limit, handshake(&stream, &mut rd, &opened)));
+    match chosen.await {
+        None => tracing::info!(
+            "nbd: {}: the gateway stops: closed in its handshake",
+            opened.client
+        ),
+        Some(Some(Ok(Some((vol, session))))) => {
             admitted.attach();
-            transmission(stream.clone(), rd, vol, budget).await;
+            transmission(stream.clone(), rd, vol, budget, stop).await;
             drop(session);
         }
-        Some(Ok(None)) => {}
-        Some(Err(e)) => tracing::info!("nbd: handshake ended: {e}"),
-        None => tracing::info!(
+        Some(Some(Ok(None))) => {}
+        Some(Some(Err(e))) => tracing::info!("nbd: handshake ended: {e}"),
+        Some(None) => tracing::info!(
             "nbd: {}: no export chosen within {HANDSHAKE_TIMEOUT_MS} ms: closed",
             opened.client
         ),
@@ -300,16 +337,22 @@ async fn transmission(
     mut rd: ByteReader,
     vol: Rc<Volume>,
     budget: &Rc<Budget>,
+    stop: &Latch,
 ) {
     let tx = FrameSender::start(stream.clone());
     let inflight = Inflight::new(INFLIGHT_MAX);
     let mine = Budget::new(CONN_PAYLOAD_MAX_BYTES);
     let name = vol.record().name.clone();
     let stall = ReadStall::watch(&stream);
-    // Whether the client said goodbye (then its requests still finish).
+    // Whether the client said goodbye, or the gateway stops (then its
+    // requests still finish).
     let mut disc = false;
     loop {
         inflight.slot().await;
+        if stop.is_set() {
+            disc = true;
+            break;
+        }
         // Quiet between requests for as long as the client likes (an idle
         // VM disk); once a request has begun, it arrives within the stall
         // limit (header and data), or the stall watch closes the
@@ -321,10 +364,16 @@ async fn transmission(
             stall.begin();
             rd.ready(REQUEST_HEADER_BYTES).await
         };
-        match header.await {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
+        // (A stop cuts the wait short; the reader is not used after it.)
+        match stop.until(header).await {
+            None => {
+                stall.end();
+                disc = true;
+                break;
+            }
+            Some(Ok(true)) => {}
+            Some(Ok(false)) => break,
+            Some(Err(e)) => {
                 tracing::info!("nbd {name}: connection lost: {e}");
                 break;
             }
@@ -396,6 +445,25 @@ async fn transmission(
         vol.abandon();
     }
     inflight.drain(&tx).await;
+    if stop.is_set() {
+        // Stopping: the client may still be sending. Close the sending
+        // side and read what comes until it closes its own (bounded), so
+        // that the replies are not lost to a reset sent over data left
+        // unread. (Straight from the socket: the reader's receive was cut
+        // short by the stop and took its buffer with it.)
+        stream.shutdown_write();
+        let discard = async {
+            let mut b = AlignedBuf::new(64 << 10);
+            loop {
+                let (r, back) = stream.recv(b, 0).await;
+                b = back;
+                if !matches!(r, Ok(n) if n > 0) {
+                    break;
+                }
+            }
+        };
+        let _ = rt::timeout(LINGER, discard).await;
+    }
 }
 
 fn errno(e: ClientError) -> u32 {
