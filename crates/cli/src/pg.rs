@@ -14,6 +14,19 @@ use crate::Format;
 
 #[derive(Subcommand)]
 pub enum PgCmd {
+    /// List the PGs: the OSDs placement gives each, its acting set (those
+    /// up, and temporary members keeping a moving PG's copies), its
+    /// primary.
+    Ls {
+        /// Only this pool's.
+        #[arg(long)]
+        pool: Option<String>,
+        #[command(flatten)]
+        at: At,
+        /// Output: a table for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
     /// Scrub PGs now and wait for what their primaries found: light
     /// compares every copy's object versions and PG log; --deep also reads
     /// every copy whole (each 4 KiB checked against its checksum) and
@@ -42,6 +55,7 @@ pub enum PgCmd {
 
 pub fn run(cmd: PgCmd) -> anyhow::Result<()> {
     match cmd {
+        PgCmd::Ls { pool, at, format } => ls(pool.as_deref(), &at, format),
         PgCmd::Scrub {
             pg,
             all,
@@ -50,6 +64,55 @@ pub fn run(cmd: PgCmd) -> anyhow::Result<()> {
             format,
         } => scrub(pg.as_deref(), all, deep, &at, format),
     }
+}
+
+fn ls(pool: Option<&str>, at: &At, format: Format) -> anyhow::Result<()> {
+    let m = nacre_meta::map::load(&*at.meta()?)?;
+    let only = match pool {
+        Some(name) => Some(m.pool_named(name).map(|p| p.id).with_context(|| {
+            let names: Vec<&str> = m.pools.iter().map(|p| p.name.as_str()).collect();
+            format!("no pool named {name:?} (pools: {})", names.join(", "))
+        })?),
+        None => None,
+    };
+    let down = &m.state.down;
+    let rows: Vec<serde_json::Value> = (m.tables.iter())
+        .filter(|t| only.is_none_or(|p| p == t.pool))
+        .flat_map(|t| {
+            (0..t.pg_count()).map(move |n| {
+                serde_json::json!({
+                    "pg": PgId::new(t.pool, n),
+                    "placement": t.placement(n),
+                    "acting": t.acting(n, down),
+                    "primary": t.primary(n, down),
+                })
+            })
+        })
+        .collect();
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        Format::Table => {
+            println!("{:<8} {:<16} {:<20} primary", "pg", "placement", "acting");
+            let list = |v: &serde_json::Value| -> String {
+                let ids: Vec<String> = (v.as_array().into_iter().flatten())
+                    .map(|o| o.to_string())
+                    .collect();
+                ids.join(",")
+            };
+            for r in &rows {
+                println!(
+                    "{:<8} {:<16} {:<20} {}",
+                    r["pg"].as_str().unwrap_or(""),
+                    list(&r["placement"]),
+                    list(&r["acting"]),
+                    r["primary"]
+                        .as_u64()
+                        .map_or("none".into(), |p| format!("osd.{p}"))
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn scrub(pg: Option<&str>, all: bool, deep: bool, at: &At, format: Format) -> anyhow::Result<()> {

@@ -3,8 +3,10 @@
 //! member on hosts m0..m2, four OSD hosts o0..o3 with two OSDs each, a
 //! gateway host g; pool size 3, min_size 2, failure domain host. A writer
 //! in the test process sends FUA writes through the gateway over the
-//! bridge the whole time and logs every acknowledgement; each scenario
-//! ends with every acknowledged byte read back and checked.
+//! bridge the whole time and logs every acknowledgement, and fio writes
+//! beside it with `verify=crc32c` (each block read back and checked as it
+//! goes); each scenario ends with fio's report clean and every
+//! acknowledged byte read back and checked.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +34,8 @@ struct Cluster {
     log: Arc<Mutex<AckLog>>,
     uri: String,
     acks: usize,
+    /// fio with `verify=crc32c` through the gateway, beside the writer.
+    fio: Option<std::process::Child>,
 }
 
 fn osd_name(h: usize, j: usize) -> String {
@@ -48,8 +52,43 @@ impl Cluster {
         c.writer = Some(std::thread::spawn(move || {
             fua_writer(uri, 64 << 20, 11, stop, log)
         }));
+        // fio's own verifier the whole time too, on the next 64 MiB.
+        c.fio = Some(start_fio(&c.uri, 64 << 20, 64 << 20, 300, &c.fio_report()));
         c.more_acks(300);
         c
+    }
+
+    /// Each PG's placement (`nacre pg ls`).
+    fn placements(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.ok(&["pg", "ls", "--format", "json"])).unwrap();
+        (v.as_array().unwrap().iter())
+            .map(|p| {
+                let osds = p["placement"].as_array().unwrap().iter();
+                (
+                    p["pg"].as_str().unwrap().to_string(),
+                    osds.map(|o| o.as_u64().unwrap()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Stops the writer, checks every acknowledged piece and those at
+    /// `also` (zeros if never acknowledged), and starts it again.
+    fn check_now(&mut self, also: &[u64], what: &str) {
+        *self.stop.lock().unwrap() = true;
+        self.writer.take().unwrap().join().unwrap();
+        *self.stop.lock().unwrap() = false;
+        let bad = verify_pieces(&self.uri, &mut self.log.lock().unwrap(), also);
+        assert!(bad.is_empty(), "{what}: {bad:?}");
+        let (uri, stop, log) = (self.uri.clone(), self.stop.clone(), self.log.clone());
+        self.writer = Some(std::thread::spawn(move || {
+            fua_writer(uri, 64 << 20, 12, stop, log)
+        }));
+    }
+
+    fn fio_report(&self) -> std::path::PathBuf {
+        self.net.path("fio.json")
     }
 
     /// Starts etcd, the monitors, the OSDs and gateway `g`; returns once
@@ -83,6 +122,7 @@ impl Cluster {
             log: Arc::new(Mutex::new(AckLog::default())),
             uri: String::new(),
             acks: 0,
+            fio: None,
         };
         // etcd elects a leader; then the cluster is made.
         let t0 = Instant::now();
@@ -201,9 +241,22 @@ impl Cluster {
         wait_acks(&self.log, self.acks);
     }
 
-    /// Stops the writer and checks every acknowledged write; then every
-    /// daemon stops cleanly at SIGTERM.
+    /// Stops fio (no I/O failed, its verifier found every block) and the
+    /// writer, and checks every acknowledged write; then every daemon
+    /// stops cleanly at SIGTERM.
     fn finish(mut self, what: &str) {
+        if let Some(f) = self.fio.take() {
+            // A few seconds more with the cluster as the scenario left it:
+            // fio writes and verifies past the faults (its I/O may have
+            // waited on PGs below min_size until just now).
+            std::thread::sleep(Duration::from_secs(3));
+            let (w, r) = stop_fio(f, &self.fio_report(), what);
+            println!(
+                "{what}: fio wrote {} MiB and verified {} MiB",
+                w >> 20,
+                r >> 20
+            );
+        }
         let w = self.writer.take().unwrap();
         stop_and_verify(w, &self.stop, &self.log, &self.uri, what);
         let mut names: Vec<String> = vec!["gw".into(), "gw2".into(), "gwo".into()];
@@ -566,6 +619,7 @@ fn a_host_added() {
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     let mut c = Cluster::start();
+    let before = c.placements();
     c.init_host(OSD_HOSTS);
     // Registered but not started: out, holding nothing.
     c.status_until("the new OSDs registered, out", |s| {
@@ -582,6 +636,26 @@ fn a_host_added() {
                 .iter()
                 .all(|&id| objects_on(s, id).is_some_and(|n| n > 0))
     });
+    // The fewest moves: what moved went to the new host (its first OSD
+    // may hand a couple to its second), which took its share (2 OSDs of
+    // 10: a fifth of the 192 copies, within a quarter).
+    let after = c.placements();
+    let (mut moved, mut onto_new) = (0, 0);
+    for (pg, now) in &after {
+        let was = &before[pg];
+        moved += now.iter().filter(|o| !was.contains(o)).count();
+        onto_new += now.iter().filter(|o| new.contains(o)).count();
+    }
+    println!("a host added: {moved} PG copies moved, {onto_new} onto it");
+    assert!(
+        moved <= onto_new + 2,
+        "{moved} copies moved, {onto_new} onto the new host"
+    );
+    let share = 64 * 3 * 2 / 10;
+    assert!(
+        onto_new * 4 >= share * 3 && onto_new * 4 <= share * 5,
+        "the new host took {onto_new} PG copies; its share is {share}"
+    );
     c.more_acks(300);
     c.finish("a host was added");
 }
@@ -720,10 +794,25 @@ fn bytes_flipped_in_an_osd_data_file() {
     c.start_osd(0, 0);
     c.status_until("HEALTH_OK with the OSD back", healthy);
     c.more_acks(100);
+    // Before any scrub: reads of the damaged pieces (and of every
+    // acknowledged one) return what was written, never the flips (the
+    // copy's checksum fails and another copy answers).
+    let flipped: Vec<u64> = (info["objects_listed"].as_array().unwrap().iter())
+        .filter(|o| o["data_at"].as_u64().is_some_and(|a| at.contains(&a)))
+        .map(|o| o["block"].as_u64().unwrap() * OBJECT + 4096)
+        .collect();
+    assert_eq!(flipped.len(), at.len());
+    c.check_now(&flipped, "reads of damaged copies before a scrub");
+    // (A read that met a damaged copy had it rewritten already.)
+    let st = c.status();
+    let osd0 = (st["osd"].as_array().unwrap().iter()).find(|o| o["id"] == 0);
+    let read_repaired = osd0
+        .and_then(|o| o["stats"]["repaired"].as_u64())
+        .unwrap_or(0);
     let r = c.deep_scrub_all();
     // Objects the writer rewrote whole since, or that recovery brought up
     // to date while the OSD was down, no longer hold a flip.
-    assert!(r.repaired >= 1, "no damage found: {r:?}");
+    assert!(r.repaired + read_repaired >= 1, "no damage found: {r:?}");
     assert_eq!(r.inconsistent, r.repaired, "{r:?}");
     assert!(
         r.findings.iter().all(|f| f.contains("damaged")),

@@ -223,6 +223,46 @@ pub fn place(osds: &[Osd], pool: &Pool, prev: Option<&Table>) -> Result<Table, P
             .map(|i| count[i].saturating_sub(target[i]))
             .collect();
         let mut left: u64 = excess.iter().sum();
+        // First from the PGs a domain that must gain replicas can take the
+        // freed slot in (it holds none of the PG's yet, or it is the
+        // domain of the replica that goes): freed elsewhere, a slot could
+        // only go back to a domain that had enough, and the gaining one
+        // would stay short (a host's second OSD added after its first).
+        let mut room: HashMap<u32, u64> = HashMap::new();
+        for &i in &usable {
+            *room.entry(domain[i]).or_default() += target[i].saturating_sub(count[i]);
+        }
+        let mut progress = true;
+        while left > 0 && progress {
+            progress = false;
+            for pg in 0..pool.pgs as usize {
+                let row = &out[pg * size..(pg + 1) * size];
+                let worst = (0..size)
+                    .filter(|&s| row[s] != FREE && excess[index[&row[s]]] > 0)
+                    .max_by_key(|&s| (excess[index[&row[s]]], Reverse(row[s])));
+                let Some(s) = worst else { continue };
+                let i = index[&row[s]];
+                let takes = (room.iter())
+                    .filter(|&(&d, &r)| {
+                        r > 0
+                            && (d == domain[i]
+                                || !row.iter().any(|&o| o != FREE && domain[index[&o]] == d))
+                    })
+                    .max_by_key(|&(&d, &r)| (r, Reverse(d)))
+                    .map(|(&d, _)| d);
+                let Some(d) = takes else { continue };
+                *room.get_mut(&d).expect("a domain with room") -= 1;
+                out[pg * size + s] = FREE;
+                excess[i] -= 1;
+                count[i] -= 1;
+                left -= 1;
+                progress = true;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        // Then the rest, spread out the same way.
         while left > 0 {
             for pg in 0..pool.pgs as usize {
                 let row = &out[pg * size..(pg + 1) * size];

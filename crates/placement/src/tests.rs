@@ -201,3 +201,34 @@ fn three_osds_three_replicas_share_the_primaries() {
     }
     assert!(prim.iter().all(|&p| (21..=22).contains(&p)), "{prim:?}");
 }
+
+/// The case the cluster test met (issue 10's scenario 5): four hosts of
+/// two OSDs, then a fifth host whose two OSDs join one after the other.
+/// The fifth host ends with its share, and what moved went to it.
+#[test]
+fn a_host_whose_osds_join_one_by_one_takes_its_share() {
+    let mk = |n: u32| -> Vec<Osd> {
+        (0..n)
+            .map(|i| Osd {
+                id: i,
+                host: i / 2,
+                rack: 0,
+                weight: 1024,
+                up: true,
+            })
+            .collect()
+    };
+    let pool = Pool {
+        pgs: 64,
+        size: 3,
+        domain: FailureDomain::Host,
+    };
+    let t0 = place(&mk(8), &pool, None).unwrap();
+    let t1 = place(&mk(9), &pool, Some(&t0)).unwrap();
+    let t2 = place(&mk(10), &pool, Some(&t1)).unwrap();
+    let on_new = t2.osds.iter().filter(|&&o| o >= 8).count() as u64;
+    assert_eq!(on_new, 38, "{:?}", t2.counts());
+    // What moved in all went to the new host, but for the first OSD's
+    // surplus handed to its neighbour.
+    assert!(moves(&t0, &t2) <= on_new + 2, "{} moves", moves(&t0, &t2));
+}

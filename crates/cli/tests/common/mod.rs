@@ -11,6 +11,85 @@ use std::time::{Duration, Instant};
 use nacre_io::{rt, AlignedBuf};
 use nacre_nbd::client::NbdClient;
 
+/// `name` from Debian's packages, which the tests need (a clear message
+/// if it is missing).
+pub fn tool(name: &str) -> std::process::Command {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} is missing: run scripts/test.sh, which installs libnbd-bin, qemu-utils and fio"
+    );
+    std::process::Command::new(name)
+}
+
+/// fio through NBD at `uri` until stopped ([`stop_fio`]): random 4 KiB
+/// writes to `offset..offset+size`, each block read back and checked
+/// (crc32c) as it goes (`verify_backlog`), at most `iops` a second; its
+/// JSON report goes to `out`.
+pub fn start_fio(
+    uri: &str,
+    offset: u64,
+    size: u64,
+    iops: u32,
+    out: &std::path::Path,
+) -> std::process::Child {
+    tool("fio")
+        .args([
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            &format!("--offset={offset}"),
+            &format!("--size={size}"),
+            "--iodepth=4",
+            "--verify=crc32c",
+            "--verify_backlog=32",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--time_based=1",
+            "--runtime=3600",
+            &format!("--rate_iops={iops}"),
+            "--output-format=json",
+            &format!("--output={}", out.display()),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start fio")
+}
+
+/// Stops fio (SIGINT: it ends its jobs and writes its report); it failed
+/// no I/O, and wrote and verified something. Returns (written, verified)
+/// bytes.
+pub fn stop_fio(mut fio: std::process::Child, out: &std::path::Path, what: &str) -> (u64, u64) {
+    if fio.try_wait().unwrap().is_none() {
+        // SAFETY: signalling a child of this test.
+        unsafe { libc::kill(fio.id() as i32, libc::SIGINT) };
+    }
+    fio.wait().unwrap();
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    let v: serde_json::Value = text
+        .find('{')
+        .and_then(|i| serde_json::from_str(&text[i..]).ok())
+        .unwrap_or_else(|| panic!("{what}: fio left no report: {text}"));
+    let j = &v["jobs"][0];
+    assert_eq!(j["error"], 0, "{what}: fio saw an error: {text}");
+    let (w, r) = (
+        j["write"]["io_bytes"].as_u64().unwrap_or(0),
+        j["read"]["io_bytes"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        w > 0 && r > 0,
+        "{what}: fio wrote {w} and verified {r} bytes"
+    );
+    (w, r)
+}
+
 /// 4 KiB of data that only `seed` produces (xorshift), so a log of seeds
 /// is enough to check every byte of every acknowledged write.
 pub fn piece(seed: u64) -> AlignedBuf {
@@ -131,8 +210,8 @@ pub fn judge(
     match (want, inflight) {
         (Some(w), _) if is(w) => Found::Acked,
         (_, Some(s)) if is(s) => Found::InFlight(s),
-        // A first write in flight may not have happened at all.
-        (None, Some(_)) if got.iter().all(|&b| b == 0) => Found::Acked,
+        // Never written, or a first write in flight that did not happen.
+        (None, _) if got.iter().all(|&b| b == 0) => Found::Acked,
         (None, _) => Found::Bad(format!(
             "offset {off}: neither zeros nor the write in flight"
         )),
@@ -147,15 +226,21 @@ pub fn judge(
 /// then on the log expects the one found. Returns the pieces that hold
 /// neither.
 pub fn verify_acked(uri: &str, log: &mut AckLog) -> Vec<String> {
+    verify_pieces(uri, log, &[])
+}
+
+/// [`verify_acked`], and the pieces at `also` (4 KiB-aligned) too: each
+/// holds its acknowledged write, or zeros if it has none.
+pub fn verify_pieces(uri: &str, log: &mut AckLog, also: &[u64]) -> Vec<String> {
     let uri = uri.to_string();
     let inflight: HashMap<u64, u64> = log.inflight.values().copied().collect();
     let mut todo: Vec<(u64, Option<u64>)> = log.acked.iter().map(|(&o, &s)| (o, Some(s))).collect();
-    todo.extend(
-        inflight
-            .keys()
-            .filter(|o| !log.acked.contains_key(o))
-            .map(|&o| (o, None)),
-    );
+    let unacked = inflight
+        .keys()
+        .chain(also)
+        .filter(|o| !log.acked.contains_key(o));
+    let unacked: std::collections::BTreeSet<u64> = unacked.copied().collect();
+    todo.extend(unacked.into_iter().map(|o| (o, None)));
     let found = rt::block_on(async move {
         let c = NbdClient::connect(&uri).await.unwrap();
         let inflight = Rc::new(inflight);
