@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::at::{elected_leader, EtcdArgs};
 use crate::commands::{block_stop_signals, human, signal_name, wait_for_signal};
 use crate::osds::{self, Serve};
+use crate::Format;
 
 /// PG logs of a store `nacre osd init` makes when no pool exists yet (64
 /// MiB of the device).
@@ -39,11 +40,16 @@ struct Label {
 }
 
 /// `nacre cluster init --etcd URLS`.
-pub fn cluster_init(e: &EtcdArgs) -> anyhow::Result<()> {
+pub fn cluster_init(e: &EtcdArgs, format: Format) -> anyhow::Result<()> {
     let meta = e.meta()?;
     let uuid = nacre_blockstore::uuid_string(&nacre_blockstore::random_uuid());
     map::init_cluster(&*meta, &uuid)
         .with_context(|| format!("under prefix {} of etcd {}", e.prefix, e.etcd))?;
+    if format == Format::Json {
+        let j = serde_json::json!({"cluster": uuid, "prefix": e.prefix, "etcd": e.etcd});
+        println!("{j}");
+        return Ok(());
+    }
     println!(
         "created cluster {uuid} under prefix {} of etcd {}",
         e.prefix, e.etcd
@@ -76,7 +82,7 @@ pub struct PoolCreate {
 /// that are in. A running leader (`nacre up`'s, an elected monitor's)
 /// makes it, in a new epoch; with none, it is written to the meta store,
 /// where the next leader finds it.
-pub fn pool_create(at: &crate::at::At, p: &PoolCreate) -> anyhow::Result<()> {
+pub fn pool_create(at: &crate::at::At, p: &PoolCreate, format: Format) -> anyhow::Result<()> {
     let meta = at.meta()?;
     map::cluster_uuid(&*meta)?;
     if !(1..=crate::cluster::PGS_MAX).contains(&p.pgs) {
@@ -124,6 +130,11 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate) -> anyhow::Result<()> {
         }
         None => map::create_pool(&*meta, &pool)?.record.id,
     };
+    if format == Format::Json {
+        pool.id = id;
+        println!("{}", pool_json(&pool, &map::load(&*meta)?));
+        return Ok(());
+    }
     println!(
         "created pool {} (id {id}: {} replicas, min_size {min_size}, {} PGs, failure domain {})",
         p.name, p.replicas, p.pgs, p.failure_domain,
@@ -165,6 +176,7 @@ pub fn pool_set(
     name: &str,
     replicas: Option<u8>,
     min_size: Option<u8>,
+    format: Format,
 ) -> anyhow::Result<()> {
     if replicas.is_none() && min_size.is_none() {
         bail!("give --replicas N, --min-size M or both");
@@ -183,6 +195,11 @@ pub fn pool_set(
         min_size,
     };
     pool_change(&at.leader(&*meta)?, &change)?;
+    if format == Format::Json {
+        let j = serde_json::json!({"name": name, "id": p.id, "replicas": size, "min_size": min, "moving": size != p.size});
+        println!("{j}");
+        return Ok(());
+    }
     println!(
         "pool {name}: {size} copies, min_size {min}{}",
         if size != p.size {
@@ -198,7 +215,7 @@ pub fn pool_set(
 /// volumes are listed). The pool is first marked as being removed, in a
 /// transaction that sees no volume in it (so no volume is created in it
 /// after), then the leader drops it.
-pub fn pool_rm(at: &crate::at::At, name: &str) -> anyhow::Result<()> {
+pub fn pool_rm(at: &crate::at::At, name: &str, format: Format) -> anyhow::Result<()> {
     let meta = at.meta()?;
     let m = map::load(&*meta)?;
     let p = pool_named(&m, name, at)?.clone();
@@ -213,6 +230,13 @@ pub fn pool_rm(at: &crate::at::At, name: &str) -> anyhow::Result<()> {
     (at.leader(&*meta).and_then(|l| pool_change(&l, &remove))).with_context(|| {
         format!("pool {name} is marked for removal (no volume can be created in it): run nacre pool rm {name} again")
     })?;
+    if format == Format::Json {
+        println!(
+            "{}",
+            serde_json::json!({"name": name, "id": p.id, "removed": true})
+        );
+        return Ok(());
+    }
     println!("pool {name} removed: the OSDs delete what they hold of it");
     Ok(())
 }
@@ -298,7 +322,7 @@ fn direct_works(path: &Path) -> bool {
 
 /// `nacre osd init --dev PATH ...`: registers an OSD, then formats its
 /// device with the cluster's id and the OSD's in the store's label.
-pub fn osd_init(e: &EtcdArgs, o: &OsdInit) -> anyhow::Result<()> {
+pub fn osd_init(e: &EtcdArgs, o: &OsdInit, format: Format) -> anyhow::Result<()> {
     let meta = e.meta()?;
     let cluster = cluster_id(&*meta, e)?;
     let m = map::load(&*meta)?;
@@ -318,7 +342,7 @@ pub fn osd_init(e: &EtcdArgs, o: &OsdInit) -> anyhow::Result<()> {
         create_bytes: o.size_bytes.filter(|_| created),
         ..OpenFlags::default()
     };
-    rt::block_on(format_osd(e, o, &*meta, &flags, &cluster, pg_logs))
+    rt::block_on(format_osd(e, o, &*meta, &flags, &cluster, pg_logs, format))
 }
 
 /// The device part of [`osd_init`], on the runtime.
@@ -329,6 +353,7 @@ async fn format_osd(
     flags: &OpenFlags,
     cluster: &str,
     pg_logs: u32,
+    format: Format,
 ) -> anyhow::Result<()> {
     let created = flags.create_bytes.is_some();
     let dev = FileDev::open(&o.dev, flags).with_context(|| format!("{}", o.dev.display()))?;
@@ -386,6 +411,14 @@ async fn format_osd(
         let _ = meta.delete(&Range::key(&map::fresh_key(rec.id)));
         let _ = meta.delete(&Range::key(&map::osd_key(rec.id)));
         return Err(err.context(format!("formatting {}", o.dev.display())));
+    }
+    if format == Format::Json {
+        let j = serde_json::json!({
+            "osd": rec.id, "cluster": cluster, "dev": o.dev, "bytes": bytes,
+            "host": rec.host, "rack": rec.rack, "weight": rec.weight, "addr": rec.addr,
+        });
+        println!("{j}");
+        return Ok(());
     }
     println!(
         "osd.{} of cluster {cluster} on {} ({}, host {}, rack {}); start it with: nacre osd run --etcd {} --dev {}",

@@ -117,6 +117,9 @@ enum ClusterCmd {
     Init {
         #[command(flatten)]
         etcd: at::EtcdArgs,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
 }
 
@@ -143,6 +146,9 @@ enum PoolCmd {
         /// rack (as the OSDs were registered with `nacre osd init`).
         #[arg(long, value_parser = ["osd", "host", "rack"], default_value = "host")]
         failure_domain: String,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// List the pools.
     Ls {
@@ -176,6 +182,9 @@ enum PoolCmd {
         /// Copies that must be up for I/O to go on.
         #[arg(long)]
         min_size: Option<u8>,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Remove a pool that no volume uses; every OSD deletes what it holds
     /// of it.
@@ -184,6 +193,9 @@ enum PoolCmd {
         name: String,
         #[command(flatten)]
         at: at::At,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
 }
 
@@ -240,6 +252,9 @@ enum OsdCmd {
         /// refusal without it).
         #[arg(long)]
         force: bool,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Start a stopped or crashed OSD of the `nacre up` running in DIR and
     /// wait until it is up (stop one with SIGTERM to the pid in
@@ -507,6 +522,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 journal_size,
                 pg_logs,
                 force,
+                format,
             } => daemons::osd_init(
                 &etcd,
                 &daemons::OsdInit {
@@ -520,6 +536,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     pg_logs,
                     force,
                 },
+                format,
             ),
             OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
             OsdCmd::Add { dir, size } => commands::osd_add(&dir, size),
@@ -531,8 +548,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Volume { cmd } => commands::volume(cmd),
         Cmd::Status { at, format } => commands::status(&at, format),
         Cmd::Cluster {
-            cmd: ClusterCmd::Init { etcd },
-        } => daemons::cluster_init(&etcd),
+            cmd: ClusterCmd::Init { etcd, format },
+        } => daemons::cluster_init(&etcd, format),
         Cmd::Pg { cmd } => pg::run(cmd),
         Cmd::Pool { cmd } => match cmd {
             PoolCmd::Create {
@@ -542,6 +559,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 min_size,
                 pgs,
                 failure_domain,
+                format,
             } => daemons::pool_create(
                 &at,
                 &daemons::PoolCreate {
@@ -551,6 +569,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     pgs,
                     failure_domain,
                 },
+                format,
             ),
             PoolCmd::Ls { at, format } => daemons::pool_show(&at, None, format),
             PoolCmd::Info { name, at, format } => daemons::pool_show(&at, Some(&name), format),
@@ -559,8 +578,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 at,
                 replicas,
                 min_size,
-            } => daemons::pool_set(&at, &name, replicas, min_size),
-            PoolCmd::Rm { name, at } => daemons::pool_rm(&at, &name),
+                format,
+            } => daemons::pool_set(&at, &name, replicas, min_size, format),
+            PoolCmd::Rm { name, at, format } => daemons::pool_rm(&at, &name, format),
         },
         Cmd::Mon {
             etcd,

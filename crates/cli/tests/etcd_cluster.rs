@@ -120,9 +120,14 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
         .contains("--pg-logs"));
     // Another cluster under another prefix of the same etcd: its device is
     // refused by this one's.
-    d.ok(&["cluster", "init", "--prefix", "/other/"]);
+    // (Its commands say what they made in JSON for scripts.)
+    let made: serde_json::Value = serde_json::from_str(
+        &d.ok(&["cluster", "init", "--prefix", "/other/", "--format", "json"]),
+    )
+    .unwrap();
+    assert_eq!(made["prefix"], "/other/", "{made}");
     let other = d.path("other.img").display().to_string();
-    d.ok(&[
+    let osd: serde_json::Value = serde_json::from_str(&d.ok(&[
         "osd",
         "init",
         "--prefix",
@@ -133,13 +138,28 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
         "1G",
         "--addr",
         "127.0.0.1:1",
-    ]);
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (&osd["osd"], &osd["cluster"]),
+        (&0.into(), &made["cluster"]),
+        "{osd}"
+    );
     let foreign = d.refused(&["osd", "run", "--dev", &other]);
     assert!(foreign.contains("not of this cluster"), "{foreign}");
     // Too few hosts for three copies apart is refused, with why.
     let refused = d.refused(&["pool", "create", "big", "--replicas", "4"]);
     assert!(refused.contains("failure domains"), "{refused}");
-    d.ok(&["pool", "create", "rbd", "--pgs", "32"]);
+    let rbd: serde_json::Value =
+        serde_json::from_str(&d.ok(&["pool", "create", "rbd", "--pgs", "32", "--format", "json"]))
+            .unwrap();
+    assert_eq!(
+        (&rbd["name"], &rbd["pgs"], &rbd["replicas"]),
+        (&"rbd".into(), &32.into(), &3.into()),
+        "{rbd}"
+    );
     assert!(d.ok(&["pool", "ls"]).contains("rbd"));
 
     let mons: Vec<String> = (0..2)
