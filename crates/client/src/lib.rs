@@ -592,12 +592,7 @@ impl Volume {
             return Err(status_err(f.h.status, &format!("list PG {pg}")));
         }
         let body = f.payload.as_deref().unwrap_or(&[]);
-        Ok((body.chunks_exact(nacre_wire::LIST_ENTRY_BYTES))
-            .map(|e| {
-                let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
-                (word(0), word(8))
-            })
-            .collect())
+        Ok(nacre_wire::decode_list(body))
     }
 
     /// Makes everything of the volume past its record's size read as

@@ -1560,9 +1560,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 }
             }
         }
-        let body: Vec<u8> = (found.into_iter().take(h.length as usize))
-            .flat_map(|(b, v)| b.to_le_bytes().into_iter().chain(v.to_le_bytes()))
-            .collect();
+        let body = nacre_wire::encode_list(found.into_iter().take(h.length as usize));
         (
             h.reply(Status::Ok).with_payload(&body),
             Some(AlignedBuf::from_slice(&body)),

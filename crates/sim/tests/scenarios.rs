@@ -1191,13 +1191,7 @@ async fn listed(c: &Cluster, pg: PgId, from: u64, page: u32) -> Vec<(u64, u64)> 
         h.length = page;
         let f = c.call_pg(pg, h, None).await.unwrap();
         assert_eq!(f.h.status, Status::Ok, "listing PG {pg} from {from}");
-        let body = f.payload.map(|p| p.to_vec()).unwrap_or_default();
-        let got: Vec<(u64, u64)> = (body.chunks_exact(16))
-            .map(|e| {
-                let w = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().unwrap());
-                (w(0), w(8))
-            })
-            .collect();
+        let got = nacre_wire::decode_list(f.payload.as_deref().unwrap_or(&[]));
         assert!(got.len() <= page as usize);
         out.extend(&got);
         match got.last() {

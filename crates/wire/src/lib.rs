@@ -40,6 +40,24 @@ pub const LIST_PAGE_MAX: u32 = 4096;
 /// Bytes per object of an [`Op::List`] reply: its block, its version.
 pub const LIST_ENTRY_BYTES: usize = 16;
 
+/// An [`Op::List`] reply's payload: (block, version) per object.
+pub fn encode_list(objects: impl IntoIterator<Item = (u64, u64)>) -> Vec<u8> {
+    (objects.into_iter())
+        .flat_map(|(b, v)| b.to_le_bytes().into_iter().chain(v.to_le_bytes()))
+        .collect()
+}
+
+/// The objects of an [`Op::List`] reply's payload (its length is checked
+/// with the header: whole entries).
+pub fn decode_list(body: &[u8]) -> Vec<(u64, u64)> {
+    (body.chunks_exact(LIST_ENTRY_BYTES))
+        .map(|e| {
+            let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+            (word(0), word(8))
+        })
+        .collect()
+}
+
 /// Flag: this frame answers the request with the same id.
 pub const FLAG_REPLY: u16 = 1;
 /// Flag of a `Push`: the object's version has no log entry to go with it
