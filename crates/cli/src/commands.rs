@@ -222,6 +222,9 @@ pub enum VolumeCmd {
         pool: Option<String>,
         #[command(flatten)]
         at: At,
+        /// Output: text for people, or JSON for scripts (the volume made).
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// List volumes.
     Ls {
@@ -264,6 +267,10 @@ pub enum VolumeCmd {
         no_wait: bool,
         #[command(flatten)]
         at: At,
+        /// Output: text for people, or JSON for scripts (the volume as
+        /// resized).
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Delete a volume and its data. Refused while clients have it open,
     /// unless --force.
@@ -281,21 +288,33 @@ pub enum VolumeCmd {
         no_wait: bool,
         #[command(flatten)]
         at: At,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
 }
 
-/// A volume in JSON; its pool by name (`pool`) and id (`pool_id`), what
-/// it holds (`used_bytes`, one copy; `raw_used_bytes`, every copy).
-fn volume_json(v: &map::VolumeRecord, m: &map::ClusterMap, u: &Usage) -> serde_json::Value {
-    let used = u.of(v.id);
+/// A volume's record in JSON; its pool by name (`pool`) and id
+/// (`pool_id`); `cutting`: data past its end still being deleted.
+fn volume_record_json(v: &map::VolumeRecord, m: &map::ClusterMap) -> serde_json::Value {
     serde_json::json!({
         "name": v.name, "id": v.id, "size_bytes": v.size_bytes,
         "object_bytes": v.object_bytes, "pool": pool_name(m, v.pool), "pool_id": v.pool,
         "created_unix_s": v.created_unix_s, "deleting": v.deleting,
         "cutting": v.stale_until > v.size_bytes,
-        "used_bytes": used.bytes, "raw_used_bytes": used.raw_bytes, "objects": used.objects,
-        "usage_missing_osds": u.missing,
     })
+}
+
+/// [`volume_record_json`] and what the volume holds (`used_bytes`, one
+/// copy; `raw_used_bytes`, every copy).
+fn volume_json(v: &map::VolumeRecord, m: &map::ClusterMap, u: &Usage) -> serde_json::Value {
+    let used = u.of(v.id);
+    let mut j = volume_record_json(v, m);
+    j["used_bytes"] = used.bytes.into();
+    j["raw_used_bytes"] = used.raw_bytes.into();
+    j["objects"] = used.objects.into();
+    j["usage_missing_osds"] = serde_json::json!(u.missing);
+    j
 }
 
 /// What the volumes hold, over the OSDs that answered.
@@ -350,15 +369,24 @@ pub(crate) fn human(bytes: u64) -> String {
 }
 
 /// `nacre osd start ID --dir DIR`.
-pub fn osd_start(dir: &Path, id: u32) -> anyhow::Result<()> {
+pub fn osd_start(dir: &Path, id: u32, format: Format) -> anyhow::Result<()> {
     let dir = std::path::absolute(dir)?;
-    crate::osds::start(&dir, id, &*remote(&dir)?)
+    let (pid, already) = crate::osds::start(&dir, id, &*remote(&dir)?)?;
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({ "osd": id, "pid": pid, "already_running": already })
+        ),
+        Format::Table if already => println!("osd.{id} already runs (pid {pid})"),
+        Format::Table => println!("osd.{id} started (pid {pid})"),
+    }
+    Ok(())
 }
 
 /// `nacre osd add --dir DIR [--size S]`: a new OSD (file, store, process)
 /// in the running cluster, which then takes its share of the PGs; their
 /// data moves to it in the background while they serve.
-pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
+pub fn osd_add(dir: &Path, size: Option<u64>, format: Format) -> anyhow::Result<()> {
     let dir = std::path::absolute(dir)?;
     let meta = remote(&dir)?;
     let m = map::load(&*meta)?;
@@ -393,16 +421,22 @@ pub fn osd_add(dir: &Path, size: Option<u64>) -> anyhow::Result<()> {
         body: None,
     };
     ask_leader_now(&leader, &mark_in)?;
-    println!(
-        "osd.{id} added ({}): its share of the PGs moves to it while they serve (nacre status shows the recovery)",
-        human(bytes)
-    );
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::json!({ "osd": id, "size_bytes": bytes, "addr": rec.addr, "weight": rec.weight })
+        ),
+        Format::Table => println!(
+            "osd.{id} added ({}): its share of the PGs moves to it while they serve (nacre status shows the recovery)",
+            human(bytes)
+        ),
+    }
     Ok(())
 }
 
 /// `nacre osd out|in ID`: asks the leader of the cluster in `dir` to move
 /// OSD `id`'s PGs to the others (`out`) or to place PGs on it again.
-pub fn osd_mark(at: &At, id: u32, out: bool) -> anyhow::Result<()> {
+pub fn osd_mark(at: &At, id: u32, out: bool, format: Format) -> anyhow::Result<()> {
     let meta = at.meta()?;
     // The map names the OSDs; this also says when no cluster runs there.
     let m = map::load(&*meta)?;
@@ -415,7 +449,13 @@ pub fn osd_mark(at: &At, id: u32, out: bool) -> anyhow::Result<()> {
     };
     ask_leader_now(&at.leader(&*meta)?, &mark)?;
     let what = if out { "out" } else { "in" };
-    if was_out == out {
+    if format == Format::Json {
+        // `changed`: false if it already was.
+        println!(
+            "{}",
+            serde_json::json!({ "osd": id, "in": !out, "changed": was_out != out })
+        );
+    } else if was_out == out {
         println!("osd.{id} is already {what}");
     } else if out {
         println!("osd.{id} marked out: its PGs move to the other OSDs while they serve (nacre status shows the recovery)");
@@ -428,11 +468,17 @@ pub fn osd_mark(at: &At, id: u32, out: bool) -> anyhow::Result<()> {
 /// `nacre osd rm`: the leader takes the OSD out of the map (it refuses
 /// unless the OSD is down, out, and no PG counts on its copies), then its
 /// record is marked removed (its id is never given again).
-pub fn osd_rm(at: &At, id: u32) -> anyhow::Result<()> {
+pub fn osd_rm(at: &At, id: u32, format: Format) -> anyhow::Result<()> {
     let meta = at.meta()?;
     let m = map::load(&*meta)?;
+    // `changed`: false if it already was removed.
+    let json =
+        |changed: bool| serde_json::json!({ "osd": id, "removed": true, "changed": changed });
     if m.removed.contains(&id) {
-        println!("osd.{id} is already removed");
+        match format {
+            Format::Json => println!("{}", json(false)),
+            Format::Table => println!("osd.{id} is already removed"),
+        }
         return Ok(());
     }
     if m.osd(id).is_none() {
@@ -447,6 +493,10 @@ pub fn osd_rm(at: &At, id: u32) -> anyhow::Result<()> {
     };
     ask_leader_now(&at.leader(&*meta)?, &rm)?;
     map::retire_osd(&*meta, id)?;
+    if format == Format::Json {
+        println!("{}", json(true));
+        return Ok(());
+    }
     println!("osd.{id} removed: its id is not given again; its device holds nothing the cluster needs (nacre osd init --force formats it for a new OSD)");
     Ok(())
 }
@@ -513,20 +563,24 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             size,
             pool,
             at,
+            format,
         } => {
             let meta = at.meta()?;
-            let (v, pool) = rt::block_on(async {
+            let (v, m) = rt::block_on(async {
                 let c = Cluster::connect(meta)?;
                 let v = c.create_volume(&name, pool.as_deref(), size)?;
-                let pool = pool_name(&c.map(), v.pool);
-                anyhow::Ok((v, pool))
+                anyhow::Ok((v, c.map()))
             })?;
-            println!(
-                "created volume {} ({}, id {:#x}, pool {pool})",
-                v.name,
-                human(v.size_bytes),
-                v.id
-            );
+            match format {
+                Format::Json => println!("{}", volume_record_json(&v, &m)),
+                Format::Table => println!(
+                    "created volume {} ({}, id {:#x}, pool {})",
+                    v.name,
+                    human(v.size_bytes),
+                    v.id,
+                    pool_name(&m, v.pool)
+                ),
+            }
         }
         VolumeCmd::Ls { at, format } => {
             let meta = at.meta()?;
@@ -611,18 +665,22 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             force,
             no_wait,
             at,
+            format,
         } => {
             let meta = at.meta()?;
-            let v = rt::block_on(async {
-                anyhow::Ok(
-                    Cluster::connect(meta)?
-                        .resize_volume(&name, size, force, !no_wait)
-                        .await?,
-                )
+            let (v, m) = rt::block_on(async {
+                let c = Cluster::connect(meta)?;
+                let v = c.resize_volume(&name, size, force, !no_wait).await?;
+                anyhow::Ok((v, c.map()))
             })?;
-            println!("volume {} is now {}", v.name, human(v.size_bytes));
-            if v.stale_until > v.size_bytes {
-                println!("the data past its end is deleted in the background");
+            match format {
+                Format::Json => println!("{}", volume_record_json(&v, &m)),
+                Format::Table => {
+                    println!("volume {} is now {}", v.name, human(v.size_bytes));
+                    if v.stale_until > v.size_bytes {
+                        println!("the data past its end is deleted in the background");
+                    }
+                }
             }
         }
         VolumeCmd::Rm {
@@ -630,6 +688,7 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
             force,
             no_wait,
             at,
+            format,
         } => {
             let meta = at.meta()?;
             rt::block_on(async {
@@ -639,10 +698,17 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
                         .await?,
                 )
             })?;
-            if no_wait {
-                println!("volume {name} is being deleted in the background");
-            } else {
-                println!("deleted volume {name}");
+            match format {
+                // `deleted`: its data and record are gone; else the
+                // monitor's sweep finishes.
+                Format::Json => println!(
+                    "{}",
+                    serde_json::json!({ "name": name, "deleted": !no_wait })
+                ),
+                Format::Table if no_wait => {
+                    println!("volume {name} is being deleted in the background")
+                }
+                Format::Table => println!("deleted volume {name}"),
             }
         }
     }
@@ -1266,13 +1332,21 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// The cluster to measure through the client library.
-    #[arg(long, conflicts_with = "nbd")]
+    /// The cluster on this machine to measure through the client library
+    /// (`nacre up --dir`).
+    #[arg(long, conflicts_with_all = ["nbd", "etcd"])]
     dir: Option<PathBuf>,
-    /// Volume to use (default: a temporary one, deleted afterwards). The
-    /// tests OVERWRITE its first --size bytes: refused if they hold data,
-    /// unless --force.
-    #[arg(long, requires = "dir")]
+    /// The cluster on many hosts to measure through the client library:
+    /// its etcd's client URLs, comma-separated.
+    #[arg(long, conflicts_with = "nbd")]
+    etcd: Option<String>,
+    /// With --etcd: where the cluster's keys live in etcd.
+    #[arg(long, default_value = crate::at::PREFIX_DEFAULT)]
+    prefix: String,
+    /// Volume to use, with --dir or --etcd (default: a temporary one in
+    /// the default pool, deleted afterwards). The tests OVERWRITE its
+    /// first --size bytes: refused if they hold data, unless --force.
+    #[arg(long, conflicts_with = "nbd")]
     volume: Option<String>,
     /// Measure any NBD export instead: nbd+unix:///NAME?socket=PATH or
     /// nbd://HOST[:PORT]/NAME. The tests OVERWRITE its first --size bytes:
@@ -1447,11 +1521,17 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             ),
         );
     }
-    let Some(dir) = a.dir else {
-        bail!("give --dir DIR (a running nacre up) or --nbd URI")
+    let at = At {
+        dir: a.dir.clone(),
+        etcd: a.etcd.clone(),
+        prefix: a.prefix.clone(),
     };
-    let meta = remote(&dir)?;
-    opts.extra_cpu = cluster_cpu(&dir, true);
+    if at.dir.is_none() && at.etcd.is_none() {
+        bail!("give --dir DIR (a running nacre up), --etcd URLS or --nbd URI")
+    }
+    let meta = at.meta()?;
+    // The OSDs' CPU is counted where they are this machine's processes.
+    opts.extra_cpu = a.dir.as_deref().and_then(|d| cluster_cpu(d, true));
     let temp = a.volume.is_none();
     let name = a
         .volume
@@ -1491,9 +1571,14 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         a.format,
         &[("nacre", &r)],
         &format!(
-            "nacre bench: volume {name} in {}, client library, {} per test (CPU: bench + cluster)",
-            dir.display(),
-            humantime(a.runtime)
+            "nacre bench: volume {name} of {}, client library, {} per test (CPU: {})",
+            at.name(),
+            humantime(a.runtime),
+            if a.dir.is_some() {
+                "bench + cluster"
+            } else {
+                "this process only"
+            }
         ),
     )
 }

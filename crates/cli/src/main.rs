@@ -265,6 +265,9 @@ enum OsdCmd {
         /// The directory of the running cluster (`nacre up --dir`).
         #[arg(long)]
         dir: PathBuf,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Add an OSD to the running cluster in DIR: a new file DIR/osd.N.img,
     /// its store and its process; placement then gives it its share of the
@@ -279,6 +282,9 @@ enum OsdCmd {
         /// Placement weighs OSDs by size.
         #[arg(long, value_parser = args::parse_size)]
         size: Option<u64>,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Remove an OSD from the cluster for good (a disk taken away): refused
     /// unless it is down (stopped), out (`nacre osd out`) and every PG is
@@ -288,6 +294,9 @@ enum OsdCmd {
         id: u32,
         #[command(flatten)]
         at: at::At,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Every OSD: host, rack, weight, up or down, in or out, the PGs
     /// placement gives it and those it leads, its address.
@@ -306,6 +315,9 @@ enum OsdCmd {
         id: u32,
         #[command(flatten)]
         at: at::At,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Mark an out OSD in again: placement gives it its share of the PGs
     /// back (moving as little as it can).
@@ -314,6 +326,9 @@ enum OsdCmd {
         id: u32,
         #[command(flatten)]
         at: at::At,
+        /// Output: text for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Run one OSD in the foreground: with --dir and --id, one of the
     /// cluster in DIR (what `nacre up` starts for each OSD); with --etcd
@@ -538,12 +553,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 format,
             ),
-            OsdCmd::Start { id, dir } => commands::osd_start(&dir, id),
-            OsdCmd::Add { dir, size } => commands::osd_add(&dir, size),
-            OsdCmd::Out { id, at } => commands::osd_mark(&at, id, true),
+            OsdCmd::Start { id, dir, format } => commands::osd_start(&dir, id, format),
+            OsdCmd::Add { dir, size, format } => commands::osd_add(&dir, size, format),
+            OsdCmd::Out { id, at, format } => commands::osd_mark(&at, id, true, format),
             OsdCmd::Ls { at, format } => commands::osd_ls(&at, format),
-            OsdCmd::Rm { id, at } => commands::osd_rm(&at, id),
-            OsdCmd::In { id, at } => commands::osd_mark(&at, id, false),
+            OsdCmd::Rm { id, at, format } => commands::osd_rm(&at, id, format),
+            OsdCmd::In { id, at, format } => commands::osd_mark(&at, id, false, format),
         },
         Cmd::Volume { cmd } => commands::volume(cmd),
         Cmd::Status { at, format } => commands::status(&at, format),

@@ -407,7 +407,8 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
 
 /// `nacre osd start ID --dir DIR`: asks the `nacre up` running in DIR to
 /// start a stopped OSD and waits until it is up.
-pub fn start(dir: &Path, id: u32, meta: &dyn MetaStore) -> anyhow::Result<()> {
+/// Its process id, and whether it already ran.
+pub fn start(dir: &Path, id: u32, meta: &dyn MetaStore) -> anyhow::Result<(u32, bool)> {
     start_sized(dir, id, meta, None)
 }
 
@@ -418,14 +419,13 @@ pub fn start_sized(
     id: u32,
     meta: &dyn MetaStore,
     create_bytes: Option<u64>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(u32, bool)> {
     let m = map::load(meta)?;
     if !m.osds.iter().any(|r| r.id == id) {
         return Err(no_such_osd(dir, id, &m));
     }
     if let Some(pid) = live_pid(&pid_file(dir, id)) {
-        println!("osd.{id} already runs (pid {pid})");
-        return Ok(());
+        return Ok((pid, true));
     }
     let value = create_bytes.map_or_else(Vec::new, |b| b.to_string().into_bytes());
     meta.put(&start_key(id), value, 0)?;
@@ -436,8 +436,7 @@ pub fn start_sized(
         if let (false, Some(kv)) = (asked, up) {
             if let Some(pid) = live_pid(&pid_file(dir, id)) {
                 if parse_up(&kv.value).is_some_and(|(p, _)| p == pid) {
-                    println!("osd.{id} started (pid {pid})");
-                    return Ok(());
+                    return Ok((pid, false));
                 }
             }
         }

@@ -207,7 +207,15 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
     d.status_until("HEALTH_OK with two pools", |s| {
         healthy(s) && s["pools"].as_array().is_some_and(|p| p.len() == 2)
     });
-    d.ok(&["volume", "create", "w", "--size", "64M", "--pool", "fast"]);
+    let w: serde_json::Value = serde_json::from_str(&d.ok(&[
+        "volume", "create", "w", "--size", "64M", "--pool", "fast", "--format", "json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (&w["name"], &w["pool"], &w["size_bytes"]),
+        (&"w".into(), &"fast".into(), &(64u64 << 20).into()),
+        "{w}"
+    );
     let uri2 = format!("nbd+unix:///w?socket={}", sock.display());
     let stop2 = Arc::new(Mutex::new(false));
     let log2 = Arc::new(Mutex::new(AckLog::default()));
@@ -284,6 +292,24 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
         "daemons died and came back (pool fast)",
     );
     assert!(log2.lock().unwrap().acks > 100);
+    // The benchmark suite through the client library, on a temporary
+    // volume it deletes.
+    let b: serde_json::Value = serde_json::from_str(&d.ok(&[
+        "bench",
+        "--size",
+        "16M",
+        "--runtime",
+        "300ms",
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    let tests = b["nacre"].as_array().unwrap();
+    assert_eq!(tests.len(), 6, "{b}");
+    assert!(tests.iter().all(|t| t["ops"].as_u64() > Some(0)), "{b}");
+    let vols: serde_json::Value =
+        serde_json::from_str(&d.ok(&["volume", "ls", "--format", "json"])).unwrap();
+    assert_eq!(vols.as_array().unwrap().len(), 2, "{vols}");
     // Every daemon stops cleanly at SIGTERM.
     for name in ["gw", "osd0", "osd1", "osd2", "mon0", "mon1"] {
         d.stop(name);
