@@ -21,6 +21,7 @@ use crate::at::{ask_leader_now, Ask, At};
 use crate::cluster::{self, UpOpts};
 use crate::targets::{FileTarget, NbdTarget, VolumeTarget};
 use crate::Format;
+use nacre_types::PgId;
 
 /// Blocks SIGINT and SIGTERM in this thread and every thread it starts
 /// later, so that [`wait_for_signal`] can take them synchronously.
@@ -842,10 +843,60 @@ fn damage_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::
     out
 }
 
+/// How far past its interval a PG's scrub may be before `nacre status`
+/// warns (a busy OSD scrubs one PG at a time, a PG not clean waits).
+const SCRUB_LATE_FACTOR: f64 = 1.5;
+
+/// The PGs whose last scrub (light, and deep) is more than
+/// [`SCRUB_LATE_FACTOR`] times their primary's interval ago, at `now`
+/// (Unix s); a PG never scrubbed counts from its first plan, one never
+/// planned (never clean) is left to the PG checks.
+fn late_scrubs(
+    m: &map::ClusterMap,
+    stats: &[(u32, Option<serde_json::Value>)],
+    stamps: &std::collections::BTreeMap<PgId, map::ScrubStamp>,
+    now: u64,
+) -> (Vec<PgId>, Vec<PgId>) {
+    let intervals = |osd: u32| -> Option<(u64, u64)> {
+        let v = stats.iter().find(|(id, _)| *id == osd)?.1.as_ref()?;
+        Some((
+            v["scrub_interval_s"].as_u64()?,
+            v["deep_scrub_interval_s"].as_u64()?,
+        ))
+    };
+    let late = |last: u64, interval: u64| {
+        interval > 0
+            && last > 0
+            && now.saturating_sub(last) as f64 > SCRUB_LATE_FACTOR * interval as f64
+    };
+    let (mut light, mut deep) = (Vec::new(), Vec::new());
+    for t in &m.tables {
+        for n in 0..t.pg_count() {
+            let pg = PgId::new(t.pool, n);
+            let (Some(s), Some((li, di))) = (
+                stamps.get(&pg),
+                t.primary(n, &m.state.down).and_then(intervals),
+            ) else {
+                continue;
+            };
+            let since = |t: u64| if t > 0 { t } else { s.first_unix_s };
+            if late(since(s.light_unix_s.max(s.deep_unix_s)), li) {
+                light.push(pg);
+            }
+            if late(since(s.deep_unix_s), di) {
+                deep.push(pg);
+            }
+        }
+    }
+    (light, deep)
+}
+
 /// What the OSDs' scrubs found since they started (`stats`: each OSD's
-/// `Op::Stat` answer), and the health check of objects left unrepaired.
+/// `Op::Stat` answer), and the health checks of objects left unrepaired
+/// and of the `late` scrubs ([`late_scrubs`]).
 fn scrub_summary(
     stats: &[(u32, Option<serde_json::Value>)],
+    late: (Vec<PgId>, Vec<PgId>),
 ) -> (serde_json::Value, Vec<serde_json::Value>) {
     let sum = |k: &str| -> u64 {
         (stats.iter())
@@ -870,6 +921,29 @@ fn scrub_summary(
         }
     }
     let mut checks = Vec::new();
+    let names = |pgs: &[PgId]| -> String {
+        let mut s: Vec<String> = pgs.iter().take(16).map(|p| p.to_string()).collect();
+        if pgs.len() > 16 {
+            s.push(format!("and {} more", pgs.len() - 16));
+        }
+        s.join(", ")
+    };
+    for (pgs, code, what) in [
+        (&late.0, "PG_NOT_SCRUBBED", "scrubbed"),
+        (&late.1, "PG_NOT_DEEP_SCRUBBED", "deep-scrubbed"),
+    ] {
+        if !pgs.is_empty() {
+            checks.push(serde_json::json!({
+                "code": code,
+                "severity": "HEALTH_WARN",
+                "message": format!(
+                    "{} PGs not {what} within {SCRUB_LATE_FACTOR} times their primary's interval: {} (`nacre pg ls` shows when each was; `nacre pg scrub` runs one now)",
+                    pgs.len(),
+                    names(pgs)
+                ),
+            }));
+        }
+    }
     if !unrepaired_pgs.is_empty() {
         checks.push(serde_json::json!({
             "code": "PG_INCONSISTENT",
@@ -888,6 +962,8 @@ fn scrub_summary(
         "repaired": sum("scrub_repaired"),
         "unrepaired": sum("scrub_unrepaired"),
         "unrepaired_pgs": unrepaired_pgs,
+        "late_pgs": late.0.len(),
+        "late_deep_pgs": late.1.len(),
         "scrubbing": running,
         "last_finding": last,
     });
@@ -1092,7 +1168,8 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     }
     checks.extend(space_checks(&stats));
     checks.extend(pg_checks);
-    let (scrub, scrub_checks) = scrub_summary(&stats);
+    let late = late_scrubs(&m, &stats, &map::scrub_stamps(&*meta)?, map::now_s());
+    let (scrub, scrub_checks) = scrub_summary(&stats, late);
     checks.extend(scrub_checks);
     // A cluster on etcd: the elected monitor, or none.
     let leader = match &at.etcd {
@@ -1737,7 +1814,76 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{damage_checks, overcommit_check, pg_summary, signal_name, usable_bytes};
+    use super::{
+        damage_checks, late_scrubs, overcommit_check, pg_summary, scrub_summary, signal_name,
+        usable_bytes,
+    };
+    use nacre_meta::map;
+    use nacre_types::PgId;
+
+    /// A PG is late once its last scrub (or, never scrubbed, its first
+    /// plan) is 1.5 intervals of its primary's old; a deep scrub counts as
+    /// a light one; a PG never planned, a primary that did not report and
+    /// an interval of 0 raise nothing.
+    #[test]
+    fn scrubs_late_by_half_an_interval_are_named() {
+        let now = 1_000_000;
+        let table = map::PgTable {
+            pool: 1,
+            size: 1,
+            // PGs 1.0 .. 1.6; osd.1 did not report.
+            osds: vec![0, 0, 0, 0, 2, 1, 0],
+            temp: Default::default(),
+        };
+        let m = map::ClusterMap {
+            tables: vec![table],
+            ..Default::default()
+        };
+        let osd = |light: u64, deep: u64| {
+            let r = nacre_osd::OsdReport {
+                scrub_interval_s: light,
+                deep_scrub_interval_s: deep,
+                ..Default::default()
+            };
+            Some(serde_json::to_value(r).unwrap())
+        };
+        let stats = vec![(0, osd(100, 1000)), (1, None), (2, osd(0, 0))];
+        let stamp = |first: u64, light: u64, deep: u64| map::ScrubStamp {
+            first_unix_s: first,
+            light_unix_s: light,
+            deep_unix_s: deep,
+            ..Default::default()
+        };
+        let stamps = [
+            // Scrubbed, deeply, just in time.
+            stamp(now - 5000, now - 150, now - 1500),
+            // Both a second late.
+            stamp(now - 5000, now - 151, now - 1501),
+            // Never scrubbed, planned long ago: both late.
+            stamp(now - 1600, 0, 0),
+            // Never planned (no stamp): PG 1.3.
+            map::ScrubStamp::default(),
+            // An interval of 0, and a primary that did not report.
+            stamp(now - 5000, 0, 0),
+            stamp(now - 5000, 0, 0),
+            // A light scrub long ago, a deep one since: not late.
+            stamp(now - 5000, now - 400, now - 120),
+        ];
+        let stamps = (stamps.iter().enumerate())
+            .filter(|(_, s)| s.first_unix_s > 0)
+            .map(|(n, s)| (PgId::new(1, n as u32), *s))
+            .collect();
+        let (light, deep) = late_scrubs(&m, &stats, &stamps, now);
+        assert_eq!(light, vec![PgId::new(1, 1), PgId::new(1, 2)]);
+        assert_eq!(deep, vec![PgId::new(1, 1), PgId::new(1, 2)]);
+        let (json, checks) = scrub_summary(&stats, (light, deep));
+        assert_eq!(
+            (json["late_pgs"].as_u64(), json["late_deep_pgs"].as_u64()),
+            (Some(2), Some(2))
+        );
+        let codes: Vec<&str> = checks.iter().map(|c| c["code"].as_str().unwrap()).collect();
+        assert_eq!(codes, ["PG_NOT_SCRUBBED", "PG_NOT_DEEP_SCRUBBED"]);
+    }
 
     /// Damage no copy repaired is an error, many repairs a warning, and
     /// the OSD that found `DAMAGED_OBJECTS_OUT` objects damaged is named as

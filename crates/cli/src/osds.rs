@@ -24,7 +24,7 @@
 //! when the OSD boots again while running, and is put again under a new
 //! lease if a stopped process let the old one run out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
@@ -40,7 +40,7 @@ use nacre_meta::map;
 use nacre_meta::remote::Remote;
 use nacre_meta::{MetaError, MetaStore, Range};
 use nacre_osd::{Osd, OsdConfig};
-use nacre_types::ObjectId;
+use nacre_types::{ObjectId, PgId};
 use nacre_wire::{Header, Op, Status};
 
 use crate::cluster;
@@ -192,6 +192,146 @@ impl UpLease {
             stop,
             thread: Some(thread),
         })
+    }
+}
+
+/// Records an OSD's scrub news in the cluster's scrub stamps
+/// (`map::ScrubStamp`), from a thread of its own: the OSD's thread only
+/// hands the news over. News the meta store refused is tried again (at
+/// most [`NEWS_PENDING_MAX`] kept); what is pending when it is dropped is
+/// tried once more, then lost. A first plan of a PG the cluster has a
+/// stamp of (another primary's, written since this OSD read them) hands
+/// that stamp back, for the OSD to plan from (`known`).
+struct StampWriter {
+    news: Arc<Mutex<Vec<nacre_osd::ScrubNews>>>,
+    known: Arc<Mutex<BTreeMap<PgId, map::ScrubStamp>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+const NEWS_PENDING_MAX: usize = 4096;
+
+impl StampWriter {
+    fn spawn(meta: Arc<dyn MetaStore>, id: u32) -> anyhow::Result<StampWriter> {
+        let news = Arc::new(Mutex::new(Vec::new()));
+        let known = Arc::new(Mutex::new(BTreeMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (news2, known2, stop2) = (news.clone(), known.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("scrub-stamps".into())
+            .spawn(move || {
+                let mut pending = Vec::new();
+                let mut failed_at = None::<Instant>;
+                loop {
+                    let stopping = stop2.load(Ordering::Acquire);
+                    pending.append(&mut news2.lock().expect("news"));
+                    let wait = failed_at.is_some_and(|t| t.elapsed() < KEEPALIVE_EVERY);
+                    if !pending.is_empty() && (!wait || stopping) {
+                        // In order, until the meta store refuses one.
+                        let now = map::now_s();
+                        let mut done = 0;
+                        for n in &pending {
+                            match record_scrub(&*meta, id, n, now) {
+                                Ok(None) => {}
+                                Ok(Some((pg, s))) => {
+                                    known2.lock().expect("known").insert(pg, s);
+                                }
+                                Err(e) => {
+                                    if failed_at.is_none() {
+                                        tracing::warn!("osd.{id}: scrub stamps: {e}");
+                                    }
+                                    break;
+                                }
+                            }
+                            done += 1;
+                        }
+                        failed_at = (done < pending.len()).then(Instant::now);
+                        pending.drain(..done);
+                        let over = pending.len().saturating_sub(NEWS_PENDING_MAX);
+                        pending.drain(..over);
+                    }
+                    if stopping {
+                        return;
+                    }
+                    std::thread::sleep(POLL);
+                }
+            })?;
+        Ok(StampWriter {
+            news,
+            known,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, mut n: Vec<nacre_osd::ScrubNews>) {
+        if !n.is_empty() {
+            self.news.lock().expect("news").append(&mut n);
+        }
+    }
+}
+
+impl Drop for StampWriter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One piece of scrub news in the stamp of its PG, `now` being the time
+/// (Unix s): no time in a stamp is later than now (a clock that was
+/// ahead, here or on another host, would otherwise hold a PG's scrubs off
+/// until then). A first plan of a PG that has a stamp returns it.
+fn record_scrub(
+    meta: &dyn MetaStore,
+    osd: u32,
+    n: &nacre_osd::ScrubNews,
+    now: u64,
+) -> Result<Option<(PgId, map::ScrubStamp)>, MetaError> {
+    use nacre_osd::ScrubNews::*;
+    let not_ahead = |s: &mut map::ScrubStamp| {
+        for t in [&mut s.first_unix_s, &mut s.light_unix_s, &mut s.deep_unix_s] {
+            *t = (*t).min(now);
+        }
+    };
+    match *n {
+        Planned { pg, at_unix_s } => {
+            let at = at_unix_s.min(now);
+            let s = map::update_scrub_stamp(meta, pg, |s| {
+                let fresh = s.first_unix_s == 0 && s.light_unix_s == 0;
+                if fresh {
+                    s.first_unix_s = at;
+                }
+                fresh
+            })?;
+            Ok((s.first_unix_s != at).then_some((pg, s)))
+        }
+        Scrubbed {
+            pg,
+            deep,
+            at_unix_s,
+            objects,
+            inconsistent,
+            unrepaired,
+        } => {
+            let at = at_unix_s.min(now);
+            map::update_scrub_stamp(meta, pg, |s| {
+                not_ahead(s);
+                if s.first_unix_s == 0 {
+                    s.first_unix_s = at;
+                }
+                s.light_unix_s = s.light_unix_s.max(at);
+                if deep {
+                    s.deep_unix_s = s.deep_unix_s.max(at);
+                }
+                (s.osd, s.objects, s.inconsistent, s.unrepaired) =
+                    (osd, objects, inconsistent, unrepaired);
+                true
+            })?;
+            Ok(None)
+        }
     }
 }
 
@@ -356,7 +496,16 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("osd.{}: {e}", cfg.id))?;
         osd.set_recovery_rate(recovery_rate);
         osd.set_full_ratios(ratios.0, ratios.1);
+        // When its PGs were scrubbed, to plan their next scrubs from.
+        match map::scrub_stamps(&*meta) {
+            Ok(s) => osd.load_scrub_stamps(&s),
+            Err(e) => tracing::warn!(
+                "osd.{}: scrub stamps not read ({e}): PGs never scrubbed here are planned from now",
+                cfg.id
+            ),
+        }
         osd.set_scrub(scrub);
+        let stamps = StampWriter::spawn(meta.clone(), cfg.id)?;
         let l = Listener::bind(&cfg.addr).with_context(|| format!("osd.{}", cfg.id))?;
         let serving = osd.serve(l);
         if joins {
@@ -376,10 +525,18 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
         let up_from = Arc::new(AtomicU64::new(osd.up_from()));
         let watch = {
             let (osd, up_from) = (osd.clone(), up_from.clone());
+            let (news, known) = (stamps.news.clone(), stamps.known.clone());
             rt::spawn(async move {
                 loop {
                     rt::sleep(POLL).await;
                     up_from.store(osd.up_from(), Ordering::Release);
+                    news.lock()
+                        .expect("news")
+                        .append(&mut osd.take_scrub_news());
+                    let k = std::mem::take(&mut *known.lock().expect("known"));
+                    if !k.is_empty() {
+                        osd.load_scrub_stamps(&k);
+                    }
                 }
             })
         };
@@ -399,9 +556,10 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
         osd.halt();
         osd.leave().await;
         drop(lease);
-        osd.close()
-            .await
-            .map_err(|e| anyhow::anyhow!("osd.{}: close: {e}", cfg.id))
+        stamps.send(osd.take_scrub_news());
+        let closed = osd.close().await;
+        drop(stamps);
+        closed.map_err(|e| anyhow::anyhow!("osd.{}: close: {e}", cfg.id))
     })
 }
 

@@ -67,7 +67,9 @@ pub fn run(cmd: PgCmd) -> anyhow::Result<()> {
 }
 
 fn ls(pool: Option<&str>, at: &At, format: Format) -> anyhow::Result<()> {
-    let m = nacre_meta::map::load(&*at.meta()?)?;
+    let meta = at.meta()?;
+    let m = nacre_meta::map::load(&*meta)?;
+    let stamps = nacre_meta::map::scrub_stamps(&*meta)?;
     let only = match pool {
         Some(name) => Some(m.pool_named(name).map(|p| p.id).with_context(|| {
             let names: Vec<&str> = m.pools.iter().map(|p| p.name.as_str()).collect();
@@ -79,12 +81,23 @@ fn ls(pool: Option<&str>, at: &At, format: Format) -> anyhow::Result<()> {
     let rows: Vec<serde_json::Value> = (m.tables.iter())
         .filter(|t| only.is_none_or(|p| p == t.pool))
         .flat_map(|t| {
+            let stamps = &stamps;
             (0..t.pg_count()).map(move |n| {
+                let pg = PgId::new(t.pool, n);
+                let s = stamps.get(&pg).copied().unwrap_or_default();
+                let when = |t: u64| (t > 0).then_some(t);
                 serde_json::json!({
-                    "pg": PgId::new(t.pool, n),
+                    "pg": pg,
                     "placement": t.placement(n),
                     "acting": t.acting(n, down),
                     "primary": t.primary(n, down),
+                    // The last complete scrub (a deep one is light too),
+                    // the last deep one (null: never), what the last one
+                    // found.
+                    "scrubbed_unix_s": when(s.light_unix_s),
+                    "deep_scrubbed_unix_s": when(s.deep_unix_s),
+                    "scrub_inconsistent": s.inconsistent,
+                    "scrub_unrepaired": s.unrepaired,
                 })
             })
         })
@@ -92,7 +105,16 @@ fn ls(pool: Option<&str>, at: &At, format: Format) -> anyhow::Result<()> {
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
         Format::Table => {
-            println!("{:<8} {:<16} {:<20} primary", "pg", "placement", "acting");
+            println!(
+                "{:<8} {:<16} {:<20} {:<8} {:>10} {:>10}",
+                "pg", "placement", "acting", "primary", "scrubbed", "deep"
+            );
+            let now = nacre_meta::map::now_s();
+            let ago = |v: &serde_json::Value| -> String {
+                v.as_u64().map_or("never".into(), |t| {
+                    format!("{} ago", age(now.saturating_sub(t)))
+                })
+            };
             let list = |v: &serde_json::Value| -> String {
                 let ids: Vec<String> = (v.as_array().into_iter().flatten())
                     .map(|o| o.to_string())
@@ -101,18 +123,34 @@ fn ls(pool: Option<&str>, at: &At, format: Format) -> anyhow::Result<()> {
             };
             for r in &rows {
                 println!(
-                    "{:<8} {:<16} {:<20} {}",
+                    "{:<8} {:<16} {:<20} {:<8} {:>10} {:>10}{}",
                     r["pg"].as_str().unwrap_or(""),
                     list(&r["placement"]),
                     list(&r["acting"]),
                     r["primary"]
                         .as_u64()
-                        .map_or("none".into(), |p| format!("osd.{p}"))
+                        .map_or("none".into(), |p| format!("osd.{p}")),
+                    ago(&r["scrubbed_unix_s"]),
+                    ago(&r["deep_scrubbed_unix_s"]),
+                    match r["scrub_unrepaired"].as_u64() {
+                        Some(n @ 1..) => format!("  {n} unrepaired"),
+                        _ => String::new(),
+                    }
                 );
             }
         }
     }
     Ok(())
+}
+
+/// `s` seconds as people read an age: 42s, 17m, 5h, 3d.
+fn age(s: u64) -> String {
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172_800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
 }
 
 fn scrub(pg: Option<&str>, all: bool, deep: bool, at: &At, format: Format) -> anyhow::Result<()> {

@@ -16,7 +16,9 @@
 //! - `session/<volume id>/<gateway>.<conn>` — [`SessionRecord`], one per
 //!   open client connection, on its gateway's lease;
 //! - `orphans` — [`OrphanReport`], what the last sweep for objects of
-//!   deleted volumes found; `config` — [`ClusterConfig`].
+//!   deleted volumes found; `config` — [`ClusterConfig`];
+//! - `scrubbed/<pool>/<pg>` — [`ScrubStamp`], when the PG was last
+//!   scrubbed, put by its primary.
 //!
 //! Every multi-key change is one compare-and-swap transaction, so two
 //! admins creating the same volume, or a create racing a delete, cannot
@@ -306,6 +308,28 @@ pub fn put_config(store: &dyn MetaStore, c: &ClusterConfig) -> Result<()> {
     Ok(())
 }
 
+/// When a PG was last scrubbed, and what that scrub found: its primary's
+/// schedule rests on it, so that the schedule outlives the primary's
+/// restarts and follows the PG to its next primary. Unix seconds; 0:
+/// never.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubStamp {
+    /// When a primary first planned its scrubs: the first ones come due
+    /// a fraction of the intervals after (a fraction fixed per PG, so
+    /// that PGs do not all come due together).
+    pub first_unix_s: u64,
+    /// The last complete scrub, light or deep (a deep one checks all a
+    /// light one does), and the last deep one.
+    pub light_unix_s: u64,
+    pub deep_unix_s: u64,
+    /// The last complete scrub's primary, objects compared, objects whose
+    /// copies differed and, of them, those it could not repair.
+    pub osd: u32,
+    pub objects: u64,
+    pub inconsistent: u64,
+    pub unrepaired: u64,
+}
+
 /// What the last sweep for orphaned objects (objects of volumes that no
 /// longer exist) found, in `nacre status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -405,6 +429,13 @@ fn interval_prefix(pool: u32) -> String {
 }
 fn interval_key(pool: u32, pg: u32) -> String {
     format!("{}{pg:05}", interval_prefix(pool))
+}
+const SCRUB_PREFIX: &str = "/nacre/scrubbed/";
+fn scrub_prefix(pool: u32) -> String {
+    format!("{SCRUB_PREFIX}{pool:05}/")
+}
+fn scrub_key(pg: PgId) -> String {
+    format!("{}{:05}", scrub_prefix(pg.pool), pg.pg)
 }
 fn volume_key(name: &str) -> String {
     format!("{ROOT}volume/{name}")
@@ -726,6 +757,7 @@ pub fn save_map(
         last.push(TxnOp::Delete(Range::key(&removing_key(id))));
         last.push(TxnOp::Delete(Range::key(&table_key(id))));
         last.push(TxnOp::Delete(Range::prefix(&interval_prefix(id))));
+        last.push(TxnOp::Delete(Range::prefix(&scrub_prefix(id))));
     }
     if prev_state != state {
         last.push(put(STATE_KEY.into(), json(state)));
@@ -1152,6 +1184,61 @@ pub fn load_history(store: &dyn MetaStore, pool: u32) -> Result<BTreeMap<u32, In
         h.insert(pg, parse(&kv)?);
     }
     Ok(h)
+}
+
+/// Every PG's [`ScrubStamp`] (those of pools no longer in the map too).
+/// A stamp only advises a schedule: one that does not parse is skipped
+/// (and logged), and the next scrub of its PG writes it anew.
+pub fn scrub_stamps(store: &dyn MetaStore) -> Result<BTreeMap<PgId, ScrubStamp>> {
+    let (kvs, _) = store.range(&Range::prefix(SCRUB_PREFIX))?;
+    let mut s = BTreeMap::new();
+    for kv in kvs {
+        let pg = (kv.key[SCRUB_PREFIX.len()..].split_once('/'))
+            .and_then(|(pool, pg)| Some(PgId::new(pool.parse().ok()?, pg.parse().ok()?)));
+        match (pg, parse(&kv)) {
+            (Some(pg), Ok(stamp)) => {
+                s.insert(pg, stamp);
+            }
+            (_, r) => tracing::warn!("scrub stamp {} skipped: {:?}", kv.key, r.err()),
+        }
+    }
+    Ok(s)
+}
+
+/// Changes PG `pg`'s [`ScrubStamp`] by `f` (from the default if it has
+/// none or one that does not parse), compare-and-swap; `f` returning
+/// `false` leaves it as it is. Returns the stamp as it stands.
+pub fn update_scrub_stamp(
+    store: &dyn MetaStore,
+    pg: PgId,
+    f: impl Fn(&mut ScrubStamp) -> bool,
+) -> Result<ScrubStamp> {
+    let key = scrub_key(pg);
+    for _ in 0..CAS_RETRY_MAX {
+        let kv = store.get(&key)?;
+        let mut s: ScrubStamp = kv
+            .as_ref()
+            .and_then(|kv| parse(kv).ok())
+            .unwrap_or_default();
+        if !f(&mut s) {
+            return Ok(s);
+        }
+        let t = Txn {
+            compare: vec![Compare::ModRevision(
+                key.clone(),
+                CmpOp::Equal,
+                kv.map_or(0, |kv| kv.mod_revision),
+            )],
+            success: vec![put(key.clone(), json(&s))],
+            failure: vec![],
+        };
+        if store.txn(t)?.succeeded {
+            return Ok(s);
+        }
+    }
+    Err(MetaError::Invalid(format!(
+        "scrub stamp of PG {pg} kept changing; tried again later"
+    )))
 }
 
 pub fn get_volume(store: &dyn MetaStore, name: &str) -> Result<Option<VolumeRecord>> {

@@ -63,8 +63,8 @@ pub use map::{OsdMap, PgEvent, PoolChange};
 pub use peering::PG_QUERY_PAGE_OBJECTS;
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
 pub use scrub::{
-    encode_oids, ScrubConfig, ScrubReport, DEEP_SCRUB_INTERVAL_DEFAULT, SCRUB_BYTES_PER_S_DEFAULT,
-    SCRUB_INTERVAL_DEFAULT,
+    encode_oids, ScrubConfig, ScrubNews, ScrubReport, DEEP_SCRUB_INTERVAL_DEFAULT,
+    SCRUB_BYTES_PER_S_DEFAULT, SCRUB_INTERVAL_DEFAULT,
 };
 pub use stats::{OsdReport, OsdStats, PgReport, VolumeUsage, PG_REPORT_MAX};
 pub use stray::STRAY_CHECK_MS;
@@ -213,11 +213,14 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     asking_out: Cell<bool>,
     /// The PG being scrubbed here (and whether deeply), a wake-up for
     /// scrubs waiting their turn, the schedule and pace (`scrub.rs`): per
-    /// PG when its next light and deep scrubs are due, and when the
-    /// budget next allows a read.
+    /// PG when it was scrubbed, when its next light and deep scrubs are
+    /// due, and when the budget next allows a read; the scrubs to record
+    /// in the cluster's stamps.
     scrubbing: Cell<Option<(PgId, bool)>>,
     scrub_idle: Notify,
     scrub_cfg: Cell<ScrubConfig>,
+    scrub_hist: RefCell<HashMap<PgId, scrub::History>>,
+    scrub_news: RefCell<std::collections::VecDeque<ScrubNews>>,
     scrub_due: RefCell<HashMap<PgId, (Duration, Duration)>>,
     scrub_next: Cell<Duration>,
     /// Volumes this OSD was asked to purge since it started: their copies
@@ -507,6 +510,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             scrubbing: Cell::new(None),
             scrub_idle: Notify::new(),
             scrub_cfg: Cell::new(ScrubConfig::default()),
+            scrub_hist: RefCell::new(HashMap::new()),
+            scrub_news: RefCell::new(std::collections::VecDeque::new()),
             scrub_due: RefCell::new(HashMap::new()),
             scrub_next: Cell::new(Duration::ZERO),
             purged: RefCell::new(HashSet::new()),
@@ -570,6 +575,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         (r.nearfull_ratio, r.full_ratio) = self.ratios.get();
         r.scrubbing = (self.scrubbing.get())
             .map(|(pg, deep)| format!("{pg}{}", if deep { " deep" } else { "" }));
+        let cfg = self.scrub_cfg.get();
+        let secs = |d: Duration| d.as_secs_f64().ceil() as u64;
+        (r.scrub_interval_s, r.deep_scrub_interval_s) =
+            (secs(cfg.interval), secs(cfg.deep_interval));
         // Only PGs this OSD still leads: another primary speaks for the rest.
         (r.pgs_scrub_unrepaired).retain(|(pg, _)| self.pgs.borrow().contains_key(pg));
         let m = self.map.borrow();

@@ -28,9 +28,18 @@
 //!   failed write. One scrub runs at a time per OSD; deep scrubs read at
 //!   most `ScrubConfig::bytes_per_s`.
 //! - Each primary schedules its own PGs: a light scrub every
-//!   `ScrubConfig::interval` and a deep one every `deep_interval`, the
-//!   first ones spread over the interval so that an OSD's PGs do not all
-//!   come due together.
+//!   `ScrubConfig::interval` and a deep one every `deep_interval` after
+//!   the PG's last (a deep scrub counts as a light one too); a PG never
+//!   scrubbed comes due a fraction of the intervals after a primary first
+//!   planned it, the fraction fixed per PG so that PGs do not all come
+//!   due together. When it was scrubbed and first planned outlives the
+//!   OSD: the OSD hands each complete scrub and each first plan out
+//!   ([`ScrubNews`]) for its daemon to record in the cluster's stamps
+//!   (`map::ScrubStamp`), and takes the stamps back when it starts
+//!   ([`Osd::load_scrub_stamps`]), and again for a PG it plans first that
+//!   the cluster has a stamp of. An OSD restarted more often than the
+//!   intervals thus still scrubs every PG in time; a stamp another
+//!   primary wrote after this OSD read them makes a scrub come early.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
@@ -96,6 +105,46 @@ impl Default for ScrubConfig {
         }
     }
 }
+
+/// When a PG was first planned and last scrubbed, in seconds of
+/// [`rt::monotonic`] (below zero: before this OSD started).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct History {
+    first: f64,
+    light: Option<f64>,
+    deep: Option<f64>,
+}
+
+/// What an OSD hands its daemon to record in the cluster's scrub stamps
+/// ([`Osd::take_scrub_news`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScrubNews {
+    /// A PG with no stamp known here was planned at `at_unix_s`: its
+    /// first scrubs are due from then (unless the cluster's stamp says
+    /// otherwise: [`Osd::load_scrub_stamps`] with it).
+    Planned { pg: PgId, at_unix_s: u64 },
+    /// A scrub that covered the whole PG, finished at `at_unix_s`.
+    Scrubbed {
+        pg: PgId,
+        deep: bool,
+        at_unix_s: u64,
+        objects: u64,
+        inconsistent: u64,
+        unrepaired: u64,
+    },
+}
+
+/// The later of two times, either of which may be missing.
+fn latest(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// News kept for the daemon to take; the oldest go beyond (a daemon that
+/// takes none, as in the simulator).
+const NEWS_MAX: usize = 4096;
 
 /// What one scrub of a PG found (the answer to an admin's `Op::Scrub`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -383,6 +432,45 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.scrub_due.borrow_mut().clear();
     }
 
+    /// Takes the cluster's record of when PGs were scrubbed (the PGs'
+    /// schedules are planned again from it; a later stamp than this OSD's
+    /// own wins).
+    pub fn load_scrub_stamps(&self, stamps: &BTreeMap<PgId, nacre_meta::map::ScrubStamp>) {
+        // Unix seconds to this OSD's clock; a stamp from the future (a
+        // clock ahead somewhere) counts as now.
+        let (now_unix, now) = (unix_now_s(), rt::monotonic().as_secs_f64());
+        let at = |unix: u64| (unix > 0).then_some(now - now_unix.saturating_sub(unix) as f64);
+        let mut hist = self.scrub_hist.borrow_mut();
+        for (&pg, s) in stamps {
+            let Some(first) = at(s.first_unix_s).or(at(s.light_unix_s)) else {
+                continue;
+            };
+            let h = hist.entry(pg).or_insert(History {
+                first,
+                light: None,
+                deep: None,
+            });
+            h.first = h.first.min(first);
+            h.light = latest(h.light, at(s.light_unix_s));
+            h.deep = latest(h.deep, at(s.deep_unix_s));
+            // Planned again from it.
+            self.scrub_due.borrow_mut().remove(&pg);
+        }
+    }
+
+    /// The scrub news since the last call, oldest first.
+    pub fn take_scrub_news(&self) -> Vec<ScrubNews> {
+        self.scrub_news.borrow_mut().drain(..).collect()
+    }
+
+    fn scrub_tell(&self, n: ScrubNews) {
+        let mut news = self.scrub_news.borrow_mut();
+        if news.len() >= NEWS_MAX {
+            news.pop_front();
+        }
+        news.push_back(n);
+    }
+
     /// The PG being scrubbed now, and whether deeply.
     pub fn scrubbing(&self) -> Option<(PgId, bool)> {
         self.scrubbing.get()
@@ -419,6 +507,37 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         r.seconds = (rt::monotonic() - t).as_secs_f64();
         r.finished_unix_s = unix_now_s();
         self.stats.scrubbed(&r);
+        if r.error.is_none() {
+            let now = rt::monotonic().as_secs_f64();
+            let mut hist = self.scrub_hist.borrow_mut();
+            let h = hist.entry(pg).or_insert(History {
+                first: now,
+                light: None,
+                deep: None,
+            });
+            h.light = Some(now);
+            if deep {
+                h.deep = Some(now);
+            }
+            drop(hist);
+            // The next ones of its kind are planned from now (the other
+            // kind's due time, a retry's included, stands).
+            let plan = self.scrub_plan(pg, self.scrub_cfg.get());
+            if let Some(d) = self.scrub_due.borrow_mut().get_mut(&pg) {
+                d.0 = plan.0;
+                if deep {
+                    d.1 = plan.1;
+                }
+            }
+            self.scrub_tell(ScrubNews::Scrubbed {
+                pg,
+                deep,
+                at_unix_s: r.finished_unix_s,
+                objects: r.objects,
+                inconsistent: r.inconsistent,
+                unrepaired: r.unrepaired,
+            });
+        }
         let kind = if deep { "deep scrub" } else { "scrub" };
         match &r.error {
             None if r.inconsistent == 0 => tracing::info!(
@@ -1014,31 +1133,60 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let Some((pg, deep)) = me.scrub_next_due() else {
                 continue;
             };
-            let r = me.scrub_pg(pg, deep).await;
-            let cfg = me.scrub_cfg.get();
-            let now = rt::monotonic();
-            let mut due = me.scrub_due.borrow_mut();
-            let d = due.entry(pg).or_insert((now, now));
-            if r.error.is_some() {
-                let later = now + SCHEDULE_RETRY;
+            // A complete scrub plans the PG's next ones (`scrub_pg`).
+            if me.scrub_pg(pg, deep).await.error.is_some() {
+                let later = rt::monotonic() + SCHEDULE_RETRY;
+                let plan = me.scrub_plan(pg, me.scrub_cfg.get());
+                let mut due = me.scrub_due.borrow_mut();
+                let d = due.entry(pg).or_insert(plan);
                 if deep {
                     d.1 = later;
                 } else {
                     d.0 = later;
                 }
-            } else {
-                // A deep scrub checks everything a light one does.
-                d.0 = now + cfg.interval;
-                if deep {
-                    d.1 = now + cfg.deep_interval;
-                }
             }
         }
+    }
+
+    /// When PG `pg`'s next light and deep scrubs are due, from when it
+    /// was scrubbed (or first planned, which a PG with no history here
+    /// is now).
+    fn scrub_plan(&self, pg: PgId, cfg: ScrubConfig) -> (Duration, Duration) {
+        let now = rt::monotonic().as_secs_f64();
+        let h = *self.scrub_hist.borrow_mut().entry(pg).or_insert_with(|| {
+            self.scrub_tell(ScrubNews::Planned {
+                pg,
+                at_unix_s: unix_now_s(),
+            });
+            History {
+                first: now,
+                light: None,
+                deep: None,
+            }
+        });
+        // The fraction of an interval after its first plan that a PG
+        // never scrubbed comes due: the same on every primary.
+        let spread = f64::from(crc32c(&pg.key().to_le_bytes()) % 1000) / 1000.0;
+        let due = |last: Option<f64>, i: Duration| {
+            let at = last.map_or(h.first + spread * i.as_secs_f64(), |l| l + i.as_secs_f64());
+            Duration::from_secs_f64(at.max(0.0))
+        };
+        // A deep scrub is a light one too.
+        (
+            due(latest(h.light, h.deep), cfg.interval),
+            due(h.deep, cfg.deep_interval),
+        )
     }
 
     /// The clean PG most overdue for a scrub, deep ones first.
     fn scrub_next_due(&self) -> Option<(PgId, bool)> {
         let cfg = self.scrub_cfg.get();
+        if cfg.interval.is_zero() && cfg.deep_interval.is_zero() {
+            // Nothing scheduled: nothing planned either (a first plan
+            // recorded now would make every PG due at once the day
+            // scrubs are turned on).
+            return None;
+        }
         let now = rt::monotonic();
         let pgs: Vec<PgId> = self.pgs.borrow().keys().copied().collect();
         let mut due = self.scrub_due.borrow_mut();
@@ -1047,15 +1195,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             if !self.is_clean(pg) {
                 continue;
             }
-            // First due somewhere in the interval, the same place for a
-            // PG on every start of this OSD.
-            let spread = |i: Duration| {
-                let h = crc32c(&[&self.id.to_le_bytes()[..], &pg.key().to_le_bytes()].concat());
-                i.mul_f64(f64::from(h % 1000) / 1000.0)
-            };
-            let d = *due
-                .entry(pg)
-                .or_insert_with(|| (now + spread(cfg.interval), now + spread(cfg.deep_interval)));
+            let d = *due.entry(pg).or_insert_with(|| self.scrub_plan(pg, cfg));
             let deep = !cfg.deep_interval.is_zero() && d.1 <= now;
             let light = !cfg.interval.is_zero() && d.0 <= now;
             if !deep && !light {

@@ -207,6 +207,12 @@ pub struct OsdReport {
     /// The PG being scrubbed now, e.g. `1.5` or `1.5 deep`.
     #[serde(default)]
     pub scrubbing: Option<String>,
+    /// Its scrub schedule: seconds between light and between deep scrubs
+    /// of a PG (0: none scheduled).
+    #[serde(default)]
+    pub scrub_interval_s: u64,
+    #[serde(default)]
+    pub deep_scrub_interval_s: u64,
     /// The used fractions at which this OSD is near full and full.
     #[serde(default = "one")]
     pub nearfull_ratio: f64,
