@@ -269,7 +269,7 @@ pub struct LeaderStart {
     /// only what changes is written. Else everything is written at start.
     pub stored: bool,
     /// While the leader may act (an elected monitor's term); none: always.
-    pub authority: Option<Box<dyn Fn() -> bool + Send>>,
+    pub authority: Option<Box<dyn Fn() -> Option<Duration> + Send>>,
     /// For how long from its start the leader takes no PG event
     /// (`Leader::hold_events_until`).
     pub hold_events: Duration,

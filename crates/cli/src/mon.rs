@@ -16,14 +16,18 @@
 //!   arrived, which is later, so its authority ends before etcd can hand
 //!   the key to another. It then stops answering anything (a heartbeat it
 //!   answered would extend an OSD's read lease).
-//! - A new leader lets no interval go active until [`TAKEOVER_WAIT`] after
-//!   winning (`Leader::hold_events_until`; OSDs boot and peer meanwhile):
-//!   every read lease the old leader granted has ended by then, so no old
+//! - No read lease it grants outlasts its authority (`Leader::read_lease_ms`
+//!   caps each at the time its authority has left), and a new leader
+//!   lets no interval go active until [`TAKEOVER_WAIT`] after winning
+//!   (`Leader::hold_events_until`; OSDs boot and peer meanwhile): every
+//!   read lease the old leader granted has ended by then, so no old
 //!   primary serves a read once a new interval can go active. It starts
 //!   from the stored map in a new epoch, every OSD down until it boots
 //!   with it (as `nacre up` after a restart).
-//! - A monitor that stops (SIGTERM) steps down first, then revokes its
-//!   lease, so a standby takes over at once instead of after the TTL.
+//! - A monitor that stops (SIGTERM) steps down first, waits out the read
+//!   leases it granted (at most `READ_LEASE_MS`, none past its authority),
+//!   then revokes its lease, so a standby takes over then instead of
+//!   after the TTL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -40,8 +44,9 @@ use crate::commands::{block_stop_signals, signal_name, wait_for_signal};
 /// TTL of the elected monitor's lease: a monitor that dies or is cut off
 /// from etcd is replaced within about this long. (Reads pause from when
 /// the OSDs' read leases run out, `READ_LEASE_MS` after their last
-/// answered heartbeat, until the next leader has waited
-/// [`TAKEOVER_WAIT`] and they booted with it: about TTL + 2 s − 2 s.)
+/// answered heartbeat or at the dead leader's authority's end, until the
+/// next leader has won, waited [`TAKEOVER_WAIT`], and they booted with it
+/// and peered.)
 pub const MON_LEASE_TTL_S: i64 = 3;
 /// How often the leader renews its lease: two renewals may fail (an etcd
 /// election) before its authority lapses.
@@ -49,21 +54,19 @@ const KEEPALIVE_EVERY: Duration = Duration::from_millis(500);
 /// How far before its lease could end, by its own clock, a leader stops
 /// acting: covers the drift between its clock's rate and etcd's.
 pub const AUTHORITY_MARGIN: Duration = Duration::from_millis(500);
-/// Covers the drift between two monitors' clock rates.
+/// Covers the drift between the clock rates of the OSDs and the monitors.
 const DRIFT_MARGIN: Duration = Duration::from_millis(500);
 /// Deadline of one keepalive call: one sent to a member that died must
 /// fail, and the next go elsewhere, well within the lease.
 const KEEPALIVE_CALL_TIMEOUT: Duration = Duration::from_millis(1_000);
-/// How long after winning a new leader lets no interval go active.
-/// The old leader answered its last heartbeat before its authority ended,
-/// at least [`AUTHORITY_MARGIN`] before etcd gave the key away, and the
-/// read lease it granted lasts `READ_LEASE_MS` from that heartbeat's
-/// sending: every such lease has ended `READ_LEASE_MS - AUTHORITY_MARGIN`
-/// after the win; [`DRIFT_MARGIN`] more covers clock rates.
-pub const TAKEOVER_WAIT: Duration = Duration::from_millis(
-    nacre_types::READ_LEASE_MS - AUTHORITY_MARGIN.as_millis() as u64
-        + DRIFT_MARGIN.as_millis() as u64,
-);
+/// How long after winning a new leader lets no interval go active. Every
+/// read lease the old leader granted ended by its authority's end (a
+/// lease runs from the heartbeat's sending, before the leader's answer,
+/// for at most the authority it had left then), at least
+/// [`AUTHORITY_MARGIN`] before etcd could give the key away; the wait
+/// adds [`DRIFT_MARGIN`] for the rates of the OSDs' clocks. (Before the
+/// cap, it had to wait out a whole `READ_LEASE_MS` less the margin: 2 s.)
+pub const TAKEOVER_WAIT: Duration = DRIFT_MARGIN;
 /// How often a standby looks at the election key, and the leader at its
 /// authority.
 const POLL: Duration = Duration::from_millis(200);
@@ -138,8 +141,22 @@ pub fn run(o: &MonOpts) -> anyhow::Result<()> {
                 if let Err(e) = lead(o, &term, &stop) {
                     tracing::error!("mon: while leading: {e:#}");
                 }
-                // Whatever is left of this term acts no more.
+                // Whatever is left of this term acts no more: its leader
+                // has stopped, and answers nothing from now on.
                 term.lost.store(true, Ordering::Release);
+                // The read leases it granted end at most `READ_LEASE_MS`
+                // from now and not past its authority: wait them out
+                // before the next may take over (it holds PG events only
+                // `TAKEOVER_WAIT`, which covers leases that end with the
+                // authority, not one cut short by a revoke). A term that
+                // lost its authority waits no more.
+                let stopped = boottime();
+                let granted = Duration::from_millis(nacre_types::READ_LEASE_MS);
+                let until = *term.until.lock().unwrap_or_else(|p| p.into_inner());
+                let leases_end = (stopped + granted).min(until) + DRIFT_MARGIN;
+                while boottime() < leases_end {
+                    std::thread::sleep(POLL.min(leases_end.saturating_sub(boottime())));
+                }
                 // Stepped down: the next may take over at once.
                 if let Err(e) = o.meta.lease_revoke(term.lease) {
                     tracing::warn!("mon: revoking lease {}: {e}", term.lease);
@@ -244,10 +261,18 @@ impl Term {
         holds(&self.lost, &self.until)
     }
 
-    /// [`Term::holds`], for the leader to check at every message.
-    fn authority(&self) -> Box<dyn Fn() -> bool + Send> {
+    /// How long this term may still act (`None`: no longer), for the
+    /// leader to check at every message and to cap the read leases it
+    /// grants with.
+    fn authority(&self) -> Box<dyn Fn() -> Option<Duration> + Send> {
         let (lost, until) = (self.lost.clone(), self.until.clone());
-        Box::new(move || holds(&lost, &until))
+        Box::new(move || {
+            let left = until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .checked_sub(boottime());
+            left.filter(|l| !l.is_zero() && !lost.load(Ordering::Acquire))
+        })
     }
 }
 

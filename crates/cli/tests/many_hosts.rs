@@ -22,6 +22,8 @@ use hosts::Net;
 const OSD_HOSTS: usize = 4;
 const OSDS_PER_HOST: usize = 2;
 const NBD_PORT: u16 = 10809;
+/// The elected monitor's lease TTL (`MON_LEASE_TTL_S`, crates/cli/src/mon.rs).
+const MON_LEASE_TTL: Duration = Duration::from_secs(3);
 
 struct Cluster {
     net: Net,
@@ -243,19 +245,23 @@ impl Cluster {
 
     /// Stops fio (no I/O failed, its verifier found every block) and the
     /// writer, and checks every acknowledged write; then every daemon
-    /// stops cleanly at SIGTERM.
-    fn finish(mut self, what: &str) {
+    /// stops cleanly at SIGTERM. Returns the longest any one of fio's reads
+    /// and writes took.
+    fn finish(mut self, what: &str) -> Duration {
+        let mut longest = Duration::ZERO;
         if let Some(f) = self.fio.take() {
             // A few seconds more with the cluster as the scenario left it:
             // fio writes and verifies past the faults (its I/O may have
             // waited on PGs below min_size until just now).
             std::thread::sleep(Duration::from_secs(3));
-            let (w, r) = stop_fio(f, &self.fio_report(), what);
+            let (w, r, l) = stop_fio(f, &self.fio_report(), what);
             println!(
-                "{what}: fio wrote {} MiB and verified {} MiB",
+                "{what}: fio wrote {} MiB and verified {} MiB, the longest I/O {} ms",
                 w >> 20,
-                r >> 20
+                r >> 20,
+                l.as_millis()
             );
+            longest = l;
         }
         let w = self.writer.take().unwrap();
         stop_and_verify(w, &self.stop, &self.log, &self.uri, what);
@@ -267,6 +273,7 @@ impl Cluster {
                 self.net.stop(n);
             }
         }
+        longest
     }
 }
 
@@ -554,13 +561,18 @@ fn two_hosts_killed() {
 }
 
 /// Scenario 8: the leading monitor dies, then each etcd member in turn
-/// (the leader among them) is killed and restarted, during I/O.
+/// (the leader among them) is killed and restarted, during I/O. Prints
+/// the longest the writer went without an acknowledgement and the longest
+/// any one of fio's reads and writes took, beside the monitor's lease TTL
+/// (a figure, not asserted: tests assert behaviour, not timings;
+/// `scripts/failover.sh` measures the pauses on a release build).
 #[test]
 fn etcd_and_monitor_leaders_restart() {
     let _one = hosts::ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     let mut c = Cluster::start();
+    c.log.lock().unwrap().restart_gaps();
     let st = c.status();
     let leader = st["leader"].as_str().unwrap().to_string();
     let m = (0..3)
@@ -601,7 +613,14 @@ fn etcd_and_monitor_leaders_restart() {
     }
     c.status_until("HEALTH_OK", healthy);
     c.more_acks(100);
-    c.finish("the monitor leader died and every etcd member restarted");
+    let gap = c.log.lock().unwrap().longest_gap;
+    let longest = c.finish("the monitor leader died and every etcd member restarted");
+    println!(
+        "longest pause: writer {} ms, one fio I/O {} ms (the monitor's lease TTL: {} ms)",
+        gap.as_millis(),
+        longest.as_millis(),
+        MON_LEASE_TTL.as_millis()
+    );
 }
 
 /// The objects OSD `id` holds, from its own report in `nacre status`.

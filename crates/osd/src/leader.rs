@@ -91,8 +91,9 @@ struct Active {
     answer: Rc<Cell<Option<Status>>>,
 }
 
-/// Says whether a leader may still act; checked at every message.
-pub type Authority = Box<dyn Fn() -> bool>;
+/// How long a leader may still act (`None`: no longer); checked at every
+/// message, and no read lease it grants outlasts it.
+pub type Authority = Box<dyn Fn() -> Option<Duration>>;
 
 /// `Ok`, or `Invalid` with the reason as UTF-8 text.
 fn refusal(h: &Header, r: Result<(), String>) -> (Header, Option<AlignedBuf>) {
@@ -596,7 +597,24 @@ impl<T: Transport> Leader<T> {
     }
 
     fn may_act(&self) -> bool {
-        !self.stopped.get() && self.authority.borrow().as_ref().is_none_or(|a| a())
+        !self.stopped.get()
+            && self
+                .authority
+                .borrow()
+                .as_ref()
+                .is_none_or(|a| a().is_some())
+    }
+
+    /// The read lease an answer to a `Ping` or `Boot` grants (in its
+    /// `length`, milliseconds from the request's sending): `READ_LEASE_MS`,
+    /// but no longer than this leader's authority lasts, so that every
+    /// read lease it granted has ended when etcd can elect another
+    /// (docs/internals/cluster.md *Monitors*).
+    fn read_lease_ms(&self) -> u32 {
+        let full = nacre_types::READ_LEASE_MS;
+        let left = (self.authority.borrow().as_ref())
+            .map_or(Some(full), |a| a().map(|d| d.as_millis() as u64));
+        left.unwrap_or(0).min(full) as u32
     }
 
     /// Stores the intervals of the PGs that went active since the last
@@ -953,14 +971,19 @@ impl<T: Transport> Handler for Leader<T> {
         }
         match h.op {
             Op::Boot => match self.boot(h.sender, f.payload.as_deref().unwrap_or(&[])) {
-                Ok(()) => json_reply(&h, self.map.borrow().to_json()),
+                Ok(()) => {
+                    let (mut r, body) = json_reply(&h, self.map.borrow().to_json());
+                    r.length = self.read_lease_ms();
+                    (r, body)
+                }
                 Err(s) => (h.reply(s), None),
             },
             Op::GetMap => json_reply(&h, self.map.borrow().to_json()),
             Op::Ping => {
-                let r = self.heartbeat(&h);
+                let mut r = self.heartbeat(&h);
                 if r.status == Status::Ok {
                     self.note_full(h.sender, h.offset != 0);
+                    r.length = self.read_lease_ms();
                 }
                 (r, None)
             }

@@ -153,10 +153,10 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     fetching: Cell<bool>,
     /// A boot again (after being marked down while running) is under way.
     rebooting: Cell<bool>,
-    /// When this OSD sent the last heartbeat (or `Boot`) the leader
-    /// answered: the read lease runs from there. And whether the task that
-    /// sends them runs.
-    pinged: Cell<Duration>,
+    /// When the read lease ends: the sending of the last heartbeat (or
+    /// `Boot`) the leader answered, plus what the answer granted. And
+    /// whether the task that sends them runs.
+    leased: Cell<Duration>,
     beating: Cell<bool>,
     /// Closed or crashed: takes no new map, boots no more.
     halted: Cell<bool>,
@@ -483,7 +483,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             up_from: Cell::new(0),
             fetching: Cell::new(false),
             rebooting: Cell::new(false),
-            pinged: Cell::new(Duration::ZERO),
+            leased: Cell::new(Duration::ZERO),
             beating: Cell::new(false),
             halted: Cell::new(false),
             pgs: RefCell::new(HashMap::new()),
@@ -750,7 +750,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let sent = rt::monotonic();
             match (self.leader_call(h, Some(AlignedBuf::from_slice(store.as_bytes())))).await {
                 Ok(f) if f.h.status == Status::Ok => {
-                    self.pinged.set(sent);
+                    self.extend_read_lease(sent, f.h.length);
                     let body = f.payload.as_deref().unwrap_or(&[]);
                     match OsdMap::from_json(body) {
                         Ok(m) => {
@@ -905,8 +905,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let sent = rt::monotonic();
             match me.leader_call(h, None).await {
                 Ok(f) if f.h.status == Status::Ok => {
-                    if me.up_from.get() == up && sent > me.pinged.get() {
-                        me.pinged.set(sent);
+                    if me.up_from.get() == up {
+                        me.extend_read_lease(sent, f.h.length);
                     }
                     if f.h.epoch > me.epoch() {
                         me.refresh_map().await;
@@ -1425,12 +1425,23 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// The read lease: not heard from the leader for `READ_LEASE_MS`,
-    /// this OSD may be marked down and another primary may have taken
-    /// writes this copy lacks, so it serves no read.
+    /// The read lease: not heard from the leader for `READ_LEASE_MS` (or
+    /// the shorter lease its last answer granted: its own authority was
+    /// ending), this OSD may be marked down, or another leader elected,
+    /// and another primary may have taken writes this copy lacks, so it
+    /// serves no read.
     fn holds_read_lease(&self) -> bool {
-        let lease = Duration::from_millis(nacre_types::READ_LEASE_MS);
-        rt::monotonic().saturating_sub(self.pinged.get()) <= lease
+        rt::monotonic() <= self.leased.get()
+    }
+
+    /// An answer from the leader to a heartbeat or `Boot` sent at `sent`
+    /// granted a read lease of `ms` from then (at most `READ_LEASE_MS`).
+    fn extend_read_lease(&self, sent: Duration, ms: u32) {
+        let ms = u64::from(ms).min(nacre_types::READ_LEASE_MS);
+        let until = sent + Duration::from_millis(ms);
+        if until > self.leased.get() {
+            self.leased.set(until);
+        }
     }
 
     async fn read_elsewhere_locked(self: &Rc<Self>, h: &Header) -> Option<AlignedBuf> {

@@ -12,7 +12,7 @@ use nacre_meta::map::{self, OsdRecord, PoolRecord};
 use nacre_net::{Conn, Frame, Handler, Sockets};
 use nacre_osd::leader::Leader;
 use nacre_osd::{Osd, OsdConfig, OsdMap, PgState};
-use nacre_types::{ObjectId, PgId, VolumeId};
+use nacre_types::{ObjectId, PgId, VolumeId, READ_LEASE_MS};
 use nacre_wire::{Header, Op, Status};
 
 fn write_header(oid: ObjectId, pg: PgId, request_id: u64, data: &[u8], epoch: u64) -> Header {
@@ -769,28 +769,34 @@ fn a_dead_report_marks_that_incarnation_down_and_no_other() {
 
 /// A leader whose term ended (an elected monitor paused past its lease)
 /// answers nothing and changes nothing, even to messages queued while it
-/// still led; with its authority back it answers again.
+/// still led; with its authority back it answers again. The read lease
+/// its heartbeat answers grant never outlasts its authority.
 #[test]
 fn a_leader_without_authority_answers_nothing() {
     let d = tempfile::tempdir().unwrap();
     let st = setup(d.path());
     rt::block_on(async {
         let leader = start_leader(d.path(), &st);
-        let may = Rc::new(std::cell::Cell::new(true));
-        let m2 = may.clone();
-        leader.set_authority(Box::new(move || m2.get()));
+        let left = Rc::new(std::cell::Cell::new(Some(Duration::from_secs(60))));
+        let l2 = left.clone();
+        leader.set_authority(Box::new(move || l2.get()));
         let (osd, _serving) = start_osd(d.path(), &st, 0).await;
         let c = Conn::connect(&leader_addr(d.path())).unwrap();
-        let call = |op: Op| {
+        let ask = |op: Op| {
             let mut h = Header::request(op, 0, ObjectId::default());
             h.sender = 0;
             h.obj_version = osd.up_from();
             let c = c.clone();
-            async move { c.call(h, None).await.unwrap().h.status }
+            async move { c.call(h, None).await.unwrap().h }
         };
-        assert_eq!(call(Op::Ping).await, Status::Ok);
+        let call = |op: Op| async move { ask(op).await.status };
+        let r = ask(Op::Ping).await;
+        assert_eq!((r.status, u64::from(r.length)), (Status::Ok, READ_LEASE_MS));
+        left.set(Some(Duration::from_millis(700)));
+        let r = ask(Op::Ping).await;
+        assert_eq!((r.status, r.length), (Status::Ok, 700));
         let epoch = leader.map().epoch();
-        may.set(false);
+        left.set(None);
         for op in [Op::Ping, Op::GetMap, Op::Boot, Op::MarkOut, Op::Dead] {
             assert_eq!(call(op).await, Status::Unavailable, "{op:?}");
         }
@@ -802,7 +808,7 @@ fn a_leader_without_authority_answers_nothing() {
             epoch,
             "a leader without authority made an epoch"
         );
-        may.set(true);
+        left.set(Some(Duration::from_secs(60)));
         assert_eq!(call(Op::GetMap).await, Status::Ok);
     });
 }

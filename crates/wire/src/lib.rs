@@ -20,7 +20,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "NACR" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 pub const HEADER_BYTES: usize = 96;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;

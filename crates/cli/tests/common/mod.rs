@@ -65,8 +65,12 @@ pub fn start_fio(
 
 /// Stops fio (SIGINT: it ends its jobs and writes its report); it failed
 /// no I/O, and wrote and verified something. Returns (written, verified)
-/// bytes.
-pub fn stop_fio(mut fio: std::process::Child, out: &std::path::Path, what: &str) -> (u64, u64) {
+/// bytes, and the longest any one read or write took.
+pub fn stop_fio(
+    mut fio: std::process::Child,
+    out: &std::path::Path,
+    what: &str,
+) -> (u64, u64, Duration) {
     if fio.try_wait().unwrap().is_none() {
         // SAFETY: signalling a child of this test.
         unsafe { libc::kill(fio.id() as i32, libc::SIGINT) };
@@ -87,7 +91,12 @@ pub fn stop_fio(mut fio: std::process::Child, out: &std::path::Path, what: &str)
         w > 0 && r > 0,
         "{what}: fio wrote {w} and verified {r} bytes"
     );
-    (w, r)
+    let longest = ["read", "write"]
+        .iter()
+        .filter_map(|d| j[d]["lat_ns"]["max"].as_u64())
+        .max()
+        .unwrap_or(0);
+    (w, r, Duration::from_nanos(longest))
 }
 
 /// 4 KiB of data that only `seed` produces (xorshift), so a log of seeds
