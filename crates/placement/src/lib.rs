@@ -12,7 +12,9 @@
 //!    allows;
 //! 3. given the previous table, as few replicas as possible move: every
 //!    replica stays where it was while its OSD is up, in a distinct domain
-//!    and under its target; only the rest is placed anew;
+//!    and under its target; only the rest is placed anew (and where that
+//!    leaves an OSD two or more off its target, chains of moves even it
+//!    out: rule 2 first);
 //! 4. the first OSD of each PG is its primary (which serves every client
 //!    op of the PG): each OSD is primary for a share of the PGs
 //!    proportional to the replicas it holds, within one of that integer
@@ -348,12 +350,127 @@ pub fn place(osds: &[Osd], pool: &Pool, prev: Option<&Table>) -> Result<Table, P
             dheap.extend(skipped.drain(..));
         }
     }
+    even_out(
+        &mut out, size, &usable, osds, &index, &domain, &target, &mut count,
+    );
     let mut t = Table {
         size: pool.size,
         osds: out,
     };
     balance_primaries(&mut t, prev);
     Ok(t)
+}
+
+/// The most OSDs [`even_out`] expands looking for one chain, the longest
+/// chain, and the PG rows it reads in all, in PGs' worth per unit an OSD
+/// is off beyond one: bounds its cost where no chain exists.
+const CHAIN_EXPANSIONS_MAX: usize = 64;
+const CHAIN_STEPS_MAX: usize = 6;
+const EVEN_OUT_SCANS_MAX: usize = 32;
+
+/// Evens out what the fill left uneven. It fills PG by PG, greedily, so a
+/// PG late in the order may have room only for OSDs already at their
+/// target, and keeping the previous table's replicas narrows it further:
+/// an OSD can end two or more off its target where a fresh table is
+/// within one. Moves one replica at a time along a chain from an OSD
+/// above its target to the one furthest below, each step an OSD taking
+/// another's slot in a PG that has no other replica in its domain, every
+/// step in another PG (so each step's check still holds when all are
+/// made); found breadth-first from the OSD below. It runs only while an
+/// OSD is two or more off its target, and takes a chain only if its ends
+/// differ by two or more and one of them is two off, so every chain
+/// lowers the sum of squared deviations and the loop ends; a table
+/// within one of every target is left as it is (no move for nothing).
+/// An OSD no chain reaches is left as it is.
+#[allow(clippy::too_many_arguments)]
+fn even_out(
+    out: &mut [u32],
+    size: usize,
+    usable: &[usize],
+    osds: &[Osd],
+    index: &HashMap<u32, usize>,
+    domain: &[u32],
+    target: &[u64],
+    count: &mut [u64],
+) {
+    let pgs = out.len() / size;
+    let dev = |i: usize, count: &[u64]| count[i] as i64 - target[i] as i64;
+    let mut stuck = vec![false; osds.len()];
+    // (taker, PG, slot, steps from the OSD below) that reached each OSD.
+    let mut via: Vec<Option<(usize, usize, usize, usize)>> = vec![None; osds.len()];
+    // Every unit an OSD is off beyond one may need a chain.
+    let uneven: usize = (usable.iter())
+        .map(|&i| (dev(i, count).unsigned_abs() as usize).saturating_sub(1))
+        .sum();
+    let mut rows_left = (EVEN_OUT_SCANS_MAX * (uneven + 1)).saturating_mul(pgs);
+    loop {
+        let Some(u) = (usable.iter().copied())
+            .filter(|&i| !stuck[i])
+            .min_by_key(|&i| (dev(i, count), osds[i].id))
+        else {
+            return;
+        };
+        let du = dev(u, count);
+        let over = usable.iter().map(|&i| dev(i, count)).max().unwrap_or(0);
+        if du >= 0 || over - du < 2 || (du > -2 && over < 2) {
+            return;
+        }
+        via.iter_mut().for_each(|v| *v = None);
+        let on_path = |via: &[Option<(usize, usize, usize, usize)>], mut x: usize, pg: usize| {
+            while let Some((from, p, _, _)) = via[x] {
+                if p == pg {
+                    return true;
+                }
+                x = from;
+            }
+            false
+        };
+        let mut queue = std::collections::VecDeque::from([(u, 0usize)]);
+        let mut found = None;
+        let mut expanded = 0;
+        'search: while let Some((x, steps)) = queue.pop_front() {
+            if steps == CHAIN_STEPS_MAX || expanded == CHAIN_EXPANSIONS_MAX || rows_left < pgs {
+                continue;
+            }
+            expanded += 1;
+            rows_left -= pgs;
+            let xid = osds[x].id;
+            for pg in 0..pgs {
+                let row = &out[pg * size..(pg + 1) * size];
+                if row.contains(&xid) || on_path(&via, x, pg) {
+                    continue;
+                }
+                for s in 0..size {
+                    let y = index[&row[s]];
+                    if y == u || via[y].is_some() {
+                        continue;
+                    }
+                    if (0..size).any(|r| r != s && domain[index[&row[r]]] == domain[x]) {
+                        continue;
+                    }
+                    via[y] = Some((x, pg, s, steps + 1));
+                    let dy = dev(y, count);
+                    if dy - du >= 2 && (du <= -2 || dy >= 2) {
+                        found = Some(y);
+                        break 'search;
+                    }
+                    queue.push_back((y, steps + 1));
+                }
+            }
+        }
+        let Some(v) = found else {
+            stuck[u] = true;
+            continue;
+        };
+        // Each taker takes its giver's slot, from the far end back.
+        let mut y = v;
+        while let Some((x, pg, s, _)) = via[y] {
+            out[pg * size + s] = osds[x].id;
+            y = x;
+        }
+        count[v] -= 1;
+        count[u] += 1;
+    }
 }
 
 /// Puts each PG's primary first, so that every OSD is primary for its
