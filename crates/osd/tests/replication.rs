@@ -813,6 +813,56 @@ fn a_leader_without_authority_answers_nothing() {
     });
 }
 
+/// An OSD's read lease lasts what the leader's answer granted, not a whole
+/// `READ_LEASE_MS`: with 300 ms granted and the leader then silent (its
+/// authority gone), the primary refuses a read 800 ms later, which a
+/// 2 s lease would still have served (at most 500 ms passed between its
+/// last answered heartbeat and the silence).
+#[test]
+fn a_read_lease_ends_when_the_grant_does() {
+    let d = tempfile::tempdir().unwrap();
+    let st = setup(d.path());
+    let oid = obj(5);
+    let pg = PgId::of(oid, st.pool.pg_count);
+    let acting = acting_of(&st.table, pg);
+    rt::block_on(async {
+        let leader = start_leader(d.path(), &st);
+        let left = Rc::new(std::cell::Cell::new(Some(Duration::from_secs(60))));
+        let l2 = left.clone();
+        leader.set_authority(Box::new(move || l2.get()));
+        let osds = start_osds(d.path(), &st).await;
+        let primary = &osds[acting[0] as usize].0;
+        let e = active(&leader, primary, pg).await;
+        let conn = Conn::connect(&st.addrs[&acting[0]]).unwrap();
+        let data = vec![0x5au8; 4096];
+        let w = conn.call(
+            write_header(oid, pg, 1, &data, e),
+            Some(AlignedBuf::from_slice(&data)),
+        );
+        assert_eq!(w.await.unwrap().h.status, Status::Ok);
+        let read = || {
+            let mut rd = Header::request(Op::Read, 0, oid);
+            rd.length = 4096;
+            rd.epoch = e;
+            let c = conn.clone();
+            async move { c.call(rd.with_pg(pg), None).await.unwrap().h.status }
+        };
+        assert_eq!(read().await, Status::Ok);
+        left.set(Some(Duration::from_millis(300)));
+        rt::sleep(Duration::from_millis(1_200)).await;
+        left.set(None);
+        rt::sleep(Duration::from_millis(800)).await;
+        assert_eq!(
+            read().await,
+            Status::Unavailable,
+            "a read served past the grant"
+        );
+        left.set(Some(Duration::from_secs(60)));
+        rt::sleep(Duration::from_millis(1_200)).await;
+        assert_eq!(read().await, Status::Ok);
+    });
+}
+
 /// A new elected leader holds PG events until its predecessor's read
 /// leases have ended: OSDs boot and peer meanwhile, but no interval goes
 /// active (none is recorded) before the hold ends; then every PG does.
