@@ -5,8 +5,10 @@
 # nbdcopy, qemu-utils for qemu-img, fio for its nbd engine), and etcd
 # (etcd-server) for the etcd meta store's tests, which start their own
 # members on free loopback ports, and iproute2 for the multi-host tests,
-# whose hosts are network namespaces (they need root). Run from anywhere
-# inside the checkout.
+# whose hosts are network namespaces (they need root), and ISA-L
+# (libisal-dev) for the erasure code, which the tests then require
+# (NACRE_REQUIRE_ISAL: its pure-Rust fallback is tested against it). Run
+# from anywhere inside the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +25,7 @@ command -v qemu-img >/dev/null 2>&1 || need+=(qemu-utils)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+compgen -G '/usr/lib/*/libisal.so.2' >/dev/null || need+=(libisal-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"
     sudo=""
@@ -37,6 +40,7 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 # 2 000 random crash sequences by default; NACRE_CRASH_CASES changes it.
+export NACRE_REQUIRE_ISAL=1
 cargo test --workspace --locked --features nacre-blockstore/strict 2>&1 | tee target/test.log
 echo "== summary"
 passed=$(grep -Eo '[0-9]+ passed' target/test.log | awk '{s += $1} END {print s + 0}')
