@@ -19,8 +19,9 @@ pub struct Isal {
     gen_cauchy1: GenCauchy,
 }
 
-/// Names the library is looked for under.
-const LIBRARIES: [&CStr; 2] = [c"libisal.so.2", c"libisal.so"];
+/// Names the library is looked for under: the ABI these signatures are
+/// for (not an unversioned name, which a future ABI could take).
+const LIBRARIES: [&CStr; 1] = [c"libisal.so.2"];
 
 /// ISA-L if this machine has it (looked for once).
 pub fn get() -> Option<&'static Isal> {

@@ -170,6 +170,7 @@ impl Codec {
                 delta.len()
             )));
         }
+        check_len(delta.len())?;
         match self.engine {
             Engine::Isal => isal::get().expect("ISA-L was loaded").update(
                 self.k,
@@ -221,6 +222,7 @@ impl Codec {
             .iter()
             .map(|&i| chunks[i].expect("present"))
             .collect();
+        self.check(&src, out.len(), want.len(), out.iter().map(|o| o.len()))?;
         // The rows of the present chunks, inverted, map them to the data.
         let sub: Vec<u8> = (present.iter())
             .flat_map(|&i| self.matrix[i * k..(i + 1) * k].iter().copied())
@@ -238,7 +240,6 @@ impl Codec {
                 rows[w * k + c] = v;
             }
         }
-        self.check(&src, out.len(), want.len(), out.iter().map(|o| o.len()))?;
         match self.engine {
             Engine::Isal => {
                 let lib = isal::get().expect("ISA-L was loaded");
@@ -273,8 +274,22 @@ impl Codec {
                 "a destination of {l} bytes for sources of {len}"
             )));
         }
+        check_len(len)?;
         Ok(len)
     }
+}
+
+/// The longest chunk: ISA-L takes lengths as C `int` (a longer one would
+/// wrap and leave parity unwritten).
+pub const CHUNK_BYTES_MAX: usize = i32::MAX as usize;
+
+fn check_len(len: usize) -> Result<(), EcError> {
+    if len > CHUNK_BYTES_MAX {
+        return Err(EcError::Shape(format!(
+            "chunks of {len} bytes: at most {CHUNK_BYTES_MAX}"
+        )));
+    }
+    Ok(())
 }
 
 /// `dst[i] = Σ_j rows[i][j] · src[j]`, a product table per coefficient.

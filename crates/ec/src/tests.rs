@@ -86,6 +86,28 @@ fn golden_vectors() {
     }
 }
 
+/// FNV-1a, to pin long parity chunks in a line.
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The same on chunks long enough for ISA-L's SIMD kernels and an odd
+/// tail (4 099 bytes), pinned by a hash of each parity chunk.
+#[test]
+fn golden_vectors_long() {
+    let golden: [(usize, usize, &[u64]); 2] = [(4, 2, &GOLDEN_4_2), (8, 3, &GOLDEN_8_3)];
+    for (k, m, want) in golden {
+        let data: Vec<Vec<u8>> = (0..k).map(|j| chunk(j, 4099, 2)).collect();
+        for e in engines() {
+            let got = encode_with(&Codec::with_engine(k, m, e).unwrap(), &data);
+            let got: Vec<u64> = got.iter().map(|p| fnv(p)).collect();
+            assert_eq!(got, want, "{k}+{m} on {e:?}");
+        }
+    }
+}
+
 /// Our Cauchy matrix is ISA-L's, for every supported scheme.
 #[test]
 fn the_matrix_is_isal_s() {
@@ -104,11 +126,14 @@ fn the_matrix_is_isal_s() {
 /// rebuilt, to the same bytes by both engines.
 #[test]
 fn every_erasure_pattern_of_every_scheme_is_rebuilt() {
+    const LEN: usize = 100;
     let engines = engines();
     for k in K_MIN..=K_MAX {
         for m in M_MIN..=M_MAX {
             let n = k + m;
-            let data: Vec<Vec<u8>> = (0..k).map(|j| chunk(j, 40, (k * 10 + m) as u64)).collect();
+            // Long enough for ISA-L's SIMD kernels and their tails (it
+            // takes its scalar code below 64 bytes).
+            let data: Vec<Vec<u8>> = (0..k).map(|j| chunk(j, LEN, (k * 10 + m) as u64)).collect();
             let codecs: Vec<Codec> = (engines.iter())
                 .map(|&e| Codec::with_engine(k, m, e).unwrap())
                 .collect();
@@ -122,7 +147,7 @@ fn every_erasure_pattern_of_every_scheme_is_rebuilt() {
                         .map(|i| (!idx.contains(&i)).then_some(stripe[i]))
                         .collect();
                     for c in &codecs {
-                        let mut out = vec![vec![0u8; 40]; lost];
+                        let mut out = vec![vec![0u8; LEN]; lost];
                         let mut dst: Vec<&mut [u8]> =
                             out.iter_mut().map(|o| o.as_mut_slice()).collect();
                         c.reconstruct(&chunks, &idx, &mut dst).unwrap();
@@ -149,8 +174,33 @@ fn every_erasure_pattern_of_every_scheme_is_rebuilt() {
     }
 }
 
+/// Zero-length chunks are a no-op on both engines; a wanted index past
+/// the stripe is refused.
+#[test]
+fn empty_chunks_and_bad_indices() {
+    for e in engines() {
+        let c = Codec::with_engine(4, 2, e).unwrap();
+        let empty: Vec<Vec<u8>> = vec![Vec::new(); 4];
+        assert_eq!(encode_with(&c, &empty), vec![Vec::<u8>::new(); 2]);
+        let chunks: Vec<Option<&[u8]>> = vec![Some(&[][..]); 6];
+        let mut out = [Vec::<u8>::new()];
+        let mut dst: Vec<&mut [u8]> = out.iter_mut().map(|x| x.as_mut_slice()).collect();
+        c.reconstruct(&chunks, &[0], &mut dst).unwrap();
+        assert!(matches!(
+            c.reconstruct(&chunks, &[6], &mut dst),
+            Err(EcError::Shape(_))
+        ));
+    }
+}
+
 #[test]
 fn bad_shapes_are_refused() {
+    // Chunks beyond a C int (ISA-L's length type) are refused, not wrapped.
+    assert!(check_len(CHUNK_BYTES_MAX).is_ok());
+    assert!(matches!(
+        check_len(CHUNK_BYTES_MAX + 1),
+        Err(EcError::Shape(_))
+    ));
     assert_eq!(Codec::new(1, 2).err(), Some(EcError::Scheme { k: 1, m: 2 }));
     assert_eq!(
         Codec::new(17, 2).err(),
@@ -271,3 +321,11 @@ proptest! {
         }
     }
 }
+
+/// [`golden_vectors_long`]'s parity hashes (both engines agreed).
+const GOLDEN_4_2: [u64; 2] = [0xa42a_3923_3842_43ac, 0xfc0f_1d99_9f9d_ad23];
+const GOLDEN_8_3: [u64; 3] = [
+    0x48b8_f148_016d_191d,
+    0x1c2d_10bb_f8c2_78fa,
+    0x74f9_35d5_7c7f_35fb,
+];
