@@ -857,13 +857,15 @@ fn late_scrubs(
     stamps: &std::collections::BTreeMap<PgId, map::ScrubStamp>,
     now: u64,
 ) -> (Vec<PgId>, Vec<PgId>) {
-    let intervals = |osd: u32| -> Option<(u64, u64)> {
-        let v = stats.iter().find(|(id, _)| *id == osd)?.1.as_ref()?;
-        Some((
-            v["scrub_interval_s"].as_u64()?,
-            v["deep_scrub_interval_s"].as_u64()?,
-        ))
-    };
+    // Each reporting OSD's light and deep intervals.
+    let by_osd: std::collections::HashMap<u32, (u64, u64)> = (stats.iter())
+        .filter_map(|(id, v)| {
+            let v = v.as_ref()?;
+            let i = |k: &str| v[k].as_u64();
+            Some((*id, (i("scrub_interval_s")?, i("deep_scrub_interval_s")?)))
+        })
+        .collect();
+    let intervals = |osd: u32| by_osd.get(&osd).copied();
     let late = |last: u64, interval: u64| {
         interval > 0
             && last > 0

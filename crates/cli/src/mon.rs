@@ -258,26 +258,22 @@ fn keep_alive(meta: Arc<dyn MetaStore>, term: &Term, done: Arc<AtomicBool>) -> s
 
 impl Term {
     fn holds(&self) -> bool {
-        holds(&self.lost, &self.until)
+        time_left(&self.lost, &self.until).is_some()
     }
 
-    /// How long this term may still act (`None`: no longer), for the
-    /// leader to check at every message and to cap the read leases it
-    /// grants with.
+    /// [`time_left`], for the leader to check at every message and to cap
+    /// the read leases it grants with.
     fn authority(&self) -> Box<dyn Fn() -> Option<Duration> + Send> {
         let (lost, until) = (self.lost.clone(), self.until.clone());
-        Box::new(move || {
-            let left = until
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .checked_sub(boottime());
-            left.filter(|l| !l.is_zero() && !lost.load(Ordering::Acquire))
-        })
+        Box::new(move || time_left(&lost, &until))
     }
 }
 
-fn holds(lost: &AtomicBool, until: &Mutex<Duration>) -> bool {
-    !lost.load(Ordering::Acquire) && boottime() < *until.lock().unwrap_or_else(|p| p.into_inner())
+/// How long a term may still act: until `until` (by [`boottime`]) unless
+/// `lost`; `None` once it may not.
+fn time_left(lost: &AtomicBool, until: &Mutex<Duration>) -> Option<Duration> {
+    let left = (until.lock().unwrap_or_else(|p| p.into_inner())).checked_sub(boottime());
+    left.filter(|l| !l.is_zero() && !lost.load(Ordering::Acquire))
 }
 
 /// Leads for one term: waits out the old leader's read leases, loads the

@@ -1236,8 +1236,8 @@ pub fn update_scrub_stamp(
             return Ok(s);
         }
     }
-    Err(MetaError::Invalid(format!(
-        "scrub stamp of PG {pg} kept changing; tried again later"
+    Err(MetaError::Unavailable(format!(
+        "scrub stamp of PG {pg} kept changing"
     )))
 }
 

@@ -115,6 +115,16 @@ pub(crate) struct History {
     deep: Option<f64>,
 }
 
+impl History {
+    /// First planned at `first`, never scrubbed.
+    fn planned(first: f64) -> History {
+        History {
+            first,
+            ..History::default()
+        }
+    }
+}
+
 /// What an OSD hands its daemon to record in the cluster's scrub stamps
 /// ([`Osd::take_scrub_news`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -445,11 +455,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let Some(first) = at(s.first_unix_s).or(at(s.light_unix_s)) else {
                 continue;
             };
-            let h = hist.entry(pg).or_insert(History {
-                first,
-                light: None,
-                deep: None,
-            });
+            let h = hist.entry(pg).or_insert(History::planned(first));
             h.first = h.first.min(first);
             h.light = latest(h.light, at(s.light_unix_s));
             h.deep = latest(h.deep, at(s.deep_unix_s));
@@ -510,11 +516,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if r.error.is_none() {
             let now = rt::monotonic().as_secs_f64();
             let mut hist = self.scrub_hist.borrow_mut();
-            let h = hist.entry(pg).or_insert(History {
-                first: now,
-                light: None,
-                deep: None,
-            });
+            let h = hist.entry(pg).or_insert(History::planned(now));
             h.light = Some(now);
             if deep {
                 h.deep = Some(now);
@@ -1158,11 +1160,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 pg,
                 at_unix_s: unix_now_s(),
             });
-            History {
-                first: now,
-                light: None,
-                deep: None,
-            }
+            History::planned(now)
         });
         // The fraction of an interval after its first plan that a PG
         // never scrubbed comes due: the same on every primary.

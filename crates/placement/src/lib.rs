@@ -396,8 +396,8 @@ fn even_out(
     let pgs = out.len() / size;
     let dev = |i: usize, count: &[u64]| count[i] as i64 - target[i] as i64;
     let mut stuck = vec![false; osds.len()];
-    // (taker, PG, slot, steps from the OSD below) that reached each OSD.
-    let mut via: Vec<Option<(usize, usize, usize, usize)>> = vec![None; osds.len()];
+    // (taker, PG, slot) that reached each OSD.
+    let mut via: Vec<Option<(usize, usize, usize)>> = vec![None; osds.len()];
     // Every unit an OSD is off beyond one may need a chain.
     let uneven: usize = (usable.iter())
         .map(|&i| (dev(i, count).unsigned_abs() as usize).saturating_sub(1))
@@ -416,8 +416,8 @@ fn even_out(
             return;
         }
         via.iter_mut().for_each(|v| *v = None);
-        let on_path = |via: &[Option<(usize, usize, usize, usize)>], mut x: usize, pg: usize| {
-            while let Some((from, p, _, _)) = via[x] {
+        let on_path = |via: &[Option<(usize, usize, usize)>], mut x: usize, pg: usize| {
+            while let Some((from, p, _)) = via[x] {
                 if p == pg {
                     return true;
                 }
@@ -448,7 +448,7 @@ fn even_out(
                     if (0..size).any(|r| r != s && domain[index[&row[r]]] == domain[x]) {
                         continue;
                     }
-                    via[y] = Some((x, pg, s, steps + 1));
+                    via[y] = Some((x, pg, s));
                     let dy = dev(y, count);
                     if dy - du >= 2 && (du <= -2 || dy >= 2) {
                         found = Some(y);
@@ -464,7 +464,7 @@ fn even_out(
         };
         // Each taker takes its giver's slot, from the far end back.
         let mut y = v;
-        while let Some((x, pg, s, _)) = via[y] {
+        while let Some((x, pg, s)) = via[y] {
             out[pg * size + s] = osds[x].id;
             y = x;
         }
