@@ -1499,6 +1499,40 @@ mod tests {
     /// Only what changed is stored: a PG event writes one key, the cluster
     /// state and tables only when they change; `None` reads what is stored
     /// and writes the difference; a removed pool's keys go.
+    /// Scrub stamps update by CAS and read back; a record that does not
+    /// parse (or a key that names no PG) is skipped by the reader and
+    /// overwritten by the next update, harming no other stamp.
+    #[test]
+    fn scrub_stamps_read_back_and_a_bad_one_is_skipped_then_rewritten() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Embedded::open(d.path()).unwrap();
+        let (a, b) = (PgId::new(1, 2), PgId::new(1, 3));
+        let set = |st: &mut ScrubStamp| {
+            st.light_unix_s = 100;
+            true
+        };
+        update_scrub_stamp(&*s, a, set).unwrap();
+        s.put(&scrub_key(b), b"{not json".to_vec(), 0).unwrap();
+        s.put(&format!("{SCRUB_PREFIX}junk"), b"{}".to_vec(), 0)
+            .unwrap();
+        let got = scrub_stamps(&*s).unwrap();
+        assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![a]);
+        assert_eq!(got[&a].light_unix_s, 100);
+        let st = update_scrub_stamp(&*s, b, set).unwrap();
+        assert_eq!(st.light_unix_s, 100);
+        assert_eq!(scrub_stamps(&*s).unwrap().len(), 2);
+        // `f` declining leaves it as it is.
+        let st = update_scrub_stamp(&*s, a, |st| {
+            st.light_unix_s = 7;
+            false
+        })
+        .unwrap();
+        assert_eq!(
+            (st.light_unix_s, scrub_stamps(&*s).unwrap()[&a].light_unix_s),
+            (7, 100)
+        );
+    }
+
     #[test]
     fn the_map_is_saved_by_difference_and_reads_back() {
         let d = tempfile::tempdir().unwrap();
