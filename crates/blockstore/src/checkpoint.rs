@@ -235,6 +235,8 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     // replay must know those records are durable and not check their blocks.
     inner.sync_barrier(true).await?;
     fold_all(inner, to_fold, j).await?;
+    // Undos whose bytes lie before J are journaled again after it.
+    inner.relog_undos(j).await?;
     // Merge checksum changes into their pages (loading pages as needed).
     let blocks = inner.st.borrow().csum.delta_blocks();
     for b in blocks {

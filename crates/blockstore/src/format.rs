@@ -199,6 +199,13 @@ pub enum RecordKind {
     /// Drops PG `volume`'s entries at or below `version` and raises its
     /// tail to it (durably, unlike a trim).
     PgTail = 10,
+    /// What the object held before the write at `version` (the record that
+    /// follows it in the journal, or, re-logged by a checkpoint, one
+    /// already applied): its bytes at `offset..offset + len`, in the batch
+    /// like a `Small` record's, or (`len` 0) that it did not exist. Kept
+    /// until the OSD releases it, so a write can be rolled back
+    /// ([`crate::Undo`]).
+    Undo = 11,
 }
 
 impl RecordKind {
@@ -210,6 +217,11 @@ impl RecordKind {
             self,
             RecordKind::Small | RecordKind::Big | RecordKind::Delete
         )
+    }
+
+    /// A record whose bytes are in the batch (after the header region).
+    pub fn has_data(self) -> bool {
+        matches!(self, RecordKind::Small | RecordKind::Undo)
     }
 
     /// A record that changes a PG log and nothing else, with no entry of
@@ -237,6 +249,7 @@ impl RecordKind {
             8 => Some(RecordKind::PgForget),
             9 => Some(RecordKind::PgMark),
             10 => Some(RecordKind::PgTail),
+            11 => Some(RecordKind::Undo),
             _ => None,
         }
     }

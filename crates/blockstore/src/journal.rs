@@ -50,16 +50,17 @@ pub struct Record {
     pub kind: RecordKind,
     pub oid: ObjectId,
     pub version: u64,
-    /// Byte offset inside the object (Small), 0 otherwise.
+    /// Byte offset inside the object (Small, Undo), 0 otherwise.
     pub offset: u32,
-    /// Data bytes (Small), block bytes (Big), 0 (Delete).
+    /// Data bytes (Small, Undo), block bytes (Big), 0 (Delete).
     pub len: u32,
     /// Big: the data block holding the new content.
     pub block: u32,
-    /// Small: crc32c per 4 KiB of the data; Big: the block's checksums;
-    /// Fold: (chunk index, new crc32c) pairs.
+    /// Small, Undo: crc32c per 4 KiB of the data; Big: the block's
+    /// checksums; Fold: (chunk index, new crc32c) pairs.
     pub csums: Vec<u32>,
-    /// Small: logical journal position of the data (set when encoded or parsed).
+    /// Small, Undo: logical journal position of the data (set when encoded
+    /// or parsed); an Undo without data: its batch's.
     pub data_pos: u64,
     /// The PG log entry of a Small, Big, Delete or Log record (for
     /// the kinds that change only a PG log, the PG is `oid.volume` and
@@ -133,7 +134,11 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
     let mut at = HDR_BYTES;
     for r in records.iter_mut() {
         let location = match r.kind {
-            RecordKind::Small => {
+            RecordKind::Undo if r.len == 0 => {
+                r.data_pos = id.pos;
+                0
+            }
+            RecordKind::Small | RecordKind::Undo => {
                 r.data_pos = id.pos + data_off as u64;
                 let l = data_off as u32;
                 data_off += pad(r.len as usize, sector);
@@ -346,7 +351,8 @@ pub fn parse_batch(
             RecordKind::from_u32(rh.kind.get()).ok_or_else(|| damaged("unknown record kind"))?;
         let (len, offset, loc) = (rh.len.get(), rh.offset.get(), rh.location.get());
         let valid = match kind {
-            RecordKind::Small => {
+            RecordKind::Undo if len == 0 => ncsum == 0 && offset == 0 && loc == 0,
+            RecordKind::Small | RecordKind::Undo => {
                 len > 0
                     && len % SECTOR_BYTES == 0
                     && offset % SECTOR_BYTES == 0
@@ -378,9 +384,14 @@ pub fn parse_batch(
         let oid = ObjectId::new(rh.volume.get(), rh.obj_block.get());
         // Which records carry an entry, and that it describes the record.
         let logged_ok = match (kind, &entry) {
-            (RecordKind::Small | RecordKind::Big | RecordKind::Delete | RecordKind::Fold, None) => {
-                true
-            }
+            (
+                RecordKind::Small
+                | RecordKind::Big
+                | RecordKind::Delete
+                | RecordKind::Fold
+                | RecordKind::Undo,
+                None,
+            ) => true,
             (
                 RecordKind::Small | RecordKind::Big | RecordKind::Delete | RecordKind::Log,
                 Some(e),
@@ -403,7 +414,7 @@ pub fn parse_batch(
         if !valid || !logged_ok || !version_ok {
             return Err(damaged("record fields out of range"));
         }
-        if kind == RecordKind::Small {
+        if kind.has_data() {
             let data = &buf[loc as usize..loc as usize + len as usize];
             if chunk_csums(data) != csums {
                 return Err(damaged("small-write data checksum"));
@@ -421,10 +432,10 @@ pub fn parse_batch(
                 0
             },
             csums,
-            data_pos: if kind == RecordKind::Small {
-                pos + u64::from(loc)
-            } else {
-                0
+            data_pos: match kind {
+                RecordKind::Undo if len == 0 => pos,
+                RecordKind::Small | RecordKind::Undo => pos + u64::from(loc),
+                _ => 0,
             },
             entry,
         });
@@ -448,6 +459,47 @@ mod tests {
             data_pos: 0,
             entry: None,
         }
+    }
+
+    /// Undo records: their bytes ride in the batch like a small write's
+    /// (checked the same way); one without bytes (the object was new)
+    /// takes its batch's position.
+    #[test]
+    fn undo_records_roundtrip() {
+        let id = BatchId {
+            pos: 3 << 20,
+            gen: 1,
+            synced_upto: 0,
+            uuid_lo: 5,
+        };
+        let old = vec![9u8; 4096];
+        let mut u1 = Record {
+            kind: RecordKind::Undo,
+            ..small(ObjectId::new(2, 1), 7, 8192, &old)
+        };
+        let mut u2 = Record {
+            kind: RecordKind::Undo,
+            ..small(ObjectId::new(2, 2), 8, 0, &[])
+        };
+        let new = vec![3u8; 4096];
+        let mut w = small(ObjectId::new(2, 1), 7, 8192, &new);
+        let (hdr, total) = encode_batch(&mut [&mut u1, &mut u2, &mut w], id, 512);
+        let mut batch = hdr.to_vec();
+        batch.extend_from_slice(&old);
+        batch.extend_from_slice(&new);
+        assert_eq!(batch.len() as u64, total);
+        let recs = parse_batch(&batch, id.pos, 64 << 10, 100).unwrap();
+        assert_eq!(recs[0].kind, RecordKind::Undo);
+        assert_eq!((recs[0].offset, recs[0].len), (8192, 4096));
+        assert_eq!(recs[0].data_pos, id.pos + hdr.len() as u64);
+        assert_eq!((recs[1].len, recs[1].data_pos), (0, id.pos));
+        assert_eq!(recs[2].data_pos, id.pos + hdr.len() as u64 + 4096);
+        let mut bad = batch.clone();
+        bad[hdr.len() + 100] ^= 1;
+        assert!(matches!(
+            parse_batch(&bad, id.pos, 64 << 10, 100),
+            Err(BatchError::Damaged(_))
+        ));
     }
 
     #[test]

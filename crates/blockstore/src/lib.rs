@@ -9,6 +9,7 @@
 //! replay      format, open, journal replay
 //! journal     batch encoding and checks
 //! pglog       per-PG logs: in memory, in records, in log slots
+//! undo        undoable writes: what a write replaced, kept until released
 //! format      on-disk structures and layout
 //! index       object → block map and overlays
 //! csum        checksum-table page cache
@@ -46,6 +47,7 @@ pub mod pglog;
 mod read;
 mod replay;
 mod store;
+mod undo;
 mod writer;
 
 pub use error::{Error, Result};
@@ -53,3 +55,4 @@ pub use format::{Geometry, LogRegion};
 pub use pglog::{LogEntry, LogOp, PgLog};
 pub use replay::{random_uuid, read_label, uuid_string};
 pub use store::{FormatOptions, Memory, OpenReport, Space, Stats, Store, StoreOptions};
+pub use undo::Undo;

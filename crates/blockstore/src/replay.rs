@@ -473,6 +473,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         withdrawn: Default::default(),
         replay_folds: Vec::new(),
         pglogs,
+        undos: Default::default(),
         stats: Stats::default(),
     };
     let mut max_gen = ck.gen;
@@ -502,6 +503,10 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         // (Store::lineage), recorded by the next checkpoint.
         st.lineage = (st.lineage.checked_add(1))
             .ok_or_else(|| Error::Corrupt("the store's lineage is at its end".into()))?;
+    }
+    {
+        let State { undos, index, .. } = &mut st;
+        undos.settle(|oid| index.version(oid));
     }
     for b in 0..g.nblocks {
         if st.index.blocks[b as usize].is_free() {

@@ -128,6 +128,8 @@ pub struct Memory {
     pub csum_cache_bytes: u64,
     /// Small-write data kept until folded.
     pub overlay_cache_bytes: u64,
+    /// Undos held ([`Store::write_undoable`]): bytes cached and bookkeeping.
+    pub undo_bytes: u64,
 }
 
 /// Counters since open.
@@ -266,6 +268,7 @@ pub(crate) struct State {
     /// Folds met during replay, in journal order (empty once open).
     pub replay_folds: Vec<ReplayFold>,
     pub pglogs: PgLogs,
+    pub undos: crate::undo::Undos,
     pub stats: Stats,
 }
 
@@ -389,7 +392,7 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, true, None, Mode::Client)
+            .write_inner(oid, version, offset, data, true, None, Mode::Client, None)
             .await
     }
 
@@ -400,7 +403,7 @@ impl<D: BlockDev + 'static> Store<D> {
     pub async fn recover(&self, oid: ObjectId, version: u64, data: AlignedBuf) -> Result<()> {
         self.check_whole("recovery", oid, &data)?;
         (self.0)
-            .write_inner(oid, version, 0, data, true, None, Mode::Recovery)
+            .write_inner(oid, version, 0, data, true, None, Mode::Recovery, None)
             .await
     }
 
@@ -412,7 +415,7 @@ impl<D: BlockDev + 'static> Store<D> {
     pub async fn repair(&self, oid: ObjectId, version: u64, data: AlignedBuf) -> Result<()> {
         self.check_whole("repair", oid, &data)?;
         (self.0)
-            .write_inner(oid, version, 0, data, true, None, Mode::Repair)
+            .write_inner(oid, version, 0, data, true, None, Mode::Repair, None)
             .await
     }
 
@@ -466,7 +469,7 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, false, None, Mode::Client)
+            .write_inner(oid, version, offset, data, false, None, Mode::Client, None)
             .await
     }
 
@@ -481,6 +484,18 @@ impl<D: BlockDev + 'static> Store<D> {
     /// if the log holds this same entry for it; a repeat that the log
     /// shows was another op's is `Invalid` (one version, one content).
     pub async fn write_logged(&self, entry: LogEntry, offset: u32, data: AlignedBuf) -> Result<()> {
+        self.logged_write(entry, offset, data, None).await
+    }
+
+    /// [`Store::write_logged`], undoable with `undo` (see
+    /// `Inner::write_inner`).
+    pub(crate) async fn logged_write(
+        &self,
+        entry: LogEntry,
+        offset: u32,
+        data: AlignedBuf,
+        undo: Option<Option<(u32, AlignedBuf)>>,
+    ) -> Result<()> {
         self.0.check_entry(&entry, LogOp::Write)?;
         let len = data.len() as u32;
         if entry.offset != offset || entry.len != len {
@@ -498,6 +513,7 @@ impl<D: BlockDev + 'static> Store<D> {
                 true,
                 Some(entry),
                 Mode::Client,
+                undo,
             )
             .await
     }
@@ -517,6 +533,7 @@ impl<D: BlockDev + 'static> Store<D> {
                 true,
                 Some(entry),
                 Mode::Recovery,
+                None,
             )
             .await
     }
@@ -677,6 +694,7 @@ impl<D: BlockDev + 'static> Store<D> {
             index_bytes: st.index.memory_bytes() + st.pglogs.memory_bytes(),
             csum_cache_bytes: st.csum.memory_bytes(),
             overlay_cache_bytes: st.index.overlay_cache_bytes(),
+            undo_bytes: st.undos.memory_bytes(),
         }
     }
 
@@ -783,7 +801,7 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     /// Waits until no op on `oid` is in flight.
-    async fn wait_idle(&self, oid: &ObjectId) -> Result<()> {
+    pub(crate) async fn wait_idle(&self, oid: &ObjectId) -> Result<()> {
         loop {
             if !self.st.borrow().inflight.contains_key(oid) {
                 return Ok(());
@@ -940,7 +958,7 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     /// Checks that an entry describes the op it is logged with.
-    fn check_entry(&self, e: &LogEntry, op: LogOp) -> Result<()> {
+    pub(crate) fn check_entry(&self, e: &LogEntry, op: LogOp) -> Result<()> {
         if e.op != op || e.version == 0 {
             return Err(Error::Invalid(format!(
                 "log entry {:?} at version {} does not describe a {op:?}",
@@ -1000,6 +1018,8 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     /// `recovery`: the write may take the blocks kept back from others.
+    /// `undo`: an undoable write ([`Store::write_undoable`]), with what it
+    /// replaces (`None`: the object is new), journaled just before it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn write_inner(
         self: &Rc<Self>,
@@ -1010,6 +1030,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         durable: bool,
         entry: Option<LogEntry>,
         mode: Mode,
+        undo: Option<Option<(u32, AlignedBuf)>>,
     ) -> Result<()> {
         self.check_range(offset, data.len().min(u32::MAX as usize) as u32)?;
         let len = data.len() as u32;
@@ -1068,6 +1089,9 @@ impl<D: BlockDev + 'static> Inner<D> {
                 dtx.send(r);
             });
             self.st.borrow_mut().stats.big_writes += 1;
+            if let Some(before) = undo {
+                self.enqueue_undo(oid, version, before, durable, false);
+            }
             self.enqueue(Queued {
                 rec: Record {
                     kind: crate::format::RecordKind::Big,
@@ -1089,6 +1113,9 @@ impl<D: BlockDev + 'static> Inner<D> {
         } else {
             let csums = chunk_csums(&data);
             self.st.borrow_mut().stats.small_writes += 1;
+            if let Some(before) = undo {
+                self.enqueue_undo(oid, version, before, durable, false);
+            }
             self.enqueue(Queued {
                 rec: Record {
                     kind: crate::format::RecordKind::Small,

@@ -42,6 +42,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         RecordKind::PgForget => return st.pglogs.forget(rec.oid.volume.0, rec.version),
         RecordKind::PgMark => return st.pglogs.mark(rec.oid.volume.0, rec.version != 0),
         RecordKind::PgTail => return st.pglogs.raise_tail(rec.oid.volume.0, rec.version),
+        RecordKind::Undo => return crate::undo::apply(st, rec, data),
         _ => {}
     }
     if rec.kind == RecordKind::Fold {
@@ -72,6 +73,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 crate::strict_assert!(replay, "small write to {} without a block", rec.oid);
                 return;
             }
+            st.undos.on_write(rec.oid, rec.version);
             let cache = data.filter(|_| {
                 st.index.overlay_data_bytes + u64::from(rec.len) <= st.overlay_cache_max
             });
@@ -107,6 +109,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             }
             st.index.set_block(rec.oid, rec.block, rec.version);
             st.index.drop_pending(&rec.oid);
+            st.undos.on_write(rec.oid, rec.version);
             st.csum.set(rec.block, rec.csums.clone().into_boxed_slice());
             if let Some(old) = old.filter(|&o| o != rec.block) {
                 if !replay {
@@ -120,8 +123,10 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         | RecordKind::PgRemove
         | RecordKind::PgForget
         | RecordKind::PgMark
-        | RecordKind::PgTail => unreachable!("handled above"),
+        | RecordKind::PgTail
+        | RecordKind::Undo => unreachable!("handled above"),
         RecordKind::Delete => {
+            st.undos.on_delete(&rec.oid);
             if cur.is_none() {
                 return;
             }
@@ -152,7 +157,7 @@ fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> (Vec<Queued>, bo
     let mut out = Vec::new();
     while let Some(q) = queue.front() {
         let h = journal::record_bytes(&q.rec) as u64;
-        let d = if q.rec.kind == RecordKind::Small {
+        let d = if q.rec.kind.has_data() {
             pad(u64::from(q.rec.len), sector)
         } else {
             0
@@ -393,6 +398,10 @@ pub(crate) async fn sync_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                     let data = q.data.take();
                     apply_record(&mut st, &q.rec, data, false);
                 }
+                if cfg!(feature = "strict") {
+                    let State { undos, index, .. } = &*st;
+                    undos.check(|oid| index.version(oid));
+                }
                 st.completed = st.completed.max(w.end);
             }
             finish_batch(&inner, w.batch, w.waiters, r);
@@ -421,7 +430,7 @@ async fn write_batch<D: BlockDev + 'static>(
     let refs: Vec<&Record> = batch.iter().map(|q| &q.rec).collect();
     let data_bytes: u64 = refs
         .iter()
-        .filter(|r| r.kind == RecordKind::Small)
+        .filter(|r| r.kind.has_data())
         .map(|r| pad(u64::from(r.len), sector))
         .sum();
     let total = pad(journal::header_bytes(&refs) as u64, sector) + data_bytes;
@@ -469,7 +478,7 @@ async fn write_batch<D: BlockDev + 'static>(
     // keep it for folding and reads.
     let res = res.map(|bufs| {
         let mut it = bufs.into_iter().skip(1);
-        for q in batch.iter_mut().filter(|q| q.rec.kind == RecordKind::Small) {
+        for q in (batch.iter_mut()).filter(|q| q.rec.kind.has_data() && q.rec.len > 0) {
             if let Some(mut b) = it.next() {
                 b.set_len(q.rec.len as usize);
                 q.data = Some(b);

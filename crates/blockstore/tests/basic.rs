@@ -957,3 +957,186 @@ fn logged_ops_are_admitted_by_their_log() {
         assert_eq!(s.pg_logs(), vec![1]);
     });
 }
+
+/// An undoable write at `version` of `len` bytes at `offset` of object
+/// `obj` (PG 100 + `obj`).
+fn undo_entry(version: u64, obj: u64, offset: u32, len: u32) -> LogEntry {
+    LogEntry {
+        offset,
+        len,
+        ..entry(100 + obj, version, obj, LogOp::Write, version)
+    }
+}
+
+/// Undoable writes: what each replaced is kept, with its version, across
+/// checkpoints and a reopen, until released; a later write or a delete
+/// drops it, a repair keeps it; the bytes kept are bounded; repeats and
+/// stale or malformed writes are answered without a new undo.
+#[test]
+fn undoable_writes_keep_what_they_replaced_until_released() {
+    block_on(async {
+        const B: u32 = 64 << 10;
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, B).await;
+        let a = ObjectId::new(3, 0);
+        // A new object: the undo says it did not exist.
+        let e1 = undo_entry(1, 0, 0, 4096);
+        s.write_undoable(e1, 0, 4096, |old| {
+            assert!(old.is_none());
+            pattern(1, 4096)
+        })
+        .await
+        .unwrap();
+        let u = s.undo(a).await.unwrap().expect("undo");
+        assert_eq!((u.version, u.before.is_none()), (1, true));
+        // An overwrite: `make` sees the old bytes, the undo keeps them.
+        let e2 = undo_entry(2, 0, 0, 8192);
+        s.write_undoable(e2, 0, 8192, |old| {
+            let old = old.expect("old bytes");
+            assert_eq!(&old[..4096], &pattern(1, 4096)[..]);
+            assert!(old[4096..].iter().all(|&b| b == 0));
+            pattern(2, 8192)
+        })
+        .await
+        .unwrap();
+        let check = |u: nacre_blockstore::Undo| {
+            assert_eq!(u.version, 2);
+            let (off, b) = u.before.expect("bytes");
+            assert_eq!(off, 0);
+            assert_eq!(&b[..4096], &pattern(1, 4096)[..]);
+            assert!(b[4096..].iter().all(|&x| x == 0));
+        };
+        check(s.undo(a).await.unwrap().expect("undo"));
+        // A repeat (of the newest op or an older one) is done without
+        // making anything; a stale version, a mismatched entry and another
+        // op at the version are refused.
+        s.write_undoable(e2, 0, 8192, |_| panic!("a repeat made bytes"))
+            .await
+            .unwrap();
+        s.write_undoable(e1, 0, 4096, |_| panic!("a repeat made bytes"))
+            .await
+            .unwrap();
+        let taken = s
+            .write_undoable(LogEntry { request: 98, ..e1 }, 0, 4096, |_| {
+                pattern(9, 4096)
+            })
+            .await;
+        assert!(matches!(taken, Err(Error::Invalid(_))), "{taken:?}");
+        let stale = s
+            .write_undoable(LogEntry { pg: 2, ..e1 }, 0, 4096, |_| pattern(9, 4096))
+            .await;
+        assert!(
+            matches!(stale, Err(Error::StaleVersion { .. })),
+            "{stale:?}"
+        );
+        assert!(matches!(
+            s.write_undoable(undo_entry(3, 0, 0, 4096), 512, 4096, |_| pattern(9, 4096))
+                .await,
+            Err(Error::Invalid(_))
+        ));
+        let other = LogEntry { request: 99, ..e2 };
+        assert!(matches!(
+            s.write_undoable(other, 0, 8192, |_| pattern(9, 8192)).await,
+            Err(Error::Invalid(_))
+        ));
+        check(s.undo(a).await.unwrap().expect("undo"));
+        // Kept across checkpoints (which journal it again) and a reopen.
+        s.checkpoint().await.unwrap();
+        s.checkpoint().await.unwrap();
+        s.close().await.unwrap();
+        let s = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap()
+            .0;
+        check(s.undo(a).await.unwrap().expect("undo after reopen"));
+        assert_eq!(s.undos(), vec![(a, 2)]);
+        // A repair (the same version again) keeps it; a later write drops it.
+        let whole = s.read(a, 0, B).await.unwrap();
+        s.repair(a, 2, whole).await.unwrap();
+        check(s.undo(a).await.unwrap().expect("undo after a repair"));
+        s.write(a, 3, 0, pattern(3, 4096)).await.unwrap();
+        assert!(s.undo(a).await.unwrap().is_none());
+        // A delete drops it.
+        let b = ObjectId::new(3, 1);
+        s.write(b, 1, 0, pattern(4, B as usize)).await.unwrap();
+        s.write_undoable(undo_entry(2, 1, 0, B), 0, B, |_| pattern(5, B as usize))
+            .await
+            .unwrap();
+        assert_eq!(s.undos(), vec![(b, 2)]);
+        s.delete(b, 3).await.unwrap();
+        assert!(s.undos().is_empty());
+        // Released: gone (and not brought back by a checkpoint).
+        s.write_undoable(undo_entry(4, 0, 4096, 4096), 4096, 4096, |_| {
+            pattern(6, 4096)
+        })
+        .await
+        .unwrap();
+        s.release_undo(a, 3);
+        assert_eq!(
+            s.undos(),
+            vec![(a, 4)],
+            "a release below the version keeps it"
+        );
+        s.release_undo(a, 4);
+        s.checkpoint().await.unwrap();
+        assert!(s.undo(a).await.unwrap().is_none());
+        // The bytes held are bounded (a sixteenth of the 4 MiB journal:
+        // four whole blocks); the fifth waits for a release.
+        for obj in 10..15 {
+            s.write(ObjectId::new(3, obj), 1, 0, pattern(7, B as usize))
+                .await
+                .unwrap();
+        }
+        for obj in 10..14 {
+            s.write_undoable(undo_entry(2, obj, 0, B), 0, B, |_| pattern(8, B as usize))
+                .await
+                .unwrap();
+        }
+        let fifth = {
+            let s = s.clone();
+            nacre_io::rt::spawn(async move {
+                s.write_undoable(undo_entry(2, 14, 0, B), 0, B, |_| pattern(8, B as usize))
+                    .await
+            })
+        };
+        for _ in 0..50 {
+            nacre_io::rt::yield_now().await;
+        }
+        assert_eq!(s.undos().len(), 4, "the fifth undo did not wait for room");
+        s.release_undo(ObjectId::new(3, 10), 2);
+        fifth.await.unwrap();
+        assert_eq!(s.undos().len(), 4);
+        s.close().await.unwrap();
+    });
+}
+
+/// An undoable write larger than the undo room (a sixteenth of the
+/// journal) is refused, not left waiting forever.
+#[test]
+fn an_undo_larger_than_its_room_is_refused() {
+    block_on(async {
+        const B: u32 = 1 << 20;
+        let dev = MemDev::new(64 * MIB, 512);
+        let f = FormatOptions {
+            journal_bytes: Some(5 * MIB),
+            ..fmt(B)
+        };
+        Store::format(&dev, &f).await.unwrap();
+        let s = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap()
+            .0;
+        let a = ObjectId::new(3, 0);
+        s.write(a, 1, 0, pattern(1, B as usize)).await.unwrap();
+        let r = s
+            .write_undoable(undo_entry(2, 0, 0, B), 0, B, |_| pattern(2, B as usize))
+            .await;
+        assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+        s.write_undoable(undo_entry(2, 0, 0, 256 << 10), 0, 256 << 10, |_| {
+            pattern(2, 256 << 10)
+        })
+        .await
+        .unwrap();
+        s.close().await.unwrap();
+    });
+}

@@ -13,7 +13,11 @@
 //! - odd objects log every op to a PG log (three PGs): an entry is in its
 //!   log exactly when its data is in the store (one durable step), every
 //!   entry of a durable op is there unless trimmed, and no entry is one
-//!   that was never issued.
+//!   that was never issued;
+//! - a quarter of the objects write undoably (`Store::write_undoable`):
+//!   the undo the store holds is always for the object's version and
+//!   holds exactly the bytes that write replaced, and a write whose undo
+//!   was not released still has it after every crash and checkpoint.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +45,12 @@ const LOG_REGION: LogRegion = LogRegion {
 /// Odd objects log their ops, to PG `obj % PGS`.
 fn logged(obj: u8) -> bool {
     obj % 2 == 1
+}
+
+/// Some logged objects write undoably (few enough that their undos never
+/// wait for room: 3 × 16 KiB, the room is 1/16 of the journal).
+fn undoable(obj: u8) -> bool {
+    obj % 4 == 1
 }
 
 fn entry(obj: u8, version: u64, op: LogOp, offset: u32, len: u32) -> LogEntry {
@@ -78,6 +88,10 @@ enum Op {
     Read {
         obj: u8,
     },
+    /// Releases the object's undo (its newest write committed).
+    Release {
+        obj: u8,
+    },
     /// Trims a PG log to its newest `keep` entries (in memory until the
     /// next checkpoint).
     Trim {
@@ -112,6 +126,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Sync),
         1 => Just(Op::Checkpoint),
         2 => (0..OBJECTS).prop_map(|obj| Op::Read { obj }),
+        1 => (0..OBJECTS).prop_map(|obj| Op::Release { obj }),
         1 => (0..PGS, 0..20u8).prop_map(|(pg, keep)| Op::Trim { pg, keep }),
         1 => (0..24u8, any::<u64>(), any::<bool>(), any::<bool>()).prop_map(|(after, seed, kill, settle)| Op::Cut { after, seed, kill, settle }),
         1 => (16..400u16, any::<u64>()).prop_map(|(count, seed)| Op::Burst { count, seed }),
@@ -131,6 +146,10 @@ fn data(seed: u8, at_sector: u16, sectors: u16) -> Vec<u8> {
 struct ObjState {
     version: u64,
     content: Option<Vec<u8>>,
+    /// An undoable write's state: the content before it.
+    prev: Option<Option<Vec<u8>>>,
+    /// Its undo was released (it may come back after a crash).
+    released: bool,
 }
 
 /// One object's possible states: every op issued appends one. States before
@@ -239,9 +258,13 @@ impl Harness {
     fn push_state(&mut self, obj: u8, content: Option<Vec<u8>>) -> (usize, u64) {
         self.version += 1;
         let m = self.model.get_mut(&obj).expect("model");
+        let before = &m.states.last().expect("state").content;
+        let prev = (undoable(obj) && content.is_some()).then(|| before.clone());
         m.states.push(ObjState {
             version: self.version,
             content,
+            prev,
+            released: false,
         });
         (m.states.len() - 1, self.version)
     }
@@ -299,7 +322,9 @@ impl Harness {
 
     /// `obj` (with no op in flight) reads back as its newest state.
     async fn check_object(&self, obj: u8, when: &str) {
-        let want = &self.model[&obj].states.last().expect("state").content;
+        let state = self.model[&obj].states.last().expect("state");
+        self.check_undo(obj, state, when).await;
+        let want = &state.content;
         match (want, self.store.read(oid(obj), 0, BLOCK).await) {
             (Some(w), Ok(got)) => assert!(got[..] == w[..], "object {obj} {when}: content differs"),
             (None, Err(Error::NotFound(_))) => {}
@@ -307,6 +332,42 @@ impl Harness {
                 "object {obj} {when}: model {:?}, store {:?}",
                 w.is_some(),
                 r.map(|_| ())
+            ),
+        }
+    }
+
+    /// The store's undo of `obj`, whose state is `st`: for that version,
+    /// with the bytes that version's write replaced; there unless released.
+    async fn check_undo(&self, obj: u8, st: &ObjState, when: &str) {
+        let u = (self.store.undo(oid(obj)).await)
+            .unwrap_or_else(|e| panic!("object {obj} {when}: undo: {e}"));
+        match (u, &st.prev) {
+            (None, Some(_)) if !st.released => {
+                panic!(
+                    "object {obj} {when}: the undo of version {} is gone",
+                    st.version
+                )
+            }
+            (None, _) => {}
+            (Some(u), Some(prev)) => {
+                assert_eq!(u.version, st.version, "object {obj} {when}: undo version");
+                match (&u.before, prev) {
+                    (None, None) => {}
+                    (Some((off, b)), Some(p)) => assert!(
+                        b[..] == p[*off as usize..*off as usize + b.len()],
+                        "object {obj} {when}: the undo of version {} holds other bytes",
+                        st.version
+                    ),
+                    (b, p) => panic!(
+                        "object {obj} {when}: undo before {:?}, model {:?}",
+                        b.is_some(),
+                        p.is_some()
+                    ),
+                }
+            }
+            (Some(u), None) => panic!(
+                "object {obj} {when}: an undo at {} for a state not written undoably ({})",
+                u.version, st.version
             ),
         }
     }
@@ -344,6 +405,14 @@ impl Harness {
     fn issue_write(&mut self, obj: u8, idx: usize, v: u64, off: u32, d: Vec<u8>, durable: bool) {
         let s = self.store.clone();
         let buf = AlignedBuf::from_slice(&d);
+        if undoable(obj) {
+            let e = entry(obj, v, LogOp::Write, off, d.len() as u32);
+            self.entries.insert(v, e);
+            self.issue(Some(obj), idx, true, async move {
+                s.write_undoable(e, off, e.len, move |_| buf).await
+            });
+            return;
+        }
         if logged(obj) {
             let e = entry(obj, v, LogOp::Write, off, d.len() as u32);
             self.entries.insert(v, e);
@@ -399,7 +468,8 @@ impl Harness {
     async fn check_after_crash(&mut self) {
         let listed: BTreeMap<ObjectId, u64> = self.store.list().into_iter().collect();
         let newest = self.check_logs();
-        for (&obj, m) in self.model.iter_mut() {
+        for obj in 0..OBJECTS {
+            let m = &self.model[&obj];
             let found = listed.get(&oid(obj)).copied();
             // A logged object's state is the one its newest entry names
             // (unless trimmed away): entry and data are one durable step.
@@ -424,6 +494,9 @@ impl Harness {
                         m.states[m.durable..].iter().map(|s| (s.version, s.content.is_some())).collect::<Vec<_>>()
                     )
                 });
+            let state = m.states[k].clone();
+            self.check_undo(obj, &state, "after a crash").await;
+            let m = self.model.get_mut(&obj).expect("model");
             if let Some(want) = &m.states[k].content {
                 let got = self
                     .store
@@ -497,6 +570,15 @@ impl Harness {
                         async move { s.delete(oid(obj), v).await },
                     );
                 }
+                Op::Release { obj } => {
+                    let m = self.model.get_mut(&obj).expect("model");
+                    if m.busy {
+                        continue;
+                    }
+                    let st = m.states.last_mut().expect("state");
+                    st.released = true;
+                    self.store.release_undo(oid(obj), st.version);
+                }
                 Op::Trim { pg, keep } => {
                     let log = self.store.pg_log(u64::from(pg)).unwrap_or_default();
                     let n = log.entries.len().saturating_sub(usize::from(keep));
@@ -562,6 +644,8 @@ fn run_case(ops: Vec<Op>) {
                         states: vec![ObjState {
                             version: 0,
                             content: None,
+                            prev: None,
+                            released: false,
                         }],
                         durable: 0,
                         completed: 0,

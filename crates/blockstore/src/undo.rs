@@ -1,0 +1,419 @@
+//! Undoable writes: a write that keeps what it replaced until the caller
+//! releases it, so that it can still be rolled back (an erasure-coded
+//! shard keeps the previous version of the units a write changed until
+//! the write has committed on every shard of its stripe;
+//! docs/internals/ec.md).
+//!
+//! [`Store::write_undoable`] reads the range it is about to replace (or
+//! notes that the object does not exist), and journals an `Undo` record
+//! with those bytes immediately before the write's own record. Batches
+//! are applied in journal order and replay stops at the first bad one, so
+//! after any crash the store holds either the write and its undo, or
+//! neither, or the undo alone (then it is dropped: its write never
+//! happened).
+//!
+//! **Invariant** (checked under `strict` at the end of replay, asserted by
+//! the crash test against its model): an object with an undo is stored at
+//! exactly the undo's version, and the undo's bytes are the object's bytes
+//! over its range at the version before (or the undo says it was absent).
+//! A later write (or a recovery, at a higher version) or a delete drops
+//! the undo; a repair (the same version rewritten) keeps it.
+//!
+//! Undo bytes live in the journal, which a checkpoint trims: before a
+//! checkpoint moves the journal's tail past an undo's record, it journals
+//! the undo again (`relog`), so an undo lasts until it is released, across
+//! any number of checkpoints and restarts. The bytes of undos held are
+//! bounded (`undo_bytes_max`, a sixteenth of the journal), so re-logging
+//! them always fits the journal space kept back for the checkpointer; a
+//! write that would pass the bound waits for releases.
+
+use std::rc::Rc;
+
+use nacre_io::sync::oneshot;
+use nacre_io::{AlignedBuf, BlockDev};
+use nacre_types::ObjectId;
+
+use crate::error::{Error, Result};
+use crate::format::RecordKind;
+use crate::index::Overlay;
+use crate::journal::{chunk_csums, Record};
+use crate::pglog::{LogEntry, LogOp};
+use crate::store::{Inner, Queued, State, Store, READ_RETRY_MAX};
+
+/// What an object held before its newest write, kept for rolling that
+/// write back.
+#[derive(Debug)]
+pub struct Undo {
+    /// The version of the write this undoes (the object's version now).
+    pub version: u64,
+    /// The bytes the write replaced and where they were; `None`: the
+    /// object did not exist before the write.
+    pub before: Option<(u32, AlignedBuf)>,
+}
+
+/// Undos held in memory: per object, the applied one and one whose write
+/// has not been applied yet (its `Undo` record is, the write's is not).
+#[derive(Default)]
+pub(crate) struct Undos {
+    held: crate::index::OidMap<Overlay>,
+    staged: crate::index::OidMap<Overlay>,
+    /// Bytes of `held` and `staged`.
+    bytes: u64,
+    /// Bytes of undoable writes admitted and not yet finished (they are in
+    /// `held` or `staged` too once their record is applied: counted
+    /// twice for a moment, never missed).
+    admitted: u64,
+}
+
+impl Undos {
+    fn put(&mut self, staged: bool, oid: ObjectId, u: Overlay) {
+        self.bytes += u64::from(u.len);
+        let map = if staged {
+            &mut self.staged
+        } else {
+            &mut self.held
+        };
+        if let Some(old) = map.insert(oid, u) {
+            self.bytes -= u64::from(old.len);
+        }
+    }
+
+    fn take(&mut self, staged: bool, oid: &ObjectId) -> Option<Overlay> {
+        let map = if staged {
+            &mut self.staged
+        } else {
+            &mut self.held
+        };
+        let u = map.remove(oid)?;
+        self.bytes -= u64::from(u.len);
+        Some(u)
+    }
+
+    /// An `Undo` record applied: held at once if the object already has
+    /// its version (re-logged, or a write a fuzzy checkpoint captured),
+    /// ignored if the object is newer, else staged for its write.
+    pub(crate) fn on_record(
+        &mut self,
+        stored: Option<u64>,
+        rec: &Record,
+        data: Option<AlignedBuf>,
+    ) {
+        let u = Overlay {
+            offset: rec.offset,
+            len: rec.len,
+            data_pos: rec.data_pos,
+            version: rec.version,
+            csums: rec.csums.clone().into_boxed_slice(),
+            data: data.filter(|_| rec.len > 0).map(Rc::new),
+        };
+        match stored {
+            Some(v) if v == rec.version => self.put(false, rec.oid, u),
+            Some(v) if v > rec.version => {}
+            _ => self.put(true, rec.oid, u),
+        }
+    }
+
+    /// A write of `oid` at `version` applied: its staged undo becomes the
+    /// held one; an older undo is dropped.
+    pub(crate) fn on_write(&mut self, oid: ObjectId, version: u64) {
+        if let Some(s) = self.staged.get(&oid).map(|u| u.version) {
+            if s <= version {
+                let u = self.take(true, &oid).expect("staged undo present");
+                if s == version {
+                    return self.put(false, oid, u);
+                }
+            }
+        }
+        if self.held.get(&oid).is_some_and(|u| u.version < version) {
+            self.take(false, &oid);
+        }
+    }
+
+    pub(crate) fn on_delete(&mut self, oid: &ObjectId) {
+        self.take(false, oid);
+        self.take(true, oid);
+    }
+
+    /// After replay: staged undos whose write never came are dropped, and
+    /// so is any undo whose object is not at its version.
+    pub(crate) fn settle(&mut self, version: impl Fn(&ObjectId) -> Option<u64>) {
+        let staged: Vec<ObjectId> = self.staged.keys().copied().collect();
+        for oid in staged {
+            self.take(true, &oid);
+        }
+        let stale: Vec<ObjectId> = (self.held.iter())
+            .filter(|(oid, u)| version(oid) != Some(u.version))
+            .map(|(oid, _)| *oid)
+            .collect();
+        for oid in stale {
+            self.take(false, &oid);
+        }
+    }
+
+    /// `strict`: every held undo is at its object's version.
+    pub(crate) fn check(&self, version: impl Fn(&ObjectId) -> Option<u64>) {
+        for (oid, u) in &self.held {
+            crate::strict_assert!(
+                version(oid) == Some(u.version),
+                "undo of {oid} at {} with the object at {:?}",
+                u.version,
+                version(oid)
+            );
+        }
+    }
+
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        let cached: u64 = (self.held.values().chain(self.staged.values()))
+            .filter(|u| u.data.is_some())
+            .map(|u| u64::from(u.len))
+            .sum();
+        cached + 64 * (self.held.len() + self.staged.len()) as u64
+    }
+}
+
+impl<D: BlockDev + 'static> Store<D> {
+    /// A logged write of `len` bytes at `offset` of `entry.oid` at
+    /// `entry.version` that can be rolled back: the store reads the range
+    /// (`None` if the object does not exist), `make` turns those bytes into
+    /// the new ones (`len` of them), and the write is journaled together
+    /// with what it replaced ([`Store::undo`]), kept until
+    /// [`Store::release_undo`]. Nothing else may write the object
+    /// meanwhile: the read and the write are one step (the store waits for
+    /// ops in flight on it first, and starts again if one slips in). A
+    /// repeat of the version (the log holding this same entry) is done
+    /// without calling `make`.
+    pub async fn write_undoable(
+        &self,
+        entry: LogEntry,
+        offset: u32,
+        len: u32,
+        make: impl FnOnce(Option<&[u8]>) -> AlignedBuf,
+    ) -> Result<()> {
+        let inner = &self.0;
+        inner.check_entry(&entry, LogOp::Write)?;
+        if entry.offset != offset || entry.len != len {
+            return Err(Error::Invalid(format!(
+                "log entry of {}+{} given with an undoable write of {len} bytes at {offset}",
+                entry.offset, entry.len
+            )));
+        }
+        inner.check_range(offset, len)?;
+        if u64::from(len) > inner.undo_bytes_max() {
+            return Err(Error::Invalid(format!(
+                "an undoable write of {len} bytes: at most {} (a sixteenth of the journal)",
+                inner.undo_bytes_max()
+            )));
+        }
+        let _admitted = Admitted::new(inner, len);
+        let oid = entry.oid;
+        let mut make = Some(make);
+        for _ in 0..READ_RETRY_MAX {
+            inner.wait_undo_room(len).await?;
+            inner.wait_idle(&oid).await?;
+            let stored = inner.st.borrow().index.version(&oid);
+            match stored {
+                // A repeat (or another op at this version, which the
+                // write refuses after checking the log).
+                Some(v) if v >= entry.version => {
+                    let data = AlignedBuf::zeroed(len as usize);
+                    return self.logged_write(entry, offset, data, None).await;
+                }
+                _ => {}
+            }
+            let before = match stored {
+                Some(_) => Some(inner.read(oid, offset, len).await?),
+                None => None,
+            };
+            // Nothing may have changed the object since it was read.
+            let moved = {
+                let st = inner.st.borrow();
+                st.index.version(&oid) != stored || st.inflight.contains_key(&oid)
+            };
+            if moved {
+                continue;
+            }
+            let make = make.take().expect("made once");
+            let data = make(before.as_deref());
+            if data.len() != len as usize {
+                return Err(Error::Invalid(format!(
+                    "an undoable write of {len} bytes made {}",
+                    data.len()
+                )));
+            }
+            let undo = Some(before.map(|b| (offset, b)));
+            return self.logged_write(entry, offset, data, undo).await;
+        }
+        Err(Error::Busy(format!(
+            "{oid} kept changing while an undoable write read it"
+        )))
+    }
+
+    /// What `oid` held before its newest write, if that write was
+    /// undoable and its undo is not released.
+    pub async fn undo(&self, oid: ObjectId) -> Result<Option<Undo>> {
+        let inner = &self.0;
+        for _ in 0..READ_RETRY_MAX {
+            let epoch = inner.epoch.get();
+            let Some(u) = inner.st.borrow().undos.held.get(&oid).cloned() else {
+                return Ok(None);
+            };
+            if u.len == 0 {
+                return Ok(Some(Undo {
+                    version: u.version,
+                    before: None,
+                }));
+            }
+            let bytes = match &u.data {
+                Some(d) => Ok(AlignedBuf::from_slice(d)),
+                None => inner.read_overlay(&u, 0, u.len).await.map(|(b, _)| b),
+            };
+            match bytes {
+                Ok(b) => {
+                    return Ok(Some(Undo {
+                        version: u.version,
+                        before: Some((u.offset, b)),
+                    }))
+                }
+                // The journal moved under the read (the undo was re-logged).
+                Err(_) if inner.epoch.get() != epoch => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Busy(format!("the undo of {oid} kept moving")))
+    }
+
+    /// The objects holding an undo, with its version, sorted.
+    pub fn undos(&self) -> Vec<(ObjectId, u64)> {
+        let st = self.0.st.borrow();
+        let mut v: Vec<(ObjectId, u64)> = (st.undos.held.iter())
+            .map(|(oid, u)| (*oid, u.version))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Drops `oid`'s undo if it is for version `upto` or older: that write
+    /// committed and will never be rolled back. In memory: after a crash a
+    /// released undo may be back (harmless: the write it undoes is the
+    /// object's newest, and the caller decides whether to roll back).
+    pub fn release_undo(&self, oid: ObjectId, upto: u64) {
+        let mut st = self.0.st.borrow_mut();
+        if st.undos.held.get(&oid).is_some_and(|u| u.version <= upto) {
+            st.undos.take(false, &oid);
+            drop(st);
+            self.0.applied.notify();
+        }
+    }
+}
+
+/// An undoable write's claim on the undo bytes, from admission to its end.
+struct Admitted<'a, D: BlockDev>(&'a Inner<D>, u64);
+
+impl<'a, D: BlockDev> Admitted<'a, D> {
+    fn new(inner: &'a Inner<D>, len: u32) -> Self {
+        inner.st.borrow_mut().undos.admitted += u64::from(len);
+        Admitted(inner, u64::from(len))
+    }
+}
+
+impl<D: BlockDev> Drop for Admitted<'_, D> {
+    fn drop(&mut self) {
+        self.0.st.borrow_mut().undos.admitted -= self.1;
+        self.0.applied.notify();
+    }
+}
+
+impl<D: BlockDev + 'static> Inner<D> {
+    /// The most undo bytes held at once: re-logging them must fit the
+    /// journal space kept for the checkpointer (a fifth of the journal).
+    pub(crate) fn undo_bytes_max(&self) -> u64 {
+        self.g.journal_bytes / 16
+    }
+
+    /// Waits until `len` more undo bytes fit (counting this write's own,
+    /// already admitted: one alone always fits).
+    async fn wait_undo_room(&self, len: u32) -> Result<()> {
+        loop {
+            {
+                let st = self.st.borrow();
+                let others = st.undos.bytes + st.undos.admitted - u64::from(len);
+                if others == 0 || others + u64::from(len) <= self.undo_bytes_max() {
+                    return Ok(());
+                }
+            }
+            self.check_writable()?;
+            self.applied.wait().await;
+        }
+    }
+
+    /// Queues the `Undo` record of the write of `oid` at `version` about to
+    /// be queued (`before`: the bytes it replaces and where; `None`: the
+    /// object is new).
+    pub(crate) fn enqueue_undo(
+        &self,
+        oid: ObjectId,
+        version: u64,
+        before: Option<(u32, AlignedBuf)>,
+        durable: bool,
+        checkpoint: bool,
+    ) -> nacre_io::sync::Receiver<Result<()>> {
+        let (offset, data) = match before {
+            Some((o, d)) => (o, Some(d)),
+            None => (0, None),
+        };
+        let len = data.as_ref().map_or(0, |d| d.len() as u32);
+        let (tx, rx) = oneshot();
+        self.enqueue(Queued {
+            rec: Record {
+                kind: RecordKind::Undo,
+                oid,
+                version,
+                offset,
+                len,
+                block: 0,
+                csums: data.as_deref().map(chunk_csums).unwrap_or_default(),
+                data_pos: 0,
+                entry: None,
+            },
+            data,
+            data_done: None,
+            durable,
+            checkpoint,
+            done: tx,
+        });
+        rx
+    }
+
+    /// Journals again every undo whose record lies before journal position
+    /// `j`, durably: the checkpoint about to move the tail to `j` would
+    /// otherwise drop its bytes.
+    pub(crate) async fn relog_undos(&self, j: u64) -> Result<()> {
+        let old: Vec<(ObjectId, Overlay)> = {
+            let st = self.st.borrow();
+            (st.undos.held.iter())
+                .filter(|(_, u)| u.data_pos < j)
+                .map(|(oid, u)| (*oid, u.clone()))
+                .collect()
+        };
+        let mut acks = Vec::with_capacity(old.len());
+        for (oid, u) in old {
+            let before = match (&u.data, u.len) {
+                (_, 0) => None,
+                (Some(d), _) => Some((u.offset, AlignedBuf::from_slice(d))),
+                (None, _) => Some((u.offset, self.read_overlay(&u, 0, u.len).await?.0)),
+            };
+            acks.push(self.enqueue_undo(oid, u.version, before, true, true));
+        }
+        for rx in acks {
+            rx.await
+                .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies an `Undo` record (see [`Undos::on_record`]).
+pub(crate) fn apply(st: &mut State, rec: &Record, data: Option<AlignedBuf>) {
+    let stored = st.index.version(&rec.oid);
+    st.undos.on_record(stored, rec, data);
+}
