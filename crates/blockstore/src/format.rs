@@ -206,6 +206,10 @@ pub enum RecordKind {
     /// until the OSD releases it, so a write can be rolled back
     /// ([`crate::Undo`]).
     Undo = 11,
+    /// The undo of the object's write at `version` or older was released
+    /// ([`crate::Store::release_undo`]): written lazily, with the next
+    /// batch, so a crash may still bring a released undo back.
+    Release = 12,
 }
 
 impl RecordKind {
@@ -250,6 +254,7 @@ impl RecordKind {
             9 => Some(RecordKind::PgMark),
             10 => Some(RecordKind::PgTail),
             11 => Some(RecordKind::Undo),
+            12 => Some(RecordKind::Release),
             _ => None,
         }
     }

@@ -151,7 +151,8 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
             | RecordKind::PgRemove
             | RecordKind::PgForget
             | RecordKind::PgMark
-            | RecordKind::PgTail => 0,
+            | RecordKind::PgTail
+            | RecordKind::Release => 0,
         };
         let rh = RecordHeader {
             kind: U32::new(r.kind as u32),
@@ -370,7 +371,8 @@ pub fn parse_batch(
             | RecordKind::PgRemove
             | RecordKind::PgForget
             | RecordKind::PgMark
-            | RecordKind::PgTail => len == 0 && ncsum == 0 && offset == 0 && loc == 0,
+            | RecordKind::PgTail
+            | RecordKind::Release => len == 0 && ncsum == 0 && offset == 0 && loc == 0,
             RecordKind::Fold => {
                 len == 0
                     && offset == 0
@@ -389,7 +391,8 @@ pub fn parse_batch(
                 | RecordKind::Big
                 | RecordKind::Delete
                 | RecordKind::Fold
-                | RecordKind::Undo,
+                | RecordKind::Undo
+                | RecordKind::Release,
                 None,
             ) => true,
             (

@@ -20,12 +20,20 @@
 //! the undo; a repair (the same version rewritten) keeps it.
 //!
 //! Undo bytes live in the journal, which a checkpoint trims: before a
-//! checkpoint moves the journal's tail past an undo's record, it journals
-//! the undo again (`relog`), so an undo lasts until it is released, across
-//! any number of checkpoints and restarts. The bytes of undos held are
-//! bounded (`undo_bytes_max`, a sixteenth of the journal), so re-logging
-//! them always fits the journal space kept back for the checkpointer; a
-//! write that would pass the bound waits for releases.
+//! checkpoint moves the journal's tail past an undo's record (held, or
+//! staged: its write may sit in a later batch), it journals the undo
+//! again (`relog_undos`), so an undo lasts until it is released, across
+//! any number of checkpoints and restarts. A release is journaled too
+//! (a `Release` record, lazily, with the next batch), so a crash brings
+//! back only undos released since the last batch was made durable.
+//!
+//! The journal cost of the undos held (their bytes padded to 4 KiB, plus
+//! a record header each: `undo_cost`) is bounded (`undo_bytes_max`, a
+//! sixteenth of the journal), and so is what a crash brings back (the
+//! undos held then, and those released since the last durable batch,
+//! which were held at that time: two sixteenths), so re-logging them
+//! always fits the fifth of the journal kept back for the checkpointer;
+//! an undoable write that would pass the bound waits for releases.
 
 use std::rc::Rc;
 
@@ -57,7 +65,7 @@ pub struct Undo {
 pub(crate) struct Undos {
     held: crate::index::OidMap<Overlay>,
     staged: crate::index::OidMap<Overlay>,
-    /// Bytes of `held` and `staged`.
+    /// Journal cost (`undo_cost`) of `held` and `staged`.
     bytes: u64,
     /// Bytes of undoable writes admitted and not yet finished (they are in
     /// `held` or `staged` too once their record is applied: counted
@@ -65,16 +73,22 @@ pub(crate) struct Undos {
     admitted: u64,
 }
 
+/// What re-logging an undo of `len` bytes costs the journal, at most: its
+/// bytes padded to a 4 KiB sector, and a record header with its checksums.
+pub(crate) fn undo_cost(len: u32) -> u64 {
+    u64::from(len).div_ceil(4096) * 4096 + 128
+}
+
 impl Undos {
     fn put(&mut self, staged: bool, oid: ObjectId, u: Overlay) {
-        self.bytes += u64::from(u.len);
+        self.bytes += undo_cost(u.len);
         let map = if staged {
             &mut self.staged
         } else {
             &mut self.held
         };
         if let Some(old) = map.insert(oid, u) {
-            self.bytes -= u64::from(old.len);
+            self.bytes -= undo_cost(old.len);
         }
     }
 
@@ -85,18 +99,21 @@ impl Undos {
             &mut self.held
         };
         let u = map.remove(oid)?;
-        self.bytes -= u64::from(u.len);
+        self.bytes -= undo_cost(u.len);
         Some(u)
     }
 
-    /// An `Undo` record applied: held at once if the object already has
-    /// its version (re-logged, or a write a fuzzy checkpoint captured),
-    /// ignored if the object is newer, else staged for its write.
+    /// An `Undo` record applied: ignored if the object is newer; staged
+    /// for its write if older; at the object's version (re-logged by a
+    /// checkpoint, or, in replay, a write a fuzzy checkpoint captured)
+    /// held — but live only in place of the held undo it copies, so a
+    /// release made while the copy was being journaled stands.
     pub(crate) fn on_record(
         &mut self,
         stored: Option<u64>,
         rec: &Record,
         data: Option<AlignedBuf>,
+        replay: bool,
     ) {
         let u = Overlay {
             offset: rec.offset,
@@ -107,9 +124,21 @@ impl Undos {
             data: data.filter(|_| rec.len > 0).map(Rc::new),
         };
         match stored {
-            Some(v) if v == rec.version => self.put(false, rec.oid, u),
+            Some(v) if v == rec.version => {
+                if replay || self.held.get(&rec.oid).is_some_and(|h| h.version == v) {
+                    self.put(false, rec.oid, u)
+                }
+            }
             Some(v) if v > rec.version => {}
             _ => self.put(true, rec.oid, u),
+        }
+    }
+
+    /// A release of `oid`'s undo at `upto` or older (see
+    /// [`Store::release_undo`]).
+    pub(crate) fn on_release(&mut self, oid: &ObjectId, upto: u64) {
+        if self.held.get(oid).is_some_and(|u| u.version <= upto) {
+            self.take(false, oid);
         }
     }
 
@@ -198,27 +227,32 @@ impl<D: BlockDev + 'static> Store<D> {
             )));
         }
         inner.check_range(offset, len)?;
-        if u64::from(len) > inner.undo_bytes_max() {
+        let cost = undo_cost(len);
+        if cost > inner.undo_bytes_max() {
             return Err(Error::Invalid(format!(
                 "an undoable write of {len} bytes: at most {} (a sixteenth of the journal)",
-                inner.undo_bytes_max()
+                inner.undo_bytes_max() - undo_cost(0)
             )));
         }
-        let _admitted = Admitted::new(inner, len);
         let oid = entry.oid;
         let mut make = Some(make);
+        let mut room: Option<Admitted<'_, D>> = None;
         for _ in 0..READ_RETRY_MAX {
-            inner.wait_undo_room(len).await?;
             inner.wait_idle(&oid).await?;
             let stored = inner.st.borrow().index.version(&oid);
             match stored {
                 // A repeat (or another op at this version, which the
-                // write refuses after checking the log).
+                // write refuses after checking the log): no undo.
                 Some(v) if v >= entry.version => {
                     let data = AlignedBuf::zeroed(len as usize);
                     return self.logged_write(entry, offset, data, None).await;
                 }
                 _ => {}
+            }
+            if room.is_none() {
+                // Waiting for room may let other ops in: look again.
+                room = Some(Admitted::reserve(inner, cost).await?);
+                continue;
             }
             let before = match stored {
                 Some(_) => Some(inner.read(oid, offset, len).await?),
@@ -300,19 +334,42 @@ impl<D: BlockDev + 'static> Store<D> {
         let mut st = self.0.st.borrow_mut();
         if st.undos.held.get(&oid).is_some_and(|u| u.version <= upto) {
             st.undos.take(false, &oid);
+            // Journaled with the next batch, without waking the writer
+            // (after a crash before it, the undo is back: harmless).
+            let (done, _) = oneshot();
+            st.queue.push_back(Queued {
+                rec: Record::bare(RecordKind::Release, oid, upto, None),
+                data: None,
+                data_done: None,
+                durable: false,
+                checkpoint: false,
+                done,
+            });
             drop(st);
             self.0.applied.notify();
         }
     }
 }
 
-/// An undoable write's claim on the undo bytes, from admission to its end.
+/// An undoable write's claim on the undo room, from admission to its end.
 struct Admitted<'a, D: BlockDev>(&'a Inner<D>, u64);
 
-impl<'a, D: BlockDev> Admitted<'a, D> {
-    fn new(inner: &'a Inner<D>, len: u32) -> Self {
-        inner.st.borrow_mut().undos.admitted += u64::from(len);
-        Admitted(inner, u64::from(len))
+impl<'a, D: BlockDev + 'static> Admitted<'a, D> {
+    /// Waits until `cost` more fits the room (or nothing else is in it:
+    /// one alone always fits), and claims it in the same step.
+    async fn reserve(inner: &'a Inner<D>, cost: u64) -> Result<Self> {
+        loop {
+            {
+                let mut st = inner.st.borrow_mut();
+                let used = st.undos.bytes + st.undos.admitted;
+                if used == 0 || used + cost <= inner.undo_bytes_max() {
+                    st.undos.admitted += cost;
+                    return Ok(Admitted(inner, cost));
+                }
+            }
+            inner.check_writable()?;
+            inner.applied.wait().await;
+        }
     }
 }
 
@@ -328,22 +385,6 @@ impl<D: BlockDev + 'static> Inner<D> {
     /// journal space kept for the checkpointer (a fifth of the journal).
     pub(crate) fn undo_bytes_max(&self) -> u64 {
         self.g.journal_bytes / 16
-    }
-
-    /// Waits until `len` more undo bytes fit (counting this write's own,
-    /// already admitted: one alone always fits).
-    async fn wait_undo_room(&self, len: u32) -> Result<()> {
-        loop {
-            {
-                let st = self.st.borrow();
-                let others = st.undos.bytes + st.undos.admitted - u64::from(len);
-                if others == 0 || others + u64::from(len) <= self.undo_bytes_max() {
-                    return Ok(());
-                }
-            }
-            self.check_writable()?;
-            self.applied.wait().await;
-        }
     }
 
     /// Queues the `Undo` record of the write of `oid` at `version` about to
@@ -388,21 +429,38 @@ impl<D: BlockDev + 'static> Inner<D> {
     /// `j`, durably: the checkpoint about to move the tail to `j` would
     /// otherwise drop its bytes.
     pub(crate) async fn relog_undos(&self, j: u64) -> Result<()> {
-        let old: Vec<(ObjectId, Overlay)> = {
+        let old: Vec<(bool, ObjectId, Overlay)> = {
             let st = self.st.borrow();
-            (st.undos.held.iter())
-                .filter(|(_, u)| u.data_pos < j)
-                .map(|(oid, u)| (*oid, u.clone()))
+            let u = &st.undos;
+            (u.held.iter().map(|(o, u)| (false, o, u)))
+                .chain(u.staged.iter().map(|(o, u)| (true, o, u)))
+                .filter(|(_, _, u)| u.data_pos < j)
+                .map(|(staged, oid, u)| (staged, *oid, u.clone()))
                 .collect()
         };
         let mut acks = Vec::with_capacity(old.len());
-        for (oid, u) in old {
+        for (staged, oid, u) in old {
             let before = match (&u.data, u.len) {
                 (_, 0) => None,
                 (Some(d), _) => Some((u.offset, AlignedBuf::from_slice(d))),
                 (None, _) => Some((u.offset, self.read_overlay(&u, 0, u.len).await?.0)),
             };
-            acks.push(self.enqueue_undo(oid, u.version, before, true, true));
+            // Released or replaced while its bytes were read: nothing to
+            // keep (a release queued from here on is journaled after this
+            // copy: the checkpointer's records go first).
+            let still = {
+                let st = self.st.borrow();
+                let map = if staged {
+                    &st.undos.staged
+                } else {
+                    &st.undos.held
+                };
+                map.get(&oid)
+                    .is_some_and(|n| n.version == u.version && n.data_pos == u.data_pos)
+            };
+            if still {
+                acks.push(self.enqueue_undo(oid, u.version, before, true, true));
+            }
         }
         for rx in acks {
             rx.await
@@ -413,7 +471,7 @@ impl<D: BlockDev + 'static> Inner<D> {
 }
 
 /// Applies an `Undo` record (see [`Undos::on_record`]).
-pub(crate) fn apply(st: &mut State, rec: &Record, data: Option<AlignedBuf>) {
+pub(crate) fn apply(st: &mut State, rec: &Record, data: Option<AlignedBuf>, replay: bool) {
     let stored = st.index.version(&rec.oid);
-    st.undos.on_record(stored, rec, data);
+    st.undos.on_record(stored, rec, data, replay);
 }

@@ -42,7 +42,8 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         RecordKind::PgForget => return st.pglogs.forget(rec.oid.volume.0, rec.version),
         RecordKind::PgMark => return st.pglogs.mark(rec.oid.volume.0, rec.version != 0),
         RecordKind::PgTail => return st.pglogs.raise_tail(rec.oid.volume.0, rec.version),
-        RecordKind::Undo => return crate::undo::apply(st, rec, data),
+        RecordKind::Undo => return crate::undo::apply(st, rec, data, replay),
+        RecordKind::Release => return st.undos.on_release(&rec.oid, rec.version),
         _ => {}
     }
     if rec.kind == RecordKind::Fold {
@@ -124,7 +125,8 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         | RecordKind::PgForget
         | RecordKind::PgMark
         | RecordKind::PgTail
-        | RecordKind::Undo => unreachable!("handled above"),
+        | RecordKind::Undo
+        | RecordKind::Release => unreachable!("handled above"),
         RecordKind::Delete => {
             st.undos.on_delete(&rec.oid);
             if cur.is_none() {

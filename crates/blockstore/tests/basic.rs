@@ -1080,32 +1080,43 @@ fn undoable_writes_keep_what_they_replaced_until_released() {
         s.release_undo(a, 4);
         s.checkpoint().await.unwrap();
         assert!(s.undo(a).await.unwrap().is_none());
-        // The bytes held are bounded (a sixteenth of the 4 MiB journal:
-        // four whole blocks); the fifth waits for a release.
-        for obj in 10..15 {
+        // What the undos held cost the journal is bounded (a sixteenth of
+        // the 4 MiB journal: three whole blocks with their headers); the
+        // fourth waits for a release.
+        for obj in 10..20 {
             s.write(ObjectId::new(3, obj), 1, 0, pattern(7, B as usize))
                 .await
                 .unwrap();
         }
-        for obj in 10..14 {
-            s.write_undoable(undo_entry(2, obj, 0, B), 0, B, |_| pattern(8, B as usize))
-                .await
-                .unwrap();
-        }
-        let fifth = {
+        let undoable = |obj: u64, v: u64| {
             let s = s.clone();
             nacre_io::rt::spawn(async move {
-                s.write_undoable(undo_entry(2, 14, 0, B), 0, B, |_| pattern(8, B as usize))
+                s.write_undoable(undo_entry(v, obj, 0, B), 0, B, |_| pattern(8, B as usize))
                     .await
             })
         };
+        for obj in 10..13 {
+            undoable(obj, 2).await.unwrap();
+        }
+        let fourth = undoable(13, 2);
         for _ in 0..50 {
             nacre_io::rt::yield_now().await;
         }
-        assert_eq!(s.undos().len(), 4, "the fifth undo did not wait for room");
+        assert_eq!(s.undos().len(), 3, "the fourth undo did not wait for room");
         s.release_undo(ObjectId::new(3, 10), 2);
-        fifth.await.unwrap();
-        assert_eq!(s.undos().len(), 4);
+        fourth.await.unwrap();
+        assert_eq!(s.undos().len(), 3);
+        // Many waiting at once, more than the room holds together: each
+        // goes in as room frees (none waits for the others' claims).
+        for obj in 11..14 {
+            s.release_undo(ObjectId::new(3, obj), 2);
+        }
+        let many: Vec<_> = (14..20).map(|obj| undoable(obj, 2)).collect();
+        for (i, w) in many.into_iter().enumerate() {
+            w.await.unwrap();
+            s.release_undo(ObjectId::new(3, 14 + i as u64), 2);
+        }
+        assert!(s.undos().is_empty());
         s.close().await.unwrap();
     });
 }
