@@ -1835,6 +1835,7 @@ mod tests {
             size: 1,
             // PGs 1.0 .. 1.6; osd.1 did not report.
             osds: vec![0, 0, 0, 0, 2, 1, 0],
+            lead: Vec::new(),
             temp: Default::default(),
         };
         let m = map::ClusterMap {

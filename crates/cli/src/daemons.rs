@@ -110,7 +110,8 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate, format: Format) -> anyhow
         object_bytes: m
             .pools
             .first()
-            .map_or(crate::cluster::OBJECT_BYTES, |q| q.object_bytes),
+            .map_or(crate::cluster::OBJECT_BYTES, |q| q.shard_bytes()),
+        ec: None,
     };
     map::check_pool(&PoolRecord {
         id: 1,

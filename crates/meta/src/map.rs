@@ -69,12 +69,66 @@ fn is_zero(n: &u32) -> bool {
 pub struct PoolRecord {
     pub id: u32,
     pub name: String,
+    /// Copies of each object, or shards (`k + m`) in an erasure-coded pool.
     pub size: u8,
     pub min_size: u8,
     pub pg_count: u32,
     /// "osd", "host" or "rack".
     pub failure_domain: String,
+    /// Bytes of a volume's object: one store block in a replicated pool,
+    /// `k` of them in an erasure-coded one (each shard is one block).
     pub object_bytes: u32,
+    /// Erasure coding: each object is cut into `k` data shards and `m`
+    /// parity shards, one per slot of its PG (docs/internals/ec.md);
+    /// absent: replicated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ec: Option<EcScheme>,
+}
+
+/// An erasure-coding scheme: `k` data shards and `m` parity shards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EcScheme {
+    pub k: u8,
+    pub m: u8,
+}
+
+impl std::fmt::Display for EcScheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}+{}", self.k, self.m)
+    }
+}
+
+impl std::str::FromStr for EcScheme {
+    type Err = String;
+
+    /// `K+M`, within the codec's bounds (2 ≤ K ≤ 16, 1 ≤ M ≤ 4).
+    fn from_str(s: &str) -> std::result::Result<EcScheme, String> {
+        let bad = || format!("{s:?}: give the scheme as K+M, e.g. 4+2");
+        let (k, m) = s.split_once('+').ok_or_else(bad)?;
+        let (k, m) = (
+            k.trim().parse().map_err(|_| bad())?,
+            m.trim().parse().map_err(|_| bad())?,
+        );
+        let e = EcScheme { k, m };
+        e.check()?;
+        Ok(e)
+    }
+}
+
+impl EcScheme {
+    pub const K_MAX: u8 = 16;
+    pub const M_MAX: u8 = 4;
+
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if !(2..=Self::K_MAX).contains(&self.k) || !(1..=Self::M_MAX).contains(&self.m) {
+            return Err(format!(
+                "erasure coding {self}: K must be within 2..={} and M within 1..={}",
+                Self::K_MAX,
+                Self::M_MAX
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl OsdRecord {
@@ -106,6 +160,30 @@ impl PoolRecord {
             pg_count,
             failure_domain: "osd".into(),
             object_bytes,
+            ec: None,
+        }
+    }
+
+    /// Bytes of one object on one OSD: a copy, or a shard (one store
+    /// block either way).
+    pub fn shard_bytes(&self) -> u32 {
+        self.object_bytes / self.ec.map_or(1, |e| u32::from(e.k))
+    }
+
+    /// The share of raw space that holds data: `1 / size`, or `k / (k +
+    /// m)`.
+    pub fn data_fraction(&self) -> f64 {
+        match self.ec {
+            Some(e) => f64::from(e.k) / f64::from(e.k + e.m),
+            None => 1.0 / f64::from(self.size.max(1)),
+        }
+    }
+
+    /// `3 copies` or `EC 4+2`.
+    pub fn scheme(&self) -> String {
+        match self.ec {
+            Some(e) => format!("EC {e}"),
+            None => format!("{} copies", self.size),
         }
     }
 }
@@ -133,6 +211,12 @@ pub struct PgTable {
     pub size: u8,
     /// `size` OSD ids per PG, PG by PG, in placement order.
     pub osds: Vec<u32>,
+    /// An erasure-coded pool's table: per PG, the slot of its preferred
+    /// primary (placement balances them without reordering a row, whose
+    /// slots are shards); empty in a replicated pool's, whose primary is
+    /// the first member up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lead: Vec<u8>,
     /// Per PG, the *temporary members*: OSDs a table change moved the PG
     /// away from that stay in its acting set, complete and taking every
     /// write, until the members placement gave it instead are complete
@@ -143,6 +227,17 @@ pub struct PgTable {
 }
 
 impl PgTable {
+    /// A new table of pool `pool` as placed, without temporary members.
+    pub fn new(pool: u32, size: u8, placed: Placed) -> PgTable {
+        PgTable {
+            pool,
+            size,
+            osds: placed.osds,
+            lead: placed.lead,
+            temp: BTreeMap::new(),
+        }
+    }
+
     pub fn pg_count(&self) -> u32 {
         (self.osds.len() / self.size as usize) as u32
     }
@@ -197,8 +292,19 @@ impl PgTable {
             .all(|o| self.placement(pg).contains(&o) != down.contains(&o))
     }
 
+    /// The first member up; in an erasure-coded pool's table, the first
+    /// placed member up from the PG's lead slot on (round the row), then
+    /// the temporary members.
     pub fn primary(&self, pg: u32, down: &[u32]) -> Option<u32> {
-        self.members(pg).find(|o| !down.contains(o))
+        let Some(&lead) = self.lead.get(pg as usize) else {
+            return self.members(pg).find(|o| !down.contains(o));
+        };
+        let row = self.placement(pg);
+        let n = row.len();
+        (0..n)
+            .map(|i| row[(usize::from(lead) + i) % n])
+            .chain(self.temp_of(pg))
+            .find(|o| !down.contains(o))
     }
 }
 
@@ -482,6 +588,14 @@ pub fn initialised(store: &dyn MetaStore) -> Result<bool> {
     Ok(store.get(CLUSTER_KEY)?.is_some())
 }
 
+/// A PG table's placement: `size` OSDs per PG and, for an erasure-coded
+/// pool, each PG's lead slot ([`PgTable::lead`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub osds: Vec<u32>,
+    pub lead: Vec<u8>,
+}
+
 /// The pool's PG table on `osds` except those `out`, keeping what it can
 /// of `prev` (placement's fewest moves).
 pub fn place(
@@ -489,7 +603,7 @@ pub fn place(
     pool: &PoolRecord,
     out: &[u32],
     prev: Option<&PgTable>,
-) -> Result<Vec<u32>> {
+) -> Result<Placed> {
     let domain = match pool.failure_domain.as_str() {
         "osd" => nacre_placement::FailureDomain::Osd,
         "host" => nacre_placement::FailureDomain::Host,
@@ -520,6 +634,7 @@ pub fn place(
         pgs: pool.pg_count,
         size: pool.size,
         domain,
+        positional: pool.ec.is_some(),
     };
     // A table of another width (the pool's size changed) keeps each PG's
     // first members, as many as fit: a PG that grows gains members, one
@@ -532,23 +647,22 @@ pub fn place(
         nacre_placement::Table {
             size: pool.size,
             osds,
+            lead: m.lead.clone(),
         }
     });
     let table = nacre_placement::place(&pos, &p, prev.as_ref())
         .map_err(|e| MetaError::Invalid(format!("placement: {e}")))?;
-    Ok(table.osds)
+    Ok(Placed {
+        osds: table.osds,
+        lead: table.lead,
+    })
 }
 
 /// Writes a new cluster's map: its OSDs, one pool and that pool's PG table
 /// (computed by `nacre-placement`), at epoch 1. Fails if a map exists.
 pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgTable> {
     check_pool(pool)?;
-    let table = PgTable {
-        pool: pool.id,
-        size: pool.size,
-        osds: place(osds, pool, &[], None)?,
-        temp: BTreeMap::new(),
-    };
+    let table = PgTable::new(pool.id, pool.size, place(osds, pool, &[], None)?);
     let state = ClusterState {
         epoch: 1,
         ..ClusterState::default()
@@ -591,7 +705,28 @@ pub fn check_pool(pool: &PoolRecord) -> Result<()> {
             pool.name, pool.size, pool.min_size
         )));
     }
-    let b = pool.object_bytes;
+    if let Some(e) = pool.ec {
+        e.check()
+            .map_err(|why| MetaError::Invalid(format!("pool {}: {why}", pool.name)))?;
+        // Below k shards nothing reads back; at k, a write would survive
+        // no further loss.
+        if pool.size != e.k + e.m || pool.min_size < e.k {
+            return Err(MetaError::Invalid(format!(
+                "pool {}: erasure coding {e} has {} shards (size {}) and min_size {}: give k <= min_size <= k + m",
+                pool.name,
+                e.k + e.m,
+                pool.size,
+                pool.min_size
+            )));
+        }
+        if !pool.object_bytes.is_multiple_of(u32::from(e.k)) {
+            return Err(MetaError::Invalid(format!(
+                "pool {}: objects of {} bytes do not split into {} shards",
+                pool.name, pool.object_bytes, e.k
+            )));
+        }
+    }
+    let b = pool.shard_bytes();
     if !(nacre_types::BLOCK_BYTES_MIN..=nacre_types::BLOCK_BYTES_MAX).contains(&b)
         || !b.is_power_of_two()
     {
@@ -901,12 +1036,11 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState
             )));
         }
         check_pg_logs(&m, &pool)?;
-        let table = PgTable {
-            pool: pool.id,
-            size: pool.size,
-            osds: place(&m.osds, &pool, &m.state.out, None)?,
-            temp: BTreeMap::new(),
-        };
+        let table = PgTable::new(
+            pool.id,
+            pool.size,
+            place(&m.osds, &pool, &m.state.out, None)?,
+        );
         // A new epoch: a map with the pool is never one without it at the
         // same epoch (an OSD still on the old one answers `StaleEpoch`, not
         // that the pool does not exist).
@@ -1095,14 +1229,12 @@ pub fn place_new_osds(store: &dyn MetaStore) -> Result<usize> {
     for pool in &m.pools {
         let t = (m.table(pool.id))
             .ok_or_else(|| MetaError::Invalid(format!("pool {} has no PG table", pool.name)))?;
-        let osds = place(&m.osds, pool, &m.state.out, Some(t))?;
-        moved += osds.iter().zip(&t.osds).filter(|(a, b)| a != b).count();
+        let placed = place(&m.osds, pool, &m.state.out, Some(t))?;
+        moved += (placed.osds.iter().zip(&t.osds))
+            .filter(|(a, b)| a != b)
+            .count();
         // No OSD is up yet: there is no copy to keep as a temporary member.
-        let next = PgTable {
-            osds,
-            temp: BTreeMap::new(),
-            ..t.clone()
-        };
+        let next = PgTable::new(t.pool, t.size, placed);
         ops.push(put(table_key(pool.id), json(&next)));
     }
     let state = ClusterState {
@@ -1447,6 +1579,7 @@ mod tests {
             pool: 1,
             size: 2,
             osds: vec![0, 1, 2, 3],
+            lead: Vec::new(),
             temp: BTreeMap::new(),
         };
         assert!(m.whole(0, &[]) && m.whole(1, &[]));
@@ -1493,6 +1626,7 @@ mod tests {
             pg_count: 64,
             failure_domain: "osd".into(),
             object_bytes: 128 << 10,
+            ec: None,
         }
     }
 
@@ -1791,7 +1925,7 @@ mod tests {
         assert!(s.get(&table_key(1)).unwrap().is_none());
         assert!(s.get(&removing_key(1)).unwrap().is_none());
         // 3 copies → 4 and → 2: every PG keeps its first members.
-        let t = place(&osds(5), &pool(), &[], None).unwrap();
+        let t = place(&osds(5), &pool(), &[], None).unwrap().osds;
         for size in [4, 2] {
             let p = PoolRecord {
                 size,
@@ -1806,10 +1940,12 @@ mod tests {
                     pool: 1,
                     size: 3,
                     osds: t.clone(),
+                    lead: Vec::new(),
                     temp: BTreeMap::new(),
                 }),
             )
-            .unwrap();
+            .unwrap()
+            .osds;
             let kept = |pg: usize| {
                 let (old, new) = (
                     &t[pg * 3..pg * 3 + 3],
@@ -1879,5 +2015,90 @@ mod tests {
             init(&*s2, &osds(2), &pool()).is_err(),
             "3 replicas need 3 OSDs"
         );
+    }
+
+    fn ec_pool(k: u8, m: u8) -> PoolRecord {
+        PoolRecord {
+            name: "ec".into(),
+            size: k + m,
+            min_size: k + 1,
+            object_bytes: u32::from(k) * (128 << 10),
+            ec: Some(EcScheme { k, m }),
+            ..pool()
+        }
+    }
+
+    /// An erasure-coded pool's record: a scheme within the codec's bounds,
+    /// `k + m` shards, `k <= min_size`, objects of `k` store blocks.
+    #[test]
+    fn ec_pools_are_checked() {
+        for (k, m) in [(2, 1), (4, 2), (6, 3), (16, 4)] {
+            check_pool(&ec_pool(k, m)).unwrap();
+        }
+        let bad = |p: PoolRecord| check_pool(&p).unwrap_err().to_string();
+        assert!(bad(ec_pool(1, 2)).contains("K must be within 2..=16"));
+        assert!(bad(ec_pool(4, 5)).contains("M within 1..=4"));
+        assert!(bad(PoolRecord {
+            size: 5,
+            ..ec_pool(4, 2)
+        })
+        .contains("6 shards"));
+        assert!(bad(PoolRecord {
+            min_size: 3,
+            ..ec_pool(4, 2)
+        })
+        .contains("k <= min_size"));
+        check_pool(&PoolRecord {
+            min_size: 4,
+            ..ec_pool(4, 2)
+        })
+        .unwrap();
+        let odd = PoolRecord {
+            object_bytes: (512 << 10) + 2,
+            ..ec_pool(4, 2)
+        };
+        assert!(bad(odd).contains("do not split"));
+        let unaligned = PoolRecord {
+            object_bytes: 3 * (128 << 10),
+            ..ec_pool(4, 2)
+        };
+        assert!(bad(unaligned).contains("power of two"));
+        assert_eq!(ec_pool(4, 2).shard_bytes(), 128 << 10);
+        assert_eq!(ec_pool(4, 2).scheme(), "EC 4+2");
+        assert!((ec_pool(4, 2).data_fraction() - 4.0 / 6.0).abs() < 1e-9);
+        assert!((pool().data_fraction() - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!("4+2".parse::<EcScheme>(), Ok(EcScheme { k: 4, m: 2 }));
+        for s in ["4-2", "4+", "+2", "1+1", "17+1", "4+0", "a+b", ""] {
+            assert!(s.parse::<EcScheme>().is_err(), "{s:?}");
+        }
+    }
+
+    /// An erasure-coded pool's table keeps its rows in slot order and names
+    /// each PG's primary slot; the primary is the first member up from it,
+    /// round the row. A table stored before leads existed reads back
+    /// without them.
+    #[test]
+    fn an_ec_pools_primary_comes_from_its_lead_slot() {
+        let p = ec_pool(4, 2);
+        let t = PgTable::new(p.id, p.size, place(&osds(8), &p, &[], None).unwrap());
+        assert_eq!(t.lead.len(), 64);
+        let mut leads = std::collections::BTreeSet::new();
+        for pg in 0..64 {
+            let (row, lead) = (t.placement(pg).to_vec(), usize::from(t.lead[pg as usize]));
+            leads.insert(lead);
+            assert_eq!(t.primary(pg, &[]), Some(row[lead]));
+            let next = row[(lead + 1) % 6];
+            assert_eq!(t.primary(pg, &[row[lead]]), Some(next));
+            assert_eq!(t.primary(pg, &row), None);
+        }
+        assert!(leads.len() > 1, "every PG led from one slot: {leads:?}");
+        let old = r#"{"pool":1,"size":2,"osds":[0,1,1,0]}"#;
+        let t: PgTable = serde_json::from_str(old).unwrap();
+        assert!(t.lead.is_empty());
+        assert_eq!(t.primary(1, &[]), Some(1));
+        let rec: PoolRecord =
+            serde_json::from_str(&serde_json::to_string(&pool()).unwrap()).unwrap();
+        assert_eq!(rec.ec, None);
+        assert!(!serde_json::to_string(&pool()).unwrap().contains("\"ec\""));
     }
 }

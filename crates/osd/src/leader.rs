@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use nacre_io::sync::Notify;
 use nacre_io::{rt, AlignedBuf};
-use nacre_meta::map::{Interval, PgTable, PoolRecord, EPOCH_MAX};
+use nacre_meta::map::{Interval, PgTable, Placed, PoolRecord, EPOCH_MAX};
 use nacre_net::{Frame, Handler, Rpc, Transport};
 use nacre_types::{ObjectId, PgId, HEARTBEAT_GRACE_MS, HEARTBEAT_INTERVAL_MS};
 use nacre_wire::{Header, Op, Status};
@@ -44,10 +44,11 @@ pub const TEMP_SETTLE_MS: u64 = 2_000;
 
 /// Stores a map durably; an error refuses the change.
 pub type Persist = Box<dyn Fn(&OsdMap) -> Result<(), String>>;
-/// Computes a pool's PG table (OSD ids, `size` per PG) over the given OSDs
-/// (those of the map that are in), keeping what it can of the current
-/// table (none for a new pool); or why it cannot.
-pub type Placer = Box<dyn Fn(&PoolRecord, Option<&PgTable>, &[u32]) -> Result<Vec<u32>, String>>;
+/// Computes a pool's PG table (OSD ids, `size` per PG, and an
+/// erasure-coded pool's lead slots) over the given OSDs (those of the map
+/// that are in), keeping what it can of the current table (none for a new
+/// pool); or why it cannot.
+pub type Placer = Box<dyn Fn(&PoolRecord, Option<&PgTable>, &[u32]) -> Result<Placed, String>>;
 
 pub struct Leader<T: Transport> {
     transport: T,
@@ -250,10 +251,10 @@ impl<T: Transport> Leader<T> {
             let table = self
                 .place(&p.record, Some(&p.table), &outs)
                 .map_err(|e| format!("osd.{id} cannot be marked {verb}: {e}"))?;
-            let n = (table.iter().zip(&p.table.osds))
+            let n = (table.osds.iter().zip(&p.table.osds))
                 .filter(|(a, b)| a != b)
                 .count();
-            copies += table.len();
+            copies += table.osds.len();
             moved += n;
             // A pool whose table does not change keeps its temporary
             // members as they are.
@@ -278,7 +279,7 @@ impl<T: Transport> Leader<T> {
         pool: &PoolRecord,
         prev: Option<&PgTable>,
         out: &[u32],
-    ) -> Result<Vec<u32>, String> {
+    ) -> Result<Placed, String> {
         let inn: Vec<u32> = (self.map.borrow().addrs.keys())
             .copied()
             .filter(|o| !out.contains(o))
@@ -287,11 +288,17 @@ impl<T: Transport> Leader<T> {
         let p = p.as_ref().ok_or("this cluster's PG tables cannot change")?;
         let table = p(pool, prev, &inn)?;
         let slots = pool.pg_count as usize * pool.size as usize;
-        if table.len() != slots {
+        let leads = if pool.ec.is_some() {
+            pool.pg_count as usize
+        } else {
+            0
+        };
+        if table.osds.len() != slots || table.lead.len() != leads {
             return Err(format!(
-                "the new table of pool {} has {} slots, not {slots}",
+                "the new table of pool {} has {} slots and {} leads, not {slots} and {leads}",
                 pool.name,
-                table.len()
+                table.osds.len(),
+                table.lead.len()
             ));
         }
         Ok(table)
@@ -435,11 +442,11 @@ impl<T: Transport> Leader<T> {
             if let Some(p) = m
                 .pools
                 .values()
-                .find(|p| p.record.object_bytes != rec.object_bytes)
+                .find(|p| p.record.shard_bytes() != rec.shard_bytes())
             {
                 return Err(format!(
-                    "objects of {} bytes: pool {}'s are {} (an object is one store block)",
-                    rec.object_bytes, p.record.name, p.record.object_bytes
+                    "shards of {} bytes: pool {}'s are {} (a copy or a shard of an object is one store block)",
+                    rec.shard_bytes(), p.record.name, p.record.shard_bytes()
                 ));
             }
             if let Some(p) = m.pools.get(&rec.id) {
@@ -459,24 +466,23 @@ impl<T: Transport> Leader<T> {
             nacre_meta::map::check_pg_total(others, &rec).map_err(|e| e.to_string())?;
             m.cluster.out.clone()
         };
-        let osds = self
+        let placed = self
             .place(&rec, None, &out)
             .map_err(|e| format!("pool {}: {e}", rec.name))?;
         let why = format!(
-            "pool {} (id {}) created: {} copies, min_size {}, {} PGs over {} OSDs",
+            "pool {} (id {}) created: {}, min_size {}, {} PGs over {} OSDs",
             rec.name,
             rec.id,
-            rec.size,
+            rec.scheme(),
             rec.min_size,
             rec.pg_count,
-            (osds.iter().collect::<std::collections::BTreeSet<_>>()).len()
+            (placed
+                .osds
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>())
+            .len()
         );
-        let table = PgTable {
-            pool: rec.id,
-            size: rec.size,
-            osds,
-            temp: BTreeMap::new(),
-        };
+        let table = PgTable::new(rec.id, rec.size, placed);
         let add = |m: &mut OsdMap| {
             let state = nacre_meta::map::PoolState {
                 record: rec.clone(),
@@ -1023,10 +1029,10 @@ impl<T: Transport> Handler for Leader<T> {
 /// Gives pool `pool` of `m` the table `osds` of `size` OSDs per PG, its
 /// temporary members those of the old table's acting sets that it leaves
 /// and that are complete ([`temp_members`]).
-fn retable(m: &mut OsdMap, pool: u32, size: u8, osds: Vec<u32>) {
+fn retable(m: &mut OsdMap, pool: u32, size: u8, placed: Placed) {
     let old = m.pools[&pool].table.clone();
     let t = &mut m.pools.get_mut(&pool).expect("known pool").table;
-    (t.size, t.osds) = (size, osds);
+    (t.size, t.osds, t.lead) = (size, placed.osds, placed.lead);
     let temp = temp_members(m, pool, &old);
     m.pools.get_mut(&pool).expect("known pool").table.temp = temp;
 }
@@ -1075,11 +1081,13 @@ mod tests {
             pg_count: 3,
             failure_domain: "osd".into(),
             object_bytes: 4096,
+            ec: None,
         };
         let table = PgTable {
             pool: 1,
             size: 2,
             osds: vec![0, 1, 2, 3, 1, 2],
+            lead: Vec::new(),
             temp: BTreeMap::new(),
         };
         let mut m = OsdMap {

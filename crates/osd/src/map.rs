@@ -225,13 +225,16 @@ mod tests {
             pg_count: 2,
             failure_domain: "osd".into(),
             object_bytes: 4096,
+            ec: None,
         };
-        let table = PgTable {
-            pool: 1,
-            size: 2,
-            osds: vec![0, 1, 1, 0],
-            temp: Default::default(),
-        };
+        let table = PgTable::new(
+            1,
+            2,
+            nacre_meta::map::Placed {
+                osds: vec![0, 1, 1, 0],
+                lead: Vec::new(),
+            },
+        );
         OsdMap {
             cluster: ClusterState {
                 epoch: 5,

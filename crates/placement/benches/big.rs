@@ -20,6 +20,7 @@ fn main() {
         pgs: 1_000_000,
         size: 3,
         domain: FailureDomain::Host,
+        positional: false,
     };
     let t = Instant::now();
     let first = place(&osds, &pool, None).expect("placeable");

@@ -15,11 +15,15 @@
 //!    and under its target; only the rest is placed anew (and where that
 //!    leaves an OSD two or more off its target, chains of moves even it
 //!    out: rule 2 first);
-//! 4. the first OSD of each PG is its primary (which serves every client
-//!    op of the PG): each OSD is primary for a share of the PGs
-//!    proportional to the replicas it holds, within one of that integer
-//!    target where the table allows, and a PG keeps its previous primary
-//!    unless balance needs it to change (reordering a PG moves no data).
+//! 4. each PG has a primary (which serves every client op of the PG):
+//!    each OSD is primary for a share of the PGs proportional to the
+//!    replicas it holds, within one of that integer target where the
+//!    table allows, and a PG keeps its previous primary unless balance
+//!    needs it to change. In a replicated pool the primary is the first
+//!    OSD of its row (reordering a row moves no data); in a *positional*
+//!    pool (erasure coding: the OSD at slot `i` holds shard `i`) rows are
+//!    never reordered — a replica that stays keeps its slot — and the
+//!    table names each PG's primary slot instead (`Table::lead`).
 //!
 //! Cost: O(slots · log OSDs); 10 000 OSDs and 1 000 000 PGs of 3 replicas
 //! take a few seconds (`cargo bench -p nacre-placement`).
@@ -49,9 +53,12 @@ pub enum FailureDomain {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool {
     pub pgs: u32,
-    /// Replicas per PG.
+    /// Replicas (or shards) per PG.
     pub size: u8,
     pub domain: FailureDomain,
+    /// Slots are positions (shards of an erasure-coded PG): rows are never
+    /// reordered, and the primary is named by [`Table::lead`].
+    pub positional: bool,
 }
 
 /// PG → OSD ids, `size` per PG, row by row.
@@ -59,12 +66,25 @@ pub struct Pool {
 pub struct Table {
     pub size: u8,
     pub osds: Vec<u32>,
+    /// A positional table's primary slot of each PG; empty in a replicated
+    /// table, whose primary is the first of the row.
+    pub lead: Vec<u8>,
 }
 
 impl Table {
     pub fn pg(&self, pg: u32) -> &[u32] {
         let s = self.size as usize;
         &self.osds[pg as usize * s..(pg as usize + 1) * s]
+    }
+
+    /// The slot of PG `pg`'s primary.
+    pub fn lead_of(&self, pg: u32) -> usize {
+        self.lead.get(pg as usize).map_or(0, |&s| usize::from(s))
+    }
+
+    /// PG `pg`'s primary.
+    pub fn primary(&self, pg: u32) -> u32 {
+        self.pg(pg)[self.lead_of(pg)]
     }
 
     pub fn pgs(&self) -> u32 {
@@ -353,12 +373,39 @@ pub fn place(osds: &[Osd], pool: &Pool, prev: Option<&Table>) -> Result<Table, P
     even_out(
         &mut out, size, &usable, osds, &index, &domain, &target, &mut count,
     );
+    if pool.positional {
+        if let Some(p) = prev.filter(|p| p.size == pool.size) {
+            restore_slots(&mut out, size, p);
+        }
+    }
     let mut t = Table {
         size: pool.size,
         osds: out,
+        lead: Vec::new(),
     };
-    balance_primaries(&mut t, prev);
+    balance_primaries(&mut t, prev, pool.positional);
     Ok(t)
+}
+
+/// Puts every OSD of a positional table that was in a PG before back in
+/// its old slot of that PG. Shedding an OSD's excess can free its slot in
+/// a PG and the fill, or evening out, give it another slot of the same
+/// PG: nothing moved for a set of replicas, but for shards that is two
+/// shards rebuilt for none. Swapping within the row changes no count and
+/// no domain; each swap puts one OSD in its old slot for good (no other
+/// OSD had that slot), so at most `size` swaps per PG.
+fn restore_slots(out: &mut [u32], size: usize, prev: &Table) {
+    for pg in 0..(out.len() / size).min(prev.pgs() as usize) {
+        let old = prev.pg(pg as u32);
+        let row = &mut out[pg * size..(pg + 1) * size];
+        let mut s = 0;
+        while s < size {
+            match old.iter().position(|&o| o == row[s]) {
+                Some(p) if p != s => row.swap(s, p),
+                _ => s += 1,
+            }
+        }
+    }
 }
 
 /// The most OSDs [`even_out`] expands looking for one chain, the longest
@@ -484,10 +531,14 @@ fn even_out(
 /// hands on one of its own, and so on; an OSD below it takes a PG from a
 /// member that can spare one, the same way backwards. A band rather than
 /// exact targets keeps primaries put when counts shift by a replica or
-/// two. O(PGs · size) per path.
-fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
+/// two. O(PGs · size) per path. A `positional` table records each PG's
+/// primary slot in `lead`; a replicated one moves it to the front.
+fn balance_primaries(t: &mut Table, prev: Option<&Table>, positional: bool) {
     let size = t.size as usize;
     let pgs = t.pgs() as usize;
+    if positional {
+        t.lead = vec![0; pgs];
+    }
     if size < 2 || pgs == 0 {
         return;
     }
@@ -516,7 +567,7 @@ fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
         let row = &t.osds[pg * size..(pg + 1) * size];
         let keep = prev
             .filter(|p| p.size == t.size && (pg as u32) < p.pgs())
-            .and_then(|p| row.iter().position(|&o| o == p.pg(pg as u32)[0]));
+            .and_then(|p| row.iter().position(|&o| o == p.primary(pg as u32)));
         *slot = keep.unwrap_or_else(|| {
             (0..size)
                 .max_by_key(|&s| {
@@ -598,7 +649,11 @@ fn balance_primaries(t: &mut Table, prev: Option<&Table>) {
         while prim[start] < lo[start] && path(start, false, &mut first, &mut prim) {}
     }
     for (pg, &slot) in first.iter().enumerate() {
-        t.osds[pg * size..(pg + 1) * size].swap(0, slot);
+        if positional {
+            t.lead[pg] = slot as u8;
+        } else {
+            t.osds[pg * size..(pg + 1) * size].swap(0, slot);
+        }
     }
 }
 

@@ -22,14 +22,14 @@ fn topology() -> impl Strategy<Value = Vec<(u32, Vec<u32>)>> {
     prop::collection::vec((0u32..4, prop::collection::vec(1u32..5, 1..5)), 4..12)
 }
 
-/// Each OSD is primary (first in the row) of a share of the PGs within one
+/// Each OSD is primary of a share of the PGs within one
 /// of its replicas' share of them.
 fn check_primaries(t: &Table) -> Result<(), TestCaseError> {
     let counts = t.counts();
     let total: u64 = counts.values().sum();
     let mut prim: HashMap<u32, u64> = HashMap::new();
     for pg in 0..t.pgs() {
-        *prim.entry(t.pg(pg)[0]).or_default() += 1;
+        *prim.entry(t.primary(pg)).or_default() += 1;
     }
     for (&o, &c) in &counts {
         let ideal = c as f64 * f64::from(t.pgs()) / total as f64;
@@ -43,6 +43,30 @@ fn check_primaries(t: &Table) -> Result<(), TestCaseError> {
         );
     }
     Ok(())
+}
+
+/// Adds an OSD of weight `w` on host `host` (`add`), or loses OSD 0, and
+/// places `pool` again from `before`.
+fn add_or_lose(
+    osds: &mut Vec<Osd>,
+    add: bool,
+    host: u32,
+    w: u32,
+    pool: &Pool,
+    before: &Table,
+) -> Result<Table, PlacementError> {
+    if add {
+        osds.push(Osd {
+            id: osds.len() as u32,
+            host,
+            rack: host % 10,
+            weight: w,
+            up: true,
+        });
+    } else {
+        osds[0].up = false;
+    }
+    place(osds, pool, Some(before))
 }
 
 fn check_domains(osds: &[Osd], pool: &Pool, t: &Table) -> Result<(), TestCaseError> {
@@ -77,7 +101,7 @@ proptest! {
     fn replicas_in_distinct_domains_and_balanced(hosts in topology(), pgs in 64u32..600, size in 1u8..4, dom in 0u8..2) {
         let osds = cluster(&hosts);
         let domain = if dom == 0 { FailureDomain::Osd } else { FailureDomain::Host };
-        let pool = Pool { pgs, size, domain };
+        let pool = Pool { pgs, size, domain, positional: false };
         let t = place(&osds, &pool, None).unwrap();
         check_domains(&osds, &pool, &t)?;
         let target = targets(&osds, &pool);
@@ -94,7 +118,7 @@ proptest! {
     #[test]
     fn primaries_stay_balanced_and_mostly_put_after_a_change(hosts in topology(), pgs in 128u32..600, w in 1u32..5) {
         let mut osds = cluster(&hosts);
-        let pool = Pool { pgs, size: 3, domain: FailureDomain::Osd };
+        let pool = Pool { pgs, size: 3, domain: FailureDomain::Osd, positional: false };
         prop_assume!(osds.len() > 4);
         let before = place(&osds, &pool, None).unwrap();
         osds.push(Osd { id: osds.len() as u32, host: 99, rack: 9, weight: w, up: true });
@@ -104,7 +128,7 @@ proptest! {
         // the primary's) or where balance hands it one; each hand-over may
         // shift others along its path (a loose bound: three per replica
         // the new OSD took).
-        let kept = (0..pgs).filter(|&pg| after.pg(pg)[0] == before.pg(pg)[0]).count() as u32;
+        let kept = (0..pgs).filter(|&pg| after.primary(pg) == before.primary(pg)).count() as u32;
         let new_share = after.counts().get(&(osds.len() as u32 - 1)).copied().unwrap_or(0) as u32;
         prop_assert!(pgs - kept <= 3 * new_share + 3, "kept {} of {} primaries; the new OSD holds {}", kept, pgs, new_share);
     }
@@ -117,7 +141,7 @@ proptest! {
     #[test]
     fn adding_or_removing_an_osd_moves_little(hosts in topology(), pgs in 128u32..600, add in any::<bool>(), w in 1u32..5) {
         let mut osds = cluster(&hosts);
-        let pool = Pool { pgs, size: 3, domain: FailureDomain::Osd };
+        let pool = Pool { pgs, size: 3, domain: FailureDomain::Osd, positional: false };
         prop_assume!(osds.len() > 4);
         let before = place(&osds, &pool, None).unwrap();
         if add {
@@ -139,17 +163,12 @@ proptest! {
     fn a_change_keeps_every_osd_near_its_target(hosts in topology(), pgs in 64u32..600, size in 2u8..4, dom in 0u8..2, add in any::<bool>(), w in 1u32..5, host in 0u32..14) {
         let mut osds = cluster(&hosts);
         let domain = if dom == 0 { FailureDomain::Osd } else { FailureDomain::Host };
-        let pool = Pool { pgs, size, domain };
+        let pool = Pool { pgs, size, domain, positional: false };
         let before = place(&osds, &pool, None);
         prop_assume!(before.is_ok());
         let before = before.unwrap();
-        if add {
-            // On a host of its own or beside others.
-            osds.push(Osd { id: osds.len() as u32, host: host.min(hosts.len() as u32), rack: 0, weight: w, up: true });
-        } else {
-            osds[0].up = false;
-        }
-        let after = place(&osds, &pool, Some(&before));
+        // On a host of its own or beside others.
+        let after = add_or_lose(&mut osds, add, host.min(hosts.len() as u32), w, &pool, &before);
         prop_assume!(after.is_ok());
         let after = after.unwrap();
         check_domains(&osds, &pool, &after)?;
@@ -164,10 +183,47 @@ proptest! {
         prop_assert!(got.iter().all(|&d| d <= allowed), "off target by {:?} (a fresh table: within {}); targets {:?}", got, allowed, target);
     }
 
+    /// A positional (erasure-coded) table never reorders a row: after an
+    /// OSD is added or lost, every OSD that stays in a PG keeps its slot
+    /// (its shard), and the primaries, named by slot, stay balanced.
+    #[test]
+    fn positional_rows_keep_their_slots(hosts in topology(), pgs in 64u32..400, size in 3u8..7, dom in 0u8..2, add in any::<bool>(), w in 1u32..5) {
+        let mut osds = cluster(&hosts);
+        let domain = if dom == 0 { FailureDomain::Osd } else { FailureDomain::Host };
+        let pool = Pool { pgs, size, domain, positional: true };
+        let before = place(&osds, &pool, None);
+        prop_assume!(before.is_ok());
+        let before = before.unwrap();
+        prop_assert_eq!(before.lead.len(), pgs as usize);
+        check_domains(&osds, &pool, &before)?;
+        check_primaries(&before)?;
+        let after = add_or_lose(&mut osds, add, 99, w, &pool, &before);
+        prop_assume!(after.is_ok());
+        let after = after.unwrap();
+        check_domains(&osds, &pool, &after)?;
+        check_primaries(&after)?;
+        // So shards rebuilt are replicas moved: near the minimum where
+        // domains are OSDs (as `adding_or_removing_an_osd_moves_little`).
+        let rebuilt = (0..pgs)
+            .map(|pg| before.pg(pg).iter().zip(after.pg(pg)).filter(|(a, b)| a != b).count() as u64)
+            .sum::<u64>();
+        prop_assert_eq!(rebuilt, moves(&before, &after));
+        let min = min_moves(&before, &after);
+        prop_assert!(domain == FailureDomain::Host || rebuilt <= min + min / 2 + 3, "rebuilt {} shards, the minimum is {}", rebuilt, min);
+        for pg in 0..pgs {
+            prop_assert!(after.lead_of(pg) < size as usize);
+            for (slot, o) in before.pg(pg).iter().enumerate() {
+                if let Some(now) = after.pg(pg).iter().position(|x| x == o) {
+                    prop_assert_eq!(now, slot, "PG {} moved osd {} from slot {} to {}", pg, o, slot, now);
+                }
+            }
+        }
+    }
+
     #[test]
     fn deterministic(hosts in topology(), pgs in 1u32..200) {
         let osds = cluster(&hosts);
-        let pool = Pool { pgs, size: 2, domain: FailureDomain::Host };
+        let pool = Pool { pgs, size: 2, domain: FailureDomain::Host, positional: false };
         prop_assert_eq!(place(&osds, &pool, None).unwrap(), place(&osds, &pool, None).unwrap());
     }
 }
@@ -180,6 +236,7 @@ fn weights_are_honoured_and_heavy_domains_capped() {
         pgs: 400,
         size: 2,
         domain: FailureDomain::Host,
+        positional: false,
     };
     let t = place(&osds, &pool, None).unwrap();
     let c = t.counts();
@@ -195,6 +252,7 @@ fn impossible_pools_are_refused() {
         pgs: 8,
         size: 3,
         domain: FailureDomain::Host,
+        positional: false,
     };
     assert_eq!(
         place(&osds, &host3, None),
@@ -205,7 +263,8 @@ fn impossible_pools_are_refused() {
         &Pool {
             pgs: 0,
             size: 1,
-            domain: FailureDomain::Osd
+            domain: FailureDomain::Osd,
+            positional: false,
         },
         None
     )
@@ -214,6 +273,7 @@ fn impossible_pools_are_refused() {
         pgs: 8,
         size: 2,
         domain: FailureDomain::Rack,
+        positional: false,
     };
     assert!(matches!(
         place(&osds, &rack2, None),
@@ -230,6 +290,7 @@ fn three_osds_three_replicas_share_the_primaries() {
         pgs: 64,
         size: 3,
         domain: FailureDomain::Osd,
+        positional: false,
     };
     let t = place(&osds, &pool, None).unwrap();
     let mut prim = [0u32; 3];
@@ -259,6 +320,7 @@ fn a_host_whose_osds_join_one_by_one_takes_its_share() {
         pgs: 64,
         size: 3,
         domain: FailureDomain::Host,
+        positional: false,
     };
     let t0 = place(&mk(8), &pool, None).unwrap();
     let t1 = place(&mk(9), &pool, Some(&t0)).unwrap();

@@ -22,7 +22,7 @@ use nacre_blockstore::{FormatOptions, Store, StoreOptions};
 use nacre_io::fault::SplitMix;
 use nacre_io::net::Addr;
 use nacre_io::{rt, AlignedBuf, FaultDev};
-use nacre_meta::map::{ClusterState, PgTable, PoolRecord, PoolState};
+use nacre_meta::map::{ClusterState, PgTable, Placed, PoolRecord, PoolState};
 use nacre_net::{Frame, Handler, NetError, Rpc, Transport};
 use nacre_osd::leader::Leader;
 use nacre_osd::{Osd, OsdMap, PgState};
@@ -396,11 +396,14 @@ async fn blank_disk(net: &Net) -> FaultDev {
 }
 
 /// Every PG on `size` consecutive OSDs of `osds`, primaries rotating.
-fn consecutive(osds: &[u32], pgs: u32, size: u8) -> Vec<u32> {
+fn consecutive(osds: &[u32], pgs: u32, size: u8) -> Placed {
     let n = osds.len();
-    (0..pgs as usize)
-        .flat_map(|pg| (0..usize::from(size)).map(move |k| osds[(pg + k) % n]))
-        .collect()
+    Placed {
+        osds: (0..pgs as usize)
+            .flat_map(|pg| (0..usize::from(size)).map(move |k| osds[(pg + k) % n]))
+            .collect(),
+        lead: Vec::new(),
+    }
 }
 
 impl Cluster {
@@ -448,13 +451,9 @@ impl Cluster {
                 pg_count: pgs,
                 failure_domain: "osd".into(),
                 object_bytes: OBJECT_BYTES,
+                ec: None,
             };
-            let table = PgTable {
-                pool: id,
-                size,
-                osds: consecutive(&all, pgs, size),
-                temp: Default::default(),
-            };
+            let table = PgTable::new(id, size, consecutive(&all, pgs, size));
             let state = PoolState {
                 record,
                 table,
