@@ -15,9 +15,16 @@
 //! pure-Rust one (a 256-entry product table per coefficient), chosen —
 //! and logged — only where ISA-L is missing. Golden vectors and property
 //! tests hold both to the same bytes.
+//!
+//! `layout` says where an object's bytes go among its shards (4 KiB units
+//! round the data shards), which ranges a read or write touches, and the
+//! parity delta of a partial write.
 
 mod gf;
 mod isal;
+pub mod layout;
+
+pub use layout::{Layout, Piece, ShardRange, UNIT};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
