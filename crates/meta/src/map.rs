@@ -261,8 +261,10 @@ impl PgTable {
     }
 
     /// The acting set with the OSDs in `down` down: the placement's OSDs
-    /// that are up, in order, then the temporary members that are up; the
-    /// first is the primary.
+    /// that are up, in order, then the temporary members that are up; in
+    /// a replicated pool's table the first is the primary (an
+    /// erasure-coded one's is [`PgTable::primary`]'s, and a position here
+    /// is no shard).
     pub fn acting(&self, pg: u32, down: &[u32]) -> Vec<u32> {
         self.members(pg).filter(|o| !down.contains(o)).collect()
     }
@@ -647,7 +649,12 @@ pub fn place(
         nacre_placement::Table {
             size: pool.size,
             osds,
-            lead: m.lead.clone(),
+            // Leads name slots of a table of this width only.
+            lead: if m.size == pool.size {
+                m.lead.clone()
+            } else {
+                Vec::new()
+            },
         }
     });
     let table = nacre_placement::place(&pos, &p, prev.as_ref())
@@ -662,6 +669,7 @@ pub fn place(
 /// (computed by `nacre-placement`), at epoch 1. Fails if a map exists.
 pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgTable> {
     check_pool(pool)?;
+    check_served(pool)?;
     let table = PgTable::new(pool.id, pool.size, place(osds, pool, &[], None)?);
     let state = ClusterState {
         epoch: 1,
@@ -744,6 +752,19 @@ pub fn check_pool(pool: &PoolRecord) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the OSDs serve a pool of this kind: erasure-coded pools are
+/// checked and placed, but their data path is not built yet
+/// (docs/internals/ec.md), so no pool of the kind may be created.
+pub fn check_served(pool: &PoolRecord) -> Result<()> {
+    match pool.ec {
+        Some(e) => Err(MetaError::Invalid(format!(
+            "pool {}: erasure-coded pools ({e}) are not served yet",
+            pool.name
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The most PGs a pool may have.
@@ -1029,6 +1050,7 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState
             ..pool.clone()
         };
         check_pool(&pool)?;
+        check_served(&pool)?;
         if m.pool_named(&pool.name).is_some() {
             return Err(MetaError::Invalid(format!(
                 "a pool named {:?} exists already (`nacre pool ls` lists them)",
@@ -2092,6 +2114,14 @@ mod tests {
             assert_eq!(t.primary(pg, &row), None);
         }
         assert!(leads.len() > 1, "every PG led from one slot: {leads:?}");
+        // Not served yet: no map may hold one.
+        let d = tempfile::tempdir().unwrap();
+        let s = Embedded::open(d.path()).unwrap();
+        let e = init(&*s, &osds(8), &PoolRecord { id: 1, ..p.clone() }).unwrap_err();
+        assert!(e.to_string().contains("not served yet"), "{e}");
+        init(&*s, &osds(8), &pool()).unwrap();
+        let e = create_pool(&*s, &p).unwrap_err();
+        assert!(e.to_string().contains("not served yet"), "{e}");
         let old = r#"{"pool":1,"size":2,"osds":[0,1,1,0]}"#;
         let t: PgTable = serde_json::from_str(old).unwrap();
         assert!(t.lead.is_empty());

@@ -170,6 +170,20 @@ impl OsdMap {
         if let Some(pg) = p.last_active.keys().find(|pg| **pg >= t.pg_count()) {
             return Err(format!("an interval of PG {pg}, past the table"));
         }
+        // An erasure-coded pool's table names each PG's lead slot; a
+        // replicated one's none.
+        let leads = if r.ec.is_some() {
+            r.pg_count as usize
+        } else {
+            0
+        };
+        if t.lead.len() != leads || t.lead.iter().any(|&s| s >= t.size) {
+            return Err(format!(
+                "{} lead slots for {leads} PGs of size {}",
+                t.lead.len(),
+                t.size
+            ));
+        }
         Ok(())
     }
 }
@@ -281,6 +295,29 @@ mod tests {
         .contains("osd.1"));
         assert!(bad(|m| m.addrs.insert(1, "nowhere".into()).map_or((), |_| ())).contains("osd.1"));
         assert!(bad(|m| pool(m).record.min_size = 3).contains("min_size"));
+        // Lead slots only in an erasure-coded pool's table, one per PG,
+        // inside the row.
+        assert!(bad(|m| pool(m).table.lead = vec![0, 1]).contains("lead slots"));
+        let ec = |m: &mut OsdMap| {
+            let p = pool(m);
+            p.record.ec = Some(nacre_meta::map::EcScheme { k: 2, m: 0 });
+        };
+        assert!(bad(ec).contains("M within"));
+        fn ec21(m: &mut OsdMap, lead: Vec<u8>) {
+            let p = pool(m);
+            p.record = nacre_meta::map::PoolRecord {
+                size: 3,
+                min_size: 2,
+                object_bytes: 8192,
+                ec: Some(nacre_meta::map::EcScheme { k: 2, m: 1 }),
+                ..p.record.clone()
+            };
+            p.table.size = 3;
+            p.table.osds = vec![0, 1, 0, 1, 0, 1];
+            p.table.lead = lead;
+        }
+        assert!(bad(|m| ec21(m, vec![0])).contains("lead slots"));
+        assert!(bad(|m| ec21(m, vec![0, 3])).contains("lead slots"));
         assert!(bad(|m| {
             pool(m).table.temp.insert(2, vec![0]);
         })

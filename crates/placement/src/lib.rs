@@ -77,9 +77,13 @@ impl Table {
         &self.osds[pg as usize * s..(pg as usize + 1) * s]
     }
 
-    /// The slot of PG `pg`'s primary.
+    /// The slot of PG `pg`'s primary (the first, where the table names
+    /// none or one out of the row).
     pub fn lead_of(&self, pg: u32) -> usize {
-        self.lead.get(pg as usize).map_or(0, |&s| usize::from(s))
+        (self.lead.get(pg as usize))
+            .map(|&s| usize::from(s))
+            .filter(|&s| s < usize::from(self.size))
+            .unwrap_or(0)
     }
 
     /// PG `pg`'s primary.
