@@ -34,6 +34,7 @@
 //! copy stops the PG and ends the interval (the leader starts a new epoch),
 //! so copies never drift apart under one version.
 
+mod ec;
 pub mod leader;
 pub mod map;
 mod peering;
@@ -232,6 +233,8 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     scrub_tickets: Cell<u64>,
     scrub_asked: RefCell<Vec<(u64, PgId, bool)>>,
     scrub_reports: RefCell<BTreeMap<u64, ScrubReport>>,
+    /// Per erasure-coded pool, its code and layout (`ec.rs`).
+    schemes: RefCell<HashMap<u32, Rc<ec::Scheme>>>,
     pub stats: OsdStats,
 }
 
@@ -518,6 +521,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             scrub_tickets: Cell::new(0),
             scrub_asked: RefCell::new(Vec::new()),
             scrub_reports: RefCell::new(BTreeMap::new()),
+            schemes: RefCell::new(HashMap::new()),
             stats,
         })
     }
@@ -1069,7 +1073,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         } else {
             map.pg_of(h.oid) == Some(h.pg_id())
         };
-        if !pg_ok {
+        // A shard's id (its index in the block) is the OSDs' alone.
+        if !pg_ok || h.oid.shard_index().is_some() {
             return Some(Status::Invalid);
         }
         if need_primary && !self.pgs.borrow().contains_key(&h.pg_id()) {
@@ -1313,7 +1318,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
         }
         // A conditional op (a shrink's, on what it listed) leaves an
-        // object written since alone, and creates none.
+        // object written since alone, and creates none. (Not on an EC PG
+        // yet, whose objects are not whole here: ec.rs.)
+        if h.obj_version != 0 && self.scheme(h.pool).is_some() {
+            return (Status::Invalid, 0);
+        }
         if h.obj_version != 0 {
             match self.store.version(oid) {
                 None => return (Status::NotFound, 0),
@@ -1360,17 +1369,21 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             tracing::error!("osd.{}: {why}", self.id);
             return (Status::Unavailable, 0);
         }
-        let acting = self.map.borrow().acting(h.pg_id());
-        let entry = self.entry(h, version);
-        let mut sub = *h;
-        sub.op = if h.op == Op::Delete {
-            Op::RepDelete
+        let status = if self.scheme(h.pool).is_some() {
+            self.ec_update(h, version, data).await
         } else {
-            Op::RepWrite
+            let acting = self.map.borrow().acting(h.pg_id());
+            let entry = self.entry(h, version);
+            let mut sub = *h;
+            sub.op = if h.op == Op::Delete {
+                Op::RepDelete
+            } else {
+                Op::RepWrite
+            };
+            sub.obj_version = version;
+            sub.sender = self.id;
+            self.replicate(&acting, sub, entry, data).await
         };
-        sub.obj_version = version;
-        sub.sender = self.id;
-        let status = self.replicate(&acting, sub, entry, data).await;
         if status == Status::Ok {
             (self.done.borrow_mut().entry(h.pg_id()).or_default()).insert(key, version);
         } else {
@@ -1550,7 +1563,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// those deleted since excluded), a page of them.
     async fn answer_list(&self, h: &Header) -> (Header, Option<AlignedBuf>) {
         let (pg, epoch, from) = (h.pg_id(), h.epoch, h.oid.block);
-        if h.length == 0 || h.length > nacre_wire::LIST_PAGE_MAX {
+        // An EC PG's objects are on its shards, not whole on this OSD: no
+        // listing of them yet (ec.rs).
+        if h.length == 0 || h.length > nacre_wire::LIST_PAGE_MAX || self.scheme(pg.pool).is_some() {
             return (h.reply(Status::Invalid), None);
         }
         if let Err(s) = self.wait_active(pg, epoch).await {
@@ -1645,6 +1660,9 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         let route = match h.op {
             Op::Read | Op::Write | Op::Delete | Op::List => self.check_route(&h, true),
             Op::RepWrite | Op::RepDelete => self.check_route(&h, false),
+            Op::ShardRead | Op::ShardWrite | Op::ShardDelete | Op::ShardCommit => {
+                self.check_shard_route(&h)
+            }
             _ => None,
         };
         // Nothing lands in a PG whose stray copy is being deleted here, and
@@ -1655,6 +1673,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 h.op,
                 Op::RepWrite
                     | Op::RepDelete
+                    | Op::ShardWrite
+                    | Op::ShardDelete
                     | Op::Push
                     | Op::LogSync
                     | Op::PgQuery
@@ -1686,6 +1706,21 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 if self.pg_state(h.pg_id()) != Some(PgState::Active) {
                     // It failed: this copy may hold what others lack.
                     return (h.reply(Status::Unavailable), None);
+                }
+                if self.scheme(h.pool).is_some() {
+                    // Under the object's lock: no write starts meanwhile,
+                    // so no shard read sees a write not yet committed on
+                    // every shard (which could still be undone).
+                    self.lock(h.oid).await;
+                    let r = self.ec_read(&h).await;
+                    self.unlock(h.oid);
+                    return match r {
+                        Ok(buf) => {
+                            self.stats.read_done(t, buf.len());
+                            (h.reply(Status::Ok).with_payload(&buf), Some(buf))
+                        }
+                        Err(s) => (h.reply(s), None),
+                    };
                 }
                 // This copy still lacks the object: recover it first.
                 if self.must_recover(h.pg_id(), h.epoch, h.oid, true) {
@@ -1732,6 +1767,15 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 if s == Status::Ok {
                     self.stats.replica_done();
                 }
+                (h.reply(s), None)
+            }
+            Op::ShardRead => self.answer_shard_read(&h).await,
+            Op::ShardWrite | Op::ShardDelete => {
+                let s = self.apply_shard_op(&h, f.payload).await;
+                (h.reply(s), None)
+            }
+            Op::ShardCommit => {
+                let s = self.answer_shard_commit(&h, f.payload.as_deref().unwrap_or(&[]));
                 (h.reply(s), None)
             }
             Op::List => self.answer_list(&h).await,

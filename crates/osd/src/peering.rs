@@ -808,6 +808,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     async fn try_peer(self: &Rc<Self>, pg: PgId, epoch: u64) -> Result<(), PeerError> {
+        if self.scheme(pg.pool).is_some() {
+            return self.try_peer_ec(pg, epoch).await;
+        }
         let (acting, prior, min_size, size, members) = {
             let m = self.map.borrow();
             if !m.has(pg) {
@@ -1017,7 +1020,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Asks each OSD for its log of PG `pg` and what its [`Ask`] says, at
     /// once; the answers, with what was asked.
-    async fn query_each(
+    pub(crate) async fn query_each(
         self: &Rc<Self>,
         pg: PgId,
         epoch: u64,

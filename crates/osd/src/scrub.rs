@@ -618,6 +618,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if !self.pgs.borrow().contains_key(&pg) {
             return Err(format!("osd.{} is not PG {pg}'s primary", self.id));
         }
+        // Its copies are shards, not copies to compare (ec.rs).
+        if self.scheme(pg.pool).is_some() {
+            return Err(format!(
+                "PG {pg} is erasure-coded: its scrub is not built yet"
+            ));
+        }
         self.scrub_blocked(pg, epoch)?;
         let acting = self.map.borrow().acting(pg);
         r.osds = acting.clone();

@@ -396,13 +396,18 @@ async fn blank_disk(net: &Net) -> FaultDev {
 }
 
 /// Every PG on `size` consecutive OSDs of `osds`, primaries rotating.
-fn consecutive(osds: &[u32], pgs: u32, size: u8) -> Placed {
+/// PG `pg` on `size` consecutive OSDs from the `pg`-th; a positional
+/// (erasure-coded) table's lead slots round the row.
+fn consecutive(osds: &[u32], pgs: u32, size: u8, positional: bool) -> Placed {
     let n = osds.len();
     Placed {
         osds: (0..pgs as usize)
             .flat_map(|pg| (0..usize::from(size)).map(move |k| osds[(pg + k) % n]))
             .collect(),
-        lead: Vec::new(),
+        lead: match positional {
+            true => (0..pgs).map(|pg| (pg % u32::from(size)) as u8).collect(),
+            false => Vec::new(),
+        },
     }
 }
 
@@ -434,11 +439,38 @@ impl Cluster {
 
     /// [`Cluster::new`] with pools 1, 2, … of `(size, min_size, pgs)`.
     pub async fn with_pools(net: Net, osds: u32, pools: &[(u8, u8, u32)]) -> Rc<Cluster> {
+        let specs: Vec<_> = pools
+            .iter()
+            .map(|&(s, ms, pgs)| (s, ms, pgs, None))
+            .collect();
+        Cluster::with_specs(net, osds, &specs).await
+    }
+
+    /// [`Cluster::new`] with one erasure-coded pool (id 1) of `k + m`
+    /// shards, `min_size` and `pgs` PGs: objects of `k` store blocks, each
+    /// PG's shards on consecutive OSDs, led from slot `pg mod (k + m)`.
+    pub async fn with_ec_pool(
+        net: Net,
+        osds: u32,
+        k: u8,
+        m: u8,
+        min_size: u8,
+        pgs: u32,
+    ) -> Rc<Cluster> {
+        let ec = nacre_meta::map::EcScheme { k, m };
+        Cluster::with_specs(net, osds, &[(k + m, min_size, pgs, Some(ec))]).await
+    }
+
+    async fn with_specs(
+        net: Net,
+        osds: u32,
+        pools: &[(u8, u8, u32, Option<nacre_meta::map::EcScheme>)],
+    ) -> Rc<Cluster> {
         let addrs: HashMap<u32, Addr> = (0..osds)
             .map(|id| (id, Addr::Tcp(format!("osd{id}:6800"))))
             .collect();
         let all: Vec<u32> = (0..osds).collect();
-        let pools = (1..).zip(pools).map(|(id, &(size, min_size, pgs))| {
+        let pools = (1..).zip(pools).map(|(id, &(size, min_size, pgs, ec))| {
             let record = PoolRecord {
                 id,
                 name: if id == 1 {
@@ -450,10 +482,10 @@ impl Cluster {
                 min_size,
                 pg_count: pgs,
                 failure_domain: "osd".into(),
-                object_bytes: OBJECT_BYTES,
-                ec: None,
+                object_bytes: OBJECT_BYTES * ec.map_or(1, |e| u32::from(e.k)),
+                ec,
             };
-            let table = PgTable::new(id, size, consecutive(&all, pgs, size));
+            let table = PgTable::new(id, size, consecutive(&all, pgs, size, ec.is_some()));
             let state = PoolState {
                 record,
                 table,
@@ -481,7 +513,12 @@ impl Cluster {
             if inn.len() < usize::from(pool.size) {
                 return Err(format!("{} OSDs in for {} copies", inn.len(), pool.size));
             }
-            Ok(consecutive(inn, pool.pg_count, pool.size))
+            Ok(consecutive(
+                inn,
+                pool.pg_count,
+                pool.size,
+                pool.ec.is_some(),
+            ))
         }));
         lnet.attach_node(leader.clone());
         rt::spawn(leader.clone().run());

@@ -138,7 +138,40 @@ impl ObjectId {
             block,
         }
     }
+
+    /// Shard `s` of this object in an erasure-coded pool, as a store keeps
+    /// it: `s + 1` in the top byte of the block index (0 there: a whole
+    /// object, as a replicated pool keeps it). A volume's block index
+    /// stays below 2⁵² (a `u64` of bytes in objects of at least 4 KiB),
+    /// so the byte is always free.
+    pub const fn shard(self, s: u8) -> ObjectId {
+        ObjectId {
+            volume: self.volume,
+            block: (self.block & BLOCK_INDEX_MASK) | ((s as u64 + 1) << SHARD_SHIFT),
+        }
+    }
+
+    /// Which shard this is (`None`: a whole object).
+    pub const fn shard_index(&self) -> Option<u8> {
+        match (self.block >> SHARD_SHIFT) as u8 {
+            0 => None,
+            s => Some(s - 1),
+        }
+    }
+
+    /// The object a shard belongs to (itself, for a whole object): what
+    /// its PG is computed from.
+    pub const fn whole(self) -> ObjectId {
+        ObjectId {
+            volume: self.volume,
+            block: self.block & BLOCK_INDEX_MASK,
+        }
+    }
 }
+
+/// Where a shard's index sits in [`ObjectId::block`].
+const SHARD_SHIFT: u32 = 56;
+const BLOCK_INDEX_MASK: u64 = (1 << SHARD_SHIFT) - 1;
 
 impl fmt::Display for ObjectId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -197,6 +230,7 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// Part of the on-disk contract of every pool: never change it.
 pub fn pg_of(oid: ObjectId, pg_count: u32) -> u32 {
     assert!(pg_count > 0, "a pool has at least one PG");
+    let oid = oid.whole();
     let mut x = oid.volume.0 ^ oid.block.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     x ^= x >> 30;
     x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -208,6 +242,22 @@ pub fn pg_of(oid: ObjectId, pg_count: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    /// A shard's id names its object and its index; its PG is its
+    /// object's.
+    #[test]
+    fn shards_name_their_object() {
+        let o = ObjectId::new(7 << 32 | 3, (1 << 52) - 1);
+        assert_eq!(o.shard_index(), None);
+        for s in [0u8, 1, 15, 19] {
+            let x = o.shard(s);
+            assert_ne!(x, o);
+            assert_eq!((x.shard_index(), x.whole()), (Some(s), o));
+            assert_eq!(x.shard(2).shard_index(), Some(2));
+            assert_eq!(pg_of(x, 256), pg_of(o, 256));
+        }
+        assert_ne!(o.shard(0), o.shard(1));
+    }
+
     #[test]
     fn pgs_spread_and_never_change() {
         // golden values: placement of existing data depends on them

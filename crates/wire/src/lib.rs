@@ -63,7 +63,13 @@ pub const FLAG_REPLY: u16 = 1;
 /// Flag of a `Push`: the object's version has no log entry to go with it
 /// (the source's log no longer reaches back to it).
 pub const FLAG_UNLOGGED: u16 = 2;
-const FLAGS_KNOWN: u16 = FLAG_REPLY | FLAG_UNLOGGED;
+/// Flag of a [`Op::ShardWrite`]: the payload is XORed into the shard's
+/// bytes (a parity delta), not written over them.
+pub const FLAG_XOR: u16 = 4;
+const FLAGS_KNOWN: u16 = FLAG_REPLY | FLAG_UNLOGGED | FLAG_XOR;
+/// Bytes per write named by a [`Op::ShardCommit`]: volume, block,
+/// version (u64 each, little-endian).
+pub const SHARD_COMMIT_ENTRY_BYTES: usize = 24;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -164,6 +170,24 @@ pub enum Op {
     /// deletes what it lists, each delete conditional on the listed
     /// version (see [`Op::Delete`]).
     List = 25,
+    /// Primary → member of an erasure-coded PG: `length` bytes at
+    /// `offset` of shard object `oid` (its shard in the block index,
+    /// `ObjectId::shard`); the reply carries them and the shard's version
+    /// (`obj_version`), or `NotFound`.
+    ShardRead = 26,
+    /// Primary → member: version `obj_version` of shard object `oid`: an
+    /// undoable write of the payload at `offset` ([`FLAG_XOR`]: XORed into
+    /// what is there, a parity delta), or, `length` 0 and no payload, the
+    /// log entry alone (the write changes nothing of this shard). The
+    /// entry's client and request are the header's.
+    ShardWrite = 27,
+    /// Primary → member: delete shard object `oid` at `obj_version`,
+    /// logged (a tombstone where it is absent).
+    ShardDelete = 28,
+    /// Primary → member: the writes the payload names committed (every
+    /// shard has them; [`SHARD_COMMIT_ENTRY_BYTES`] each): release their
+    /// undos.
+    ShardCommit = 29,
 }
 
 impl Op {
@@ -194,6 +218,10 @@ impl Op {
             23 => Op::RmOsd,
             24 => Op::PoolChange,
             25 => Op::List,
+            26 => Op::ShardRead,
+            27 => Op::ShardWrite,
+            28 => Op::ShardDelete,
+            29 => Op::ShardCommit,
             _ => return None,
         })
     }
@@ -203,7 +231,14 @@ impl Op {
     pub fn is_object_op(self) -> bool {
         matches!(
             self,
-            Op::Read | Op::Write | Op::Delete | Op::RepWrite | Op::RepDelete
+            Op::Read
+                | Op::Write
+                | Op::Delete
+                | Op::RepWrite
+                | Op::RepDelete
+                | Op::ShardRead
+                | Op::ShardWrite
+                | Op::ShardDelete
         )
     }
 }
@@ -290,6 +325,8 @@ pub struct Header {
     pub reply: bool,
     /// [`FLAG_UNLOGGED`] (a `Push` without a log entry).
     pub unlogged: bool,
+    /// [`FLAG_XOR`] (a `ShardWrite` of a parity delta).
+    pub xor: bool,
     pub status: Status,
     /// The PG the frame is about: its number and its pool.
     pub pg: u32,
@@ -341,6 +378,7 @@ impl Header {
             op,
             reply: false,
             unlogged: false,
+            xor: false,
             status: Status::Ok,
             pg: 0,
             pool: oid.pool(),
@@ -394,7 +432,8 @@ impl Header {
             version: VERSION,
             op: self.op as u8,
             flags: ((if self.reply { FLAG_REPLY } else { 0 })
-                | (if self.unlogged { FLAG_UNLOGGED } else { 0 }))
+                | (if self.unlogged { FLAG_UNLOGGED } else { 0 })
+                | (if self.xor { FLAG_XOR } else { 0 }))
             .into(),
             status: (self.status as u32).into(),
             pg: self.pg.into(),
@@ -447,6 +486,7 @@ impl Header {
             op,
             reply: flags & FLAG_REPLY != 0,
             unlogged: flags & FLAG_UNLOGGED != 0,
+            xor: flags & FLAG_XOR != 0,
             status,
             pg: raw.pg.get(),
             pool: raw.pool.get(),
@@ -474,7 +514,8 @@ impl Header {
         if len > PAYLOAD_MAX_BYTES {
             return bad("larger than an object");
         }
-        let ranged = matches!(op, Op::Read | Op::Write | Op::RepWrite);
+        let ranged = matches!(op, Op::Read | Op::Write | Op::RepWrite | Op::ShardRead)
+            || (op == Op::ShardWrite && self.length != 0);
         if ranged
             && (self.length == 0
                 || !self.offset.is_multiple_of(SECTOR_BYTES)
@@ -489,7 +530,17 @@ impl Header {
         }
         let carries_data = match (op, self.reply) {
             (Op::Write | Op::RepWrite, false) => true,
-            (Op::Read, true) => self.status == Status::Ok,
+            (Op::ShardWrite, false) => self.length != 0,
+            (Op::Read | Op::ShardRead, true) => self.status == Status::Ok,
+            (Op::ShardCommit, false) => {
+                if len > CONTROL_PAYLOAD_MAX_BYTES
+                    || len == 0
+                    || !(len as usize).is_multiple_of(SHARD_COMMIT_ENTRY_BYTES)
+                {
+                    return bad("not a list of committed writes");
+                }
+                return Ok(());
+            }
             // A statistics report, a leader's reason for a refusal, a
             // scrub's objects and findings.
             (

@@ -176,6 +176,39 @@ fn payload_must_match_op() {
         let r = Header::decode(&raw_frame(Op::List, FLAG_REPLY, len));
         assert_eq!(r.is_ok(), ok, "a listing reply of {len} bytes: {r:?}");
     }
+    // Shard ops: a write of no range is its log entry alone, with no
+    // payload; a read names a range; a commit lists whole entries.
+    assert!(
+        Header::decode(&raw_frame(Op::ShardWrite, FLAG_XOR, 0))
+            .unwrap()
+            .xor
+    );
+    assert!(Header::decode(&raw_frame(Op::ShardWrite, 0, 512)).is_err());
+    assert!(matches!(
+        Header::decode(&raw_frame(Op::ShardRead, 0, 0)),
+        Err(WireError::Range { .. })
+    ));
+    for (len, ok) in [
+        (0, false),
+        (24, true),
+        (48, true),
+        (25, false),
+        (1 << 20, false),
+    ] {
+        let r = Header::decode(&raw_frame(Op::ShardCommit, 0, len));
+        assert_eq!(r.is_ok(), ok, "a commit of {len} bytes: {r:?}");
+    }
+    // A shard write's range carries exactly its payload, and its flags
+    // survive a round trip.
+    let mut h = Header::request(Op::ShardWrite, 9, ObjectId::new(1 << 32, 5).shard(2));
+    (h.offset, h.length, h.xor) = (4096, 8192, true);
+    let data = vec![3u8; 8192];
+    let h = h.with_payload(&data);
+    let mut buf = [0u8; HEADER_BYTES];
+    h.encode(&mut buf);
+    let back = Header::decode(&buf).unwrap();
+    assert_eq!(back, h);
+    assert_eq!(back.oid.shard_index(), Some(2));
 }
 
 proptest! {

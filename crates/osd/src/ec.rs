@@ -1,0 +1,501 @@
+//! Erasure-coded PGs (docs/internals/ec.md): the shards' side of the shard
+//! ops, the primary's reads and writes, and the peering of a PG whose
+//! shards are all up.
+//!
+//! The OSD at slot `s` of a PG's row holds shard `s` of each of its
+//! objects, stored as `oid.shard(s)`. A read gathers the ranges
+//! [`Layout::data_ranges`] names from the data shards. A write of version
+//! `v` goes to every shard: the data shards it touches get their new bytes
+//! and the parity shards the parity delta, both as undoable writes (each
+//! shard keeps what it replaced until the write committed), the others the
+//! log entry alone; it is acknowledged once every shard has it, and then
+//! the shards release their undos (`Op::ShardCommit`). A delete deletes
+//! every shard, logged.
+//!
+//! Not built yet (and so: an EC PG goes active only with every shard up and
+//! every shard's log the same, and stays inactive otherwise, rather than
+//! serve a stripe it cannot vouch for): degraded reads and writes, the
+//! roll forward or back of a write some shards prepared (rule 3 of
+//! docs/internals/ec.md), recovery of a shard from `k` others, scrub.
+//! No pool of the kind can be created yet (`map::check_served`); the
+//! simulator builds one.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use nacre_blockstore::{LogEntry, LogOp};
+use nacre_ec::{Codec, Layout};
+use nacre_io::{rt, AlignedBuf, BlockDev};
+use nacre_net::Transport;
+use nacre_types::{ObjectId, PgId};
+use nacre_wire::{Header, Op, Status, SHARD_COMMIT_ENTRY_BYTES};
+
+use crate::peering::{Ask, PeerError};
+use crate::{status_of, Osd, PgEvent, ReqCache};
+
+/// An EC pool's code and layout.
+pub(crate) struct Scheme {
+    pub layout: Layout,
+    pub codec: Codec,
+}
+
+impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
+    /// The code and layout of pool `pool`, if it is erasure-coded (made
+    /// once per pool).
+    pub(crate) fn scheme(&self, pool: u32) -> Option<Rc<Scheme>> {
+        let (e, shard) = {
+            let m = self.map.borrow();
+            let r = &m.pools.get(&pool)?.record;
+            (r.ec?, r.shard_bytes())
+        };
+        if let Some(s) = self.schemes.borrow().get(&pool) {
+            return Some(s.clone());
+        }
+        let (k, m) = (usize::from(e.k), usize::from(e.m));
+        let made = Layout::new(k, m, shard).and_then(|layout| {
+            Ok(Scheme {
+                layout,
+                codec: Codec::new(k, m)?,
+            })
+        });
+        match made {
+            Ok(s) => {
+                let s = Rc::new(s);
+                self.schemes.borrow_mut().insert(pool, s.clone());
+                Some(s)
+            }
+            Err(e) => {
+                tracing::error!("osd.{}: pool {pool}: {e}", self.id);
+                None
+            }
+        }
+    }
+
+    /// This OSD's slot in PG `pg`'s row.
+    fn slot(&self, pg: PgId) -> Option<u8> {
+        let m = self.map.borrow();
+        let s = m.placement(pg).iter().position(|&o| o == self.id)?;
+        u8::try_from(s).ok()
+    }
+
+    /// Checks a shard op from the primary: this epoch, the PG's primary
+    /// sending, the object in the PG, and the shard this OSD's slot.
+    pub(crate) fn check_shard_route(&self, h: &Header) -> Option<Status> {
+        let map = self.map.borrow();
+        if h.epoch != map.epoch() {
+            return Some(Status::StaleEpoch);
+        }
+        if map.pg_of(h.oid) != Some(h.pg_id()) || self.scheme(h.pool).is_none() {
+            return Some(Status::Invalid);
+        }
+        if !self.sent_by_primary(&map, h) || !map.is_acting(h.pg_id(), self.id) {
+            return Some(Status::NotPrimary);
+        }
+        drop(map);
+        let shard_ok = match h.op {
+            Op::ShardCommit => h.oid.shard_index().is_none(),
+            _ => h.oid.shard_index().is_some() && h.oid.shard_index() == self.slot(h.pg_id()),
+        };
+        let version_ok = match h.op {
+            Op::ShardWrite | Op::ShardDelete => h.obj_version >> 32 == h.epoch,
+            _ => true,
+        };
+        (!shard_ok || !version_ok).then_some(Status::Invalid)
+    }
+
+    /// `Op::ShardRead`: the range of this shard, and its version.
+    pub(crate) async fn answer_shard_read(&self, h: &Header) -> (Header, Option<AlignedBuf>) {
+        match self.store.read(h.oid, h.offset, h.length).await {
+            Ok(buf) => {
+                let mut r = h.reply(Status::Ok).with_payload(&buf);
+                r.obj_version = self.store.version(h.oid).unwrap_or(0);
+                (r, Some(buf))
+            }
+            Err(e) => (h.reply(status_of(&e)), None),
+        }
+    }
+
+    /// The log entry of shard op `h` (at its `obj_version`).
+    fn shard_entry(h: &Header) -> LogEntry {
+        LogEntry {
+            pg: h.pg_id().key(),
+            version: h.obj_version,
+            oid: h.oid,
+            op: if h.op == Op::ShardDelete {
+                LogOp::Delete
+            } else {
+                LogOp::Write
+            },
+            offset: if h.op == Op::ShardWrite { h.offset } else { 0 },
+            len: if h.op == Op::ShardWrite { h.length } else { 0 },
+            client: h.client,
+            request: h.request_id,
+        }
+    }
+
+    /// `Op::ShardWrite` and `Op::ShardDelete` on this OSD's store.
+    pub(crate) async fn apply_shard_op(&self, h: &Header, data: Option<AlignedBuf>) -> Status {
+        let _inflight = self.track(h.pg_id(), h.epoch);
+        let e = Self::shard_entry(h);
+        let r = match (h.op, data) {
+            (Op::ShardDelete, _) => self.store.delete_logged(e).await,
+            (_, None) => self.store.log_only(e).await,
+            (_, Some(d)) if h.xor => {
+                let make = move |old: Option<&[u8]>| {
+                    let mut out = AlignedBuf::zeroed(d.len());
+                    for (i, b) in out.iter_mut().enumerate() {
+                        *b = d[i] ^ old.map_or(0, |o| o[i]);
+                    }
+                    out
+                };
+                (self.store)
+                    .write_undoable(e, h.offset, h.length, make)
+                    .await
+            }
+            (_, Some(d)) => {
+                (self.store)
+                    .write_undoable(e, h.offset, h.length, move |_| d)
+                    .await
+            }
+        };
+        match r {
+            Ok(()) => Status::Ok,
+            Err(err) => {
+                tracing::debug!(
+                    "osd.{}: shard {} v{:#x}: {err}",
+                    self.id,
+                    h.oid,
+                    h.obj_version
+                );
+                status_of(&err)
+            }
+        }
+    }
+
+    /// `Op::ShardCommit`: releases the undos of the writes named (this
+    /// OSD's shard of each object).
+    pub(crate) fn answer_shard_commit(&self, h: &Header, body: &[u8]) -> Status {
+        let Some(s) = self.slot(h.pg_id()) else {
+            return Status::NotPrimary;
+        };
+        for e in body.chunks_exact(SHARD_COMMIT_ENTRY_BYTES) {
+            let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+            let oid = ObjectId::new(word(0), word(8));
+            self.store.release_undo(oid.shard(s), word(16));
+        }
+        Status::Ok
+    }
+
+    /// Sends shard op `h` (to the OSD at slot `s`) or applies it here; its
+    /// status and, for a read, the bytes (zeros where the shard is absent).
+    async fn shard_call(
+        self: Rc<Self>,
+        to: u32,
+        h: Header,
+        data: Option<AlignedBuf>,
+    ) -> (Status, Option<AlignedBuf>) {
+        if to == self.id {
+            // As a shard would: nothing of an epoch that ended.
+            if h.op != Op::ShardRead && h.epoch != self.epoch() {
+                return (Status::StaleEpoch, None);
+            }
+            return match h.op {
+                Op::ShardRead => match self.store.read(h.oid, h.offset, h.length).await {
+                    Ok(b) => (Status::Ok, Some(b)),
+                    Err(nacre_blockstore::Error::NotFound(_)) => (Status::NotFound, None),
+                    Err(e) => (status_of(&e), None),
+                },
+                Op::ShardCommit => (
+                    self.answer_shard_commit(&h, data.as_deref().unwrap_or(&[])),
+                    None,
+                ),
+                _ => (self.apply_shard_op(&h, data).await, None),
+            };
+        }
+        match self.call_osd(to, h, data.as_ref()).await {
+            Ok(f) => (f.h.status, f.payload),
+            Err(why) => {
+                tracing::warn!("osd.{}: {why}", self.id);
+                (Status::Unavailable, None)
+            }
+        }
+    }
+
+    /// A shard op of client op `h` on shard `s` of its object.
+    fn shard_header(&self, h: &Header, op: Op, s: usize, version: u64) -> Header {
+        let mut sub = *h;
+        sub.op = op;
+        sub.oid = h.oid.whole().shard(s as u8);
+        sub.obj_version = version;
+        sub.sender = self.id;
+        sub.xor = false;
+        (sub.offset, sub.length) = (0, 0);
+        sub.payload_len = 0;
+        sub.payload_crc = 0;
+        sub
+    }
+
+    /// The primary's read of an EC PG's object: the ranges of the data
+    /// shards, gathered (zeros where a shard does not hold the object).
+    pub(crate) async fn ec_read(self: &Rc<Self>, h: &Header) -> Result<AlignedBuf, Status> {
+        let scheme = self.scheme(h.pool).ok_or(Status::Invalid)?;
+        let row = self.map.borrow().placement(h.pg_id()).to_vec();
+        let ranges =
+            (scheme.layout.data_ranges(h.offset, h.length)).map_err(|_| Status::Invalid)?;
+        let reads: Vec<_> = (ranges.iter())
+            .map(|r| {
+                let mut sub = self.shard_header(h, Op::ShardRead, r.shard, 0);
+                (sub.offset, sub.length) = (r.offset, r.len);
+                rt::spawn(self.clone().shard_call(row[r.shard], sub, None))
+            })
+            .collect();
+        let mut bufs = Vec::with_capacity(ranges.len());
+        let mut found = false;
+        for (r, t) in ranges.iter().zip(reads) {
+            match t.await {
+                (Status::Ok, Some(b)) if b.len() == r.len as usize => {
+                    found = true;
+                    bufs.push(b);
+                }
+                (Status::NotFound, _) => bufs.push(AlignedBuf::zeroed(r.len as usize)),
+                (s, _) => {
+                    return Err(if s == Status::Ok {
+                        Status::Unavailable
+                    } else {
+                        s
+                    })
+                }
+            }
+        }
+        if !found {
+            return Err(Status::NotFound);
+        }
+        let parts: Vec<_> = ranges
+            .iter()
+            .copied()
+            .zip(bufs.iter().map(|b| &b[..]))
+            .collect();
+        let mut out = AlignedBuf::zeroed(h.length as usize);
+        (scheme.layout.gather(h.offset, &parts, &mut out)).map_err(|_| Status::Invalid)?;
+        Ok(out)
+    }
+
+    /// The primary's write or delete of an EC PG's object at `version`,
+    /// on every shard (the object locked, the PG active and whole).
+    pub(crate) async fn ec_update(
+        self: &Rc<Self>,
+        h: &Header,
+        version: u64,
+        data: Option<AlignedBuf>,
+    ) -> Status {
+        let Some(scheme) = self.scheme(h.pool) else {
+            return Status::Invalid;
+        };
+        let (k, m) = (scheme.layout.k, scheme.layout.m);
+        let row = self.map.borrow().placement(h.pg_id()).to_vec();
+        let mut ops: Vec<(u32, Header, Option<AlignedBuf>)> = Vec::with_capacity(k + m);
+        match data {
+            None => {
+                for (s, &o) in row.iter().enumerate() {
+                    ops.push((o, self.shard_header(h, Op::ShardDelete, s, version), None));
+                }
+            }
+            Some(new) => {
+                let (offset, len) = (h.offset, new.len() as u32);
+                let l = &scheme.layout;
+                let (Ok(parts), Ok((p0, plen))) =
+                    (l.scatter(offset, &new), l.parity_range(offset, len))
+                else {
+                    return Status::Invalid;
+                };
+                // What the range holds now: the parity delta needs it.
+                let mut read = *h;
+                (read.op, read.length, read.payload_len, read.payload_crc) = (Op::Read, len, 0, 0);
+                let old = match self.ec_read(&read).await {
+                    Ok(b) => b,
+                    Err(Status::NotFound) => AlignedBuf::zeroed(len as usize),
+                    Err(s) => return s,
+                };
+                let Ok(delta) = l.parity_delta(&scheme.codec, offset, &old, &new) else {
+                    return Status::Invalid;
+                };
+                // The read may have outlived the epoch: nothing is
+                // written then (a write some shards take and others
+                // refuse leaves the PG waiting for the roll back, which
+                // is not built yet).
+                if self.epoch() != h.epoch
+                    || self.pg_state(h.pg_id()) != Some(crate::PgState::Active)
+                {
+                    return Status::StaleEpoch;
+                }
+                for (s, &o) in row.iter().enumerate() {
+                    let mut sub = self.shard_header(h, Op::ShardWrite, s, version);
+                    let payload = if s < k {
+                        parts.iter().find(|(r, _)| r.shard == s).map(|(r, b)| {
+                            (sub.offset, sub.length) = (r.offset, r.len);
+                            AlignedBuf::from_slice(b)
+                        })
+                    } else {
+                        (sub.offset, sub.length, sub.xor) = (p0, plen, true);
+                        Some(AlignedBuf::from_slice(&delta[s - k]))
+                    };
+                    if let Some(p) = &payload {
+                        sub = sub.with_payload(p);
+                    }
+                    ops.push((o, sub, payload));
+                }
+            }
+        }
+        let tasks: Vec<_> = (ops.into_iter())
+            .map(|(o, sub, p)| {
+                let me = self.clone();
+                (
+                    o,
+                    rt::spawn(async move { me.shard_call(o, sub, p).await.0 }),
+                )
+            })
+            .collect();
+        // As for copies (`Osd::replica_status`): a shard the new epoch
+        // marks down is not waited for (the write is not acknowledged;
+        // the next peering settles what the shards hold).
+        let mut status = Status::Ok;
+        for (o, mut t) in tasks {
+            let s = self.replica_status(o, &mut t, h.epoch).await;
+            if status == Status::Ok && s != Status::Ok {
+                status = s;
+            }
+        }
+        if status == Status::Ok && h.op == Op::Write {
+            // Every shard has it: committed; the shards may drop what it
+            // replaced (sent now, not with the next write: a shard's room
+            // for undos waits for releases).
+            rt::spawn(
+                self.clone()
+                    .commit_shards(h.pg_id(), row, vec![(h.oid, version)]),
+            );
+        }
+        status
+    }
+
+    /// Tells every shard of `row` that `writes` committed.
+    async fn commit_shards(self: Rc<Self>, pg: PgId, row: Vec<u32>, writes: Vec<(ObjectId, u64)>) {
+        let epoch = self.epoch();
+        for chunk in
+            writes.chunks(nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize / SHARD_COMMIT_ENTRY_BYTES)
+        {
+            let body: Vec<u8> = (chunk.iter())
+                .flat_map(|(o, v)| {
+                    let w = o.whole();
+                    (w.volume.0.to_le_bytes().into_iter())
+                        .chain(w.block.to_le_bytes())
+                        .chain(v.to_le_bytes())
+                })
+                .collect();
+            let mut h = Header::request(Op::ShardCommit, 0, chunk[0].0.whole()).with_pg(pg);
+            (h.epoch, h.sender) = (epoch, self.id);
+            let h = h.with_payload(&body);
+            for &o in &row {
+                let (s, _) = (self.clone())
+                    .shard_call(o, h, Some(AlignedBuf::from_slice(&body)))
+                    .await;
+                if s != Status::Ok {
+                    // The next peering releases what is left.
+                    tracing::debug!("osd.{}: commit to osd.{o} of PG {pg}: {s:?}", self.id);
+                }
+            }
+        }
+    }
+
+    /// Peering of an EC PG: active only with every shard up and every
+    /// shard's log the same (every write any shard holds is on all, so
+    /// committed); otherwise inactive, saying why.
+    pub(crate) async fn try_peer_ec(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+    ) -> Result<(), PeerError> {
+        let (row, whole, prior) = {
+            let m = self.map.borrow();
+            let prior = m.last_active(pg).cloned();
+            // Every member must hold the shard of its slot: the same row
+            // as the last interval that went active, each with its store.
+            let same = prior.as_ref().is_none_or(|p| {
+                p.acting == m.placement(pg) && p.acting.iter().all(|&o| m.holds(p, o))
+            });
+            (m.placement(pg).to_vec(), m.whole(pg) && same, prior)
+        };
+        if !whole {
+            return Err(PeerError::Inactive(
+                "an erasure-coded PG is served with every shard up, in the slots and with the stores it last had, only (degraded EC and moving shards are not built yet)".into(),
+            ));
+        }
+        let asks = row.iter().map(|&o| (o, Ask::Log)).collect();
+        let mut logs = Vec::with_capacity(row.len());
+        for (id, _, r) in self.query_each(pg, epoch, asks).await {
+            match r {
+                Ok(i) => logs.push((id, i.log)),
+                Err(why) => return Err(PeerError::Retry(why)),
+            }
+        }
+        if self.epoch() != epoch {
+            return Err(PeerError::Retry("the epoch moved".into()));
+        }
+        // Entries compared as the same op on every shard (each names its
+        // shard's object and range), above every shard's tail.
+        let floor = logs.iter().map(|(_, l)| l.tail).max().unwrap_or(0);
+        let ops = |log: &nacre_blockstore::PgLog| -> BTreeMap<u64, (ObjectId, LogOp, u64, u64)> {
+            (log.entries.range(floor + 1..))
+                .map(|(&v, e)| (v, (e.oid.whole(), e.op, e.client, e.request)))
+                .collect()
+        };
+        let first = ops(&logs[0].1);
+        if let Some((id, _)) = logs.iter().find(|(_, l)| ops(l) != first) {
+            return Err(PeerError::Inactive(format!(
+                "the shards' logs differ (osd.{} and osd.{id}): rolling a write forward or back is not built yet",
+                logs[0].0
+            )));
+        }
+        // Each log names its own slot's shard (a shard in another slot
+        // is not this one), and a PG never active has no history.
+        let slot_of = |id: u32| row.iter().position(|&o| o == id).map(|s| s as u8);
+        let misplaced = logs
+            .iter()
+            .find(|(id, l)| (l.entries.values()).any(|e| e.oid.shard_index() != slot_of(*id)));
+        if let Some((id, _)) = misplaced {
+            return Err(PeerError::Inactive(format!(
+                "osd.{id}'s log names shards of another slot: moving shards is not built yet"
+            )));
+        }
+        if prior.is_none() && !first.is_empty() {
+            return Err(PeerError::Inactive(
+                "shards hold history of a PG never active".into(),
+            ));
+        }
+        // Every write the logs hold is on every shard: release the undos.
+        let mut newest: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        for (&v, (oid, op, ..)) in &first {
+            if *op == LogOp::Write {
+                newest.insert(*oid, v);
+            }
+        }
+        if !newest.is_empty() {
+            (self.clone())
+                .commit_shards(pg, row.clone(), newest.into_iter().collect())
+                .await;
+        }
+        self.report(
+            pg,
+            epoch,
+            &PgEvent::Active {
+                clean: true,
+                incomplete: Vec::new(),
+            },
+        )
+        .await
+        .map_err(PeerError::Retry)?;
+        self.done
+            .borrow_mut()
+            .insert(pg, ReqCache::of_log(&logs[0].1));
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! Erasure-coded pools on the simulated cluster (docs/internals/ec.md),
+//! as far as they are built: a PG whose shards are all up serves reads and
+//! writes of any shape, every stripe stays coded, and every shard drops
+//! what a committed write replaced.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use nacre_ec::{Codec, Layout};
+use nacre_io::{rt, AlignedBuf};
+use nacre_sim::{Cluster, Net, OBJECT_BYTES};
+use nacre_types::ObjectId;
+use nacre_wire::{Header, Op, Status};
+
+const SETTLE: Duration = Duration::from_secs(60);
+const CLIENT: u64 = 7;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A range of an object of `ob` bytes: within one unit, one unit, across
+/// stripes, or the whole object (512-byte aligned).
+fn shape(r: &mut Rng, ob: u32) -> (u32, u32) {
+    let sectors = ob / 512;
+    match r.below(4) {
+        0 => {
+            let unit = r.below(u64::from(ob / 4096)) as u32 * 4096;
+            let a = r.below(8) as u32 * 512;
+            (unit + a, 512 * (1 + r.below(u64::from(8 - a / 512)) as u32))
+        }
+        1 => (r.below(u64::from(ob / 4096)) as u32 * 4096, 4096),
+        2 => {
+            let a = r.below(u64::from(sectors)) as u32;
+            let n = 1 + r.below(u64::from((sectors - a).min(96))) as u32;
+            (a * 512, n * 512)
+        }
+        _ => (0, ob),
+    }
+}
+
+async fn write(c: &Cluster, oid: ObjectId, req: u64, offset: u32, data: &[u8]) -> Status {
+    let mut h = Header::request(Op::Write, req, oid).with_payload(data);
+    (h.offset, h.length, h.client) = (offset, data.len() as u32, CLIENT);
+    c.call(h, Some(AlignedBuf::from_slice(data)))
+        .await
+        .unwrap()
+        .h
+        .status
+}
+
+async fn read(c: &Cluster, oid: ObjectId, offset: u32, len: u32) -> Vec<u8> {
+    let mut h = Header::request(Op::Read, 0, oid);
+    (h.offset, h.length) = (offset, len);
+    let f = c.call(h, None).await.unwrap();
+    match f.h.status {
+        Status::Ok => f.payload.expect("data").to_vec(),
+        Status::NotFound => vec![0; len as usize],
+        s => panic!("read of {oid} {offset}+{len}: {s:?}"),
+    }
+}
+
+/// Waits (a while) until no OSD of the six keeps an undo.
+async fn no_undos_left(c: &Cluster, when: &str) {
+    let held = || -> usize {
+        (0..6)
+            .map(|id| c.osd(id).unwrap().store().undos().len())
+            .sum()
+    };
+    for _ in 0..50 {
+        if held() == 0 {
+            return;
+        }
+        rt::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(held(), 0, "undos left {when}");
+}
+
+/// Six OSDs, a 4+2 pool of 8 PGs: writes of every shape (inside a unit,
+/// a unit, across units and stripes, whole objects) and deletes read back
+/// exactly, whole and in random ranges; afterwards each object's shards
+/// are what the layout puts there and the parity shards hold their code;
+/// and every undo is released once its write committed.
+#[test]
+fn a_whole_ec_pool_reads_back_every_write_and_keeps_its_stripes_coded() {
+    rt::block_on_virtual(async {
+        let (k, m) = (4usize, 2usize);
+        let c =
+            Cluster::with_ec_pool(Net::new(11, Duration::from_millis(500)), 6, 4, 2, 5, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        let layout = Layout::new(k, m, OBJECT_BYTES).unwrap();
+        let codec = Codec::new(k, m).unwrap();
+        let ob = layout.object_bytes();
+        let oids: Vec<ObjectId> = (0..6).map(|b| nacre_sim::object(1, 1, b)).collect();
+        let mut model: HashMap<ObjectId, Option<Vec<u8>>> =
+            oids.iter().map(|&o| (o, None)).collect();
+        let mut r = Rng(5);
+        for req in 1..=240u64 {
+            let oid = oids[r.below(oids.len() as u64) as usize];
+            if r.below(25) == 0 {
+                let mut h = Header::request(Op::Delete, req, oid);
+                h.client = CLIENT;
+                let s = c.call(h, None).await.unwrap().h.status;
+                assert!(
+                    matches!(s, Status::Ok | Status::NotFound),
+                    "delete {req}: {s:?}"
+                );
+                model.insert(oid, None);
+                continue;
+            }
+            let (offset, len) = shape(&mut r, ob);
+            let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+            assert_eq!(
+                write(&c, oid, req, offset, &data).await,
+                Status::Ok,
+                "write {req}"
+            );
+            let obj = model
+                .get_mut(&oid)
+                .unwrap()
+                .get_or_insert_with(|| vec![0; ob as usize]);
+            obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+            if r.below(3) == 0 {
+                let (o2, l2) = shape(&mut r, ob);
+                let want = model[&oid].as_ref().unwrap()[o2 as usize..(o2 + l2) as usize].to_vec();
+                assert!(
+                    read(&c, oid, o2, l2).await == want,
+                    "read after write {req}"
+                );
+            }
+        }
+        for &oid in &oids {
+            let want = model[&oid].clone().unwrap_or_else(|| vec![0; ob as usize]);
+            assert!(read(&c, oid, 0, ob).await == want, "{oid} read whole");
+            // Each shard is where the layout puts it, the parity its code.
+            let row = c.placement(oid);
+            let shards = layout.split(&codec, &want).unwrap();
+            for (s, &osd) in row.iter().enumerate() {
+                let store = c.osd(osd).unwrap();
+                let store = store.store();
+                let got = match store.read(oid.shard(s as u8), 0, OBJECT_BYTES).await {
+                    Ok(b) => b.to_vec(),
+                    Err(nacre_blockstore::Error::NotFound(_)) => vec![0; OBJECT_BYTES as usize],
+                    Err(e) => panic!("{oid} shard {s} on osd.{osd}: {e}"),
+                };
+                assert!(got == shards[s], "{oid}: shard {s} on osd.{osd}");
+                if model[&oid].is_none() {
+                    assert_eq!(store.version(oid.shard(s as u8)), None, "{oid} deleted");
+                }
+            }
+        }
+        // Commits reach every shard: no undo is kept.
+        no_undos_left(&c, "after every write committed").await;
+    });
+}
+
+/// Until degraded EC is built, a PG with a shard down does not serve (it
+/// says why) rather than serve a stripe it cannot vouch for; once the
+/// shard is back (after a power cut), every acknowledged write reads back
+/// and the undos the cut brought back are released again.
+#[test]
+fn an_ec_pg_with_a_shard_down_waits_for_it_and_loses_nothing() {
+    rt::block_on_virtual(async {
+        let c =
+            Cluster::with_ec_pool(Net::new(12, Duration::from_millis(500)), 6, 4, 2, 5, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        let ob = 4 * OBJECT_BYTES;
+        let oids: Vec<ObjectId> = (0..8).map(|b| nacre_sim::object(1, 1, b)).collect();
+        let mut r = Rng(9);
+        let mut model: HashMap<ObjectId, Vec<u8>> = HashMap::new();
+        for (i, &oid) in oids.iter().enumerate() {
+            let (offset, len) = shape(&mut r, ob);
+            let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+            assert_eq!(
+                write(&c, oid, i as u64 + 1, offset, &data).await,
+                Status::Ok
+            );
+            let obj = model.entry(oid).or_insert_with(|| vec![0; ob as usize]);
+            obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+        }
+        let victim = 3;
+        c.crash(victim, 77);
+        for _ in 0..300 {
+            if !c.leader.map().is_up(victim) {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            !c.leader.map().is_up(victim),
+            "osd.{victim} never marked down"
+        );
+        let m = c.leader.map();
+        let pgs: Vec<_> = m
+            .pgs()
+            .filter(|pg| m.placement(*pg).contains(&victim))
+            .collect();
+        assert_eq!(pgs.len(), 8, "every PG has a shard on every OSD");
+        for pg in pgs {
+            let p = m.primary(pg).expect("a primary up");
+            let mut state = None;
+            for _ in 0..100 {
+                state = c.osd(p).unwrap().pg_state(pg);
+                if matches!(state, Some(nacre_osd::PgState::Inactive(_))) {
+                    break;
+                }
+                rt::sleep(Duration::from_millis(100)).await;
+            }
+            match state {
+                Some(nacre_osd::PgState::Inactive(why)) => {
+                    assert!(why.contains("every shard up"), "PG {pg}: {why}")
+                }
+                s => panic!("PG {pg} without osd.{victim}: {s:?}"),
+            }
+        }
+        c.start(victim).await;
+        c.settle(SETTLE).await.unwrap();
+        for &oid in &oids {
+            assert!(
+                read(&c, oid, 0, ob).await == model[&oid],
+                "{oid} after the cut"
+            );
+        }
+        no_undos_left(&c, "after peering committed every write").await;
+    });
+}
+
+/// Until moving shards is built, a PG whose row changes (an OSD marked
+/// out) waits rather than serve from OSDs that hold other slots' shards or
+/// none; marked in again, the PGs serve their old rows and every write
+/// reads back.
+#[test]
+fn an_ec_pg_whose_shards_would_move_waits_and_loses_nothing() {
+    rt::block_on_virtual(async {
+        let c =
+            Cluster::with_ec_pool(Net::new(13, Duration::from_millis(500)), 7, 4, 2, 5, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        let ob = 4 * OBJECT_BYTES;
+        let oids: Vec<ObjectId> = (0..8).map(|b| nacre_sim::object(1, 1, b)).collect();
+        let mut r = Rng(21);
+        let mut model: HashMap<ObjectId, Vec<u8>> = HashMap::new();
+        for (i, &oid) in oids.iter().enumerate() {
+            let (offset, len) = shape(&mut r, ob);
+            let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+            assert_eq!(
+                write(&c, oid, i as u64 + 1, offset, &data).await,
+                Status::Ok
+            );
+            let obj = model.entry(oid).or_insert_with(|| vec![0; ob as usize]);
+            obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+        }
+        let before = c.leader.map();
+        c.mark_out(6, true).unwrap();
+        let m = c.leader.map();
+        let moved: Vec<_> = m
+            .pgs()
+            .filter(|pg| m.placement(*pg) != before.placement(*pg))
+            .collect();
+        assert!(!moved.is_empty(), "marking osd.6 out moved no PG");
+        for pg in moved {
+            let p = m.primary(pg).expect("a primary up");
+            let mut state = None;
+            for _ in 0..100 {
+                state = c.osd(p).unwrap().pg_state(pg);
+                if matches!(state, Some(nacre_osd::PgState::Inactive(_))) {
+                    break;
+                }
+                rt::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(
+                matches!(&state, Some(nacre_osd::PgState::Inactive(why)) if why.contains("every shard up")),
+                "PG {pg} with its shards moved: {state:?}"
+            );
+        }
+        c.mark_out(6, false).unwrap();
+        c.settle(SETTLE).await.unwrap();
+        for &oid in &oids {
+            assert!(
+                read(&c, oid, 0, ob).await == model[&oid],
+                "{oid} after out and in"
+            );
+        }
+    });
+}
