@@ -12,11 +12,14 @@
 //! the shards release their undos (`Op::ShardCommit`). A delete deletes
 //! every shard, logged.
 //!
-//! Not built yet (and so: an EC PG goes active only with every shard up and
-//! every shard's log the same, and stays inactive otherwise, rather than
-//! serve a stripe it cannot vouch for): degraded reads and writes, the
-//! roll forward or back of a write some shards prepared (rule 3 of
-//! docs/internals/ec.md), recovery of a shard from `k` others, scrub.
+//! Peering takes an EC PG active only with every shard up, in the slots
+//! and with the stores it last had, so that an op not on every shard was
+//! never acknowledged: a write some shards lack is rolled back from the
+//! undos of those that prepared it, a delete rolled forward; otherwise
+//! the PG stays inactive and says why, rather than serve a stripe it
+//! cannot vouch for. Not built yet: degraded reads and writes, peering
+//! with shards missing (rule 3 of docs/internals/ec.md's counting),
+//! recovery of a shard from `k` others, moving shards, scrub.
 //! No pool of the kind can be created yet (`map::check_served`); the
 //! simulator builds one.
 
@@ -28,7 +31,7 @@ use nacre_ec::{Codec, Layout};
 use nacre_io::{rt, AlignedBuf, BlockDev};
 use nacre_net::Transport;
 use nacre_types::{ObjectId, PgId};
-use nacre_wire::{Header, Op, Status, SHARD_COMMIT_ENTRY_BYTES};
+use nacre_wire::{Header, Op, Status, SETTLE_DELETE, SETTLE_ROLL_BACK, SHARD_COMMIT_ENTRY_BYTES};
 
 use crate::peering::{Ask, PeerError};
 use crate::{status_of, Osd, PgEvent, ReqCache};
@@ -98,6 +101,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         };
         let version_ok = match h.op {
             Op::ShardWrite | Op::ShardDelete => h.obj_version >> 32 == h.epoch,
+            // A rollback is a write of this interval; a delete rolled
+            // forward keeps the version it was given.
+            Op::ShardSettle => match h.offset {
+                SETTLE_ROLL_BACK => h.obj_version >> 32 == h.epoch && h.client == 0,
+                SETTLE_DELETE => h.obj_version != 0 && h.obj_version >> 32 <= h.epoch,
+                _ => false,
+            },
             _ => true,
         };
         (!shard_ok || !version_ok).then_some(Status::Invalid)
@@ -172,6 +182,72 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
+    /// `Op::ShardSettle` on this OSD's store (see the op). Each step is
+    /// skipped where it is done, so a settle cut by a crash is completed
+    /// by the next peering's.
+    pub(crate) async fn settle_shard(&self, h: &Header) -> Status {
+        let _inflight = self.track(h.pg_id(), h.epoch);
+        let key = h.pg_id().key();
+        let has = |v: u64| (self.store.pg_log(key)).is_some_and(|l| l.entries.contains_key(&v));
+        let entry = |version, op, offset, len, client, request| LogEntry {
+            pg: key,
+            version,
+            oid: h.oid,
+            op,
+            offset,
+            len,
+            client,
+            request,
+        };
+        let r = if h.offset == SETTLE_DELETE {
+            let e = entry(h.obj_version, LogOp::Delete, 0, 0, h.client, h.request_id);
+            match has(e.version) {
+                true => Ok(()),
+                false => self.store.delete_logged(e).await,
+            }
+        } else {
+            let (w, v) = (h.obj_version, h.request_id);
+            let mut r = Ok(());
+            if !has(w) {
+                r = match self.store.undo(h.oid).await {
+                    Ok(Some(u)) if u.version == v => match u.before {
+                        Some((off, b)) => {
+                            let e = entry(w, LogOp::Write, off, b.len() as u32, 0, v);
+                            self.store.write_logged(e, off, b).await
+                        }
+                        None => {
+                            self.store
+                                .delete_logged(entry(w, LogOp::Delete, 0, 0, 0, v))
+                                .await
+                        }
+                    },
+                    Ok(_) => {
+                        self.store
+                            .log_only(entry(w, LogOp::Write, 0, 0, 0, v))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+            }
+            if r.is_ok() && has(v) {
+                r = self.store.pg_forget(key, v).await;
+            }
+            r
+        };
+        match r {
+            Ok(()) => Status::Ok,
+            Err(e) => {
+                tracing::warn!(
+                    "osd.{}: settling {} v{:#x}: {e}",
+                    self.id,
+                    h.oid,
+                    h.obj_version
+                );
+                status_of(&e)
+            }
+        }
+    }
+
     /// `Op::ShardCommit`: releases the undos of the writes named (this
     /// OSD's shard of each object).
     pub(crate) fn answer_shard_commit(&self, h: &Header, body: &[u8]) -> Status {
@@ -209,6 +285,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     self.answer_shard_commit(&h, data.as_deref().unwrap_or(&[])),
                     None,
                 ),
+                Op::ShardSettle => (self.settle_shard(&h).await, None),
                 _ => (self.apply_shard_op(&h, data).await, None),
             };
         }
@@ -406,8 +483,102 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// Peering of an EC PG: active only with every shard up and every
-    /// shard's log the same (every write any shard holds is on all, so
+    /// Settles the ops above `floor` that some shards of `row` (whose logs
+    /// are `logs`, in `row`'s order) lack, object by object: the newest
+    /// op of an object, if partial, is rolled back (a write: every shard
+    /// that prepared it restores its undo at a new version of this
+    /// interval, the others log that version) or forward (a delete, which
+    /// left no undo: the shards lacking it apply it); older partial
+    /// entries of it are forgotten where held (a settle cut short). Safe
+    /// because none was acknowledged: an acknowledged op is on every shard
+    /// of its interval, and every shard of the last active one is here
+    /// (docs/internals/ec.md, *Settling a write some shards hold*). The
+    /// number of objects settled.
+    async fn settle_ops(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        row: &[u32],
+        logs: &[(u32, nacre_blockstore::PgLog)],
+        floor: u64,
+    ) -> Result<usize, PeerError> {
+        // Per version: the slots holding it, and its entry (as the first
+        // holder has it; every holder must name the same op).
+        let same = |x: &LogEntry| (x.oid.whole(), x.op, x.client, x.request);
+        let mut held: BTreeMap<u64, (Vec<usize>, LogEntry)> = BTreeMap::new();
+        for (slot, (_, l)) in logs.iter().enumerate() {
+            for (&v, e) in l.entries.range(floor + 1..) {
+                let (slots, first) = held.entry(v).or_insert((Vec::new(), *e));
+                if same(first) != same(e) {
+                    return Err(PeerError::Inactive(format!(
+                        "version {v:#x} names two ops on the shards"
+                    )));
+                }
+                slots.push(slot);
+            }
+        }
+        let mut objects: BTreeMap<ObjectId, Vec<u64>> = BTreeMap::new();
+        for (&v, (slots, e)) in &held {
+            if slots.len() < row.len() {
+                objects.entry(e.oid.whole()).or_default().push(v);
+            }
+        }
+        let newest: BTreeMap<ObjectId, u64> = (held.iter())
+            .map(|(&v, (_, e))| (e.oid.whole(), v))
+            .collect();
+        for (&oid, partial) in &objects {
+            let top = newest[&oid];
+            let mut forget: Vec<u64> = partial.clone();
+            if partial.last() == Some(&top) {
+                let (slots, e) = &held[&top];
+                let all: Vec<usize> = (0..row.len()).collect();
+                let (kind, version, client, request, to) = match (e.op, e.client) {
+                    (LogOp::Delete, _) => {
+                        let lacking = all.into_iter().filter(|s| !slots.contains(s)).collect();
+                        (SETTLE_DELETE, top, e.client, e.request, lacking)
+                    }
+                    // A rollback cut short: completed as it was begun.
+                    (LogOp::Write, 0) => (SETTLE_ROLL_BACK, top, 0, e.request, all),
+                    (LogOp::Write, _) => {
+                        let w = (self.next_version(pg, epoch)).ok_or_else(|| {
+                            PeerError::Retry("no version left in the epoch".into())
+                        })?;
+                        (SETTLE_ROLL_BACK, w, 0, top, all)
+                    }
+                };
+                // The rollback forgets the version it undoes itself.
+                forget.retain(|&v| v != top && (kind == SETTLE_DELETE || v != request));
+                let calls: Vec<_> = (to.into_iter())
+                    .map(|s| {
+                        let shard = oid.shard(s as u8);
+                        let mut h = Header::request(Op::ShardSettle, request, shard).with_pg(pg);
+                        (h.epoch, h.sender, h.client) = (epoch, self.id, client);
+                        (h.obj_version, h.offset) = (version, kind);
+                        rt::spawn(self.clone().shard_call(row[s], h, None))
+                    })
+                    .collect();
+                for (s, _) in rt::join_all(calls).await {
+                    if s != Status::Ok {
+                        return Err(PeerError::Retry(format!("settling {oid}: {s:?}")));
+                    }
+                }
+            }
+            for v in forget {
+                let sync = crate::peering::LogSync {
+                    forget: vec![v],
+                    ..Default::default()
+                };
+                for &s in &held[&v].0 {
+                    self.log_sync(row[s], pg, epoch, &sync).await?;
+                }
+            }
+        }
+        Ok(objects.len())
+    }
+
+    /// Peering of an EC PG: active only with every shard up (in the slots
+    /// and with the stores it last had), ops not on every shard settled,
+    /// and every shard's log the same (every write any shard holds is on all, so
     /// committed); otherwise inactive, saying why.
     pub(crate) async fn try_peer_ec(
         self: &Rc<Self>,
@@ -448,13 +619,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 .map(|(&v, e)| (v, (e.oid.whole(), e.op, e.client, e.request)))
                 .collect()
         };
-        let first = ops(&logs[0].1);
-        if let Some((id, _)) = logs.iter().find(|(_, l)| ops(l) != first) {
-            return Err(PeerError::Inactive(format!(
-                "the shards' logs differ (osd.{} and osd.{id}): rolling a write forward or back is not built yet",
-                logs[0].0
-            )));
-        }
         // Each log names its own slot's shard (a shard in another slot
         // is not this one), and a PG never active has no history.
         let slot_of = |id: u32| row.iter().position(|&o| o == id).map(|s| s as u8);
@@ -466,10 +630,25 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 "osd.{id}'s log names shards of another slot: moving shards is not built yet"
             )));
         }
-        if prior.is_none() && !first.is_empty() {
+        if prior.is_none() && logs.iter().any(|(_, l)| !l.entries.is_empty()) {
             return Err(PeerError::Inactive(
                 "shards hold history of a PG never active".into(),
             ));
+        }
+        // An op not on every shard was never acknowledged (every shard of
+        // the last active interval is here): settle it, then look again.
+        let settled = self.settle_ops(pg, epoch, &row, &logs, floor).await?;
+        if settled > 0 {
+            return Err(PeerError::Retry(format!(
+                "settled {settled} ops not on every shard"
+            )));
+        }
+        let first = ops(&logs[0].1);
+        if let Some((id, _)) = logs.iter().find(|(_, l)| ops(l) != first) {
+            return Err(PeerError::Inactive(format!(
+                "the shards' logs differ (osd.{} and osd.{id}) where no op is partial",
+                logs[0].0
+            )));
         }
         // Every write the logs hold is on every shard: release the undos.
         let mut newest: BTreeMap<ObjectId, u64> = BTreeMap::new();

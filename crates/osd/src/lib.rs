@@ -1660,9 +1660,11 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         let route = match h.op {
             Op::Read | Op::Write | Op::Delete | Op::List => self.check_route(&h, true),
             Op::RepWrite | Op::RepDelete => self.check_route(&h, false),
-            Op::ShardRead | Op::ShardWrite | Op::ShardDelete | Op::ShardCommit => {
-                self.check_shard_route(&h)
-            }
+            Op::ShardRead
+            | Op::ShardWrite
+            | Op::ShardDelete
+            | Op::ShardCommit
+            | Op::ShardSettle => self.check_shard_route(&h),
             _ => None,
         };
         // Nothing lands in a PG whose stray copy is being deleted here, and
@@ -1675,6 +1677,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                     | Op::RepDelete
                     | Op::ShardWrite
                     | Op::ShardDelete
+                    | Op::ShardSettle
                     | Op::Push
                     | Op::LogSync
                     | Op::PgQuery
@@ -1778,6 +1781,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 let s = self.answer_shard_commit(&h, f.payload.as_deref().unwrap_or(&[]));
                 (h.reply(s), None)
             }
+            Op::ShardSettle => (h.reply(self.settle_shard(&h).await), None),
             Op::List => self.answer_list(&h).await,
             Op::PurgeVolume => (h.reply(self.purge_volume(h.oid.volume.0).await), None),
             Op::PgClean => (h.reply(self.answer_pg_clean(&h)), None),

@@ -54,11 +54,9 @@ fn shape(r: &mut Rng, ob: u32) -> (u32, u32) {
 async fn write(c: &Cluster, oid: ObjectId, req: u64, offset: u32, data: &[u8]) -> Status {
     let mut h = Header::request(Op::Write, req, oid).with_payload(data);
     (h.offset, h.length, h.client) = (offset, data.len() as u32, CLIENT);
-    c.call(h, Some(AlignedBuf::from_slice(data)))
-        .await
-        .unwrap()
-        .h
-        .status
+    // No answer in time (a shard lost it): not acknowledged.
+    (c.call(h, Some(AlignedBuf::from_slice(data))).await)
+        .map_or(Status::Unavailable, |f| f.h.status)
 }
 
 async fn read(c: &Cluster, oid: ObjectId, offset: u32, len: u32) -> Vec<u8> {
@@ -70,6 +68,15 @@ async fn read(c: &Cluster, oid: ObjectId, offset: u32, len: u32) -> Vec<u8> {
         Status::NotFound => vec![0; len as usize],
         s => panic!("read of {oid} {offset}+{len}: {s:?}"),
     }
+}
+
+/// `osds` OSDs (on a network seeded with `seed`) with a 4+2 pool of 8
+/// PGs (`min_size` 5), every PG active.
+async fn ec_cluster(seed: u64, osds: u32) -> std::rc::Rc<Cluster> {
+    let c =
+        Cluster::with_ec_pool(Net::new(seed, Duration::from_millis(500)), osds, 4, 2, 5, 8).await;
+    c.settle(SETTLE).await.unwrap();
+    c
 }
 
 /// Waits (a while) until no OSD of the six keeps an undo.
@@ -96,13 +103,8 @@ async fn no_undos_left(c: &Cluster, when: &str) {
 #[test]
 fn a_whole_ec_pool_reads_back_every_write_and_keeps_its_stripes_coded() {
     rt::block_on_virtual(async {
-        let (k, m) = (4usize, 2usize);
-        let c =
-            Cluster::with_ec_pool(Net::new(11, Duration::from_millis(500)), 6, 4, 2, 5, 8).await;
-        c.settle(SETTLE).await.unwrap();
-        let layout = Layout::new(k, m, OBJECT_BYTES).unwrap();
-        let codec = Codec::new(k, m).unwrap();
-        let ob = layout.object_bytes();
+        let c = ec_cluster(11, 6).await;
+        let ob = 4 * OBJECT_BYTES;
         let oids: Vec<ObjectId> = (0..6).map(|b| nacre_sim::object(1, 1, b)).collect();
         let mut model: HashMap<ObjectId, Option<Vec<u8>>> =
             oids.iter().map(|&o| (o, None)).collect();
@@ -145,19 +147,11 @@ fn a_whole_ec_pool_reads_back_every_write_and_keeps_its_stripes_coded() {
             let want = model[&oid].clone().unwrap_or_else(|| vec![0; ob as usize]);
             assert!(read(&c, oid, 0, ob).await == want, "{oid} read whole");
             // Each shard is where the layout puts it, the parity its code.
-            let row = c.placement(oid);
-            let shards = layout.split(&codec, &want).unwrap();
-            for (s, &osd) in row.iter().enumerate() {
-                let store = c.osd(osd).unwrap();
-                let store = store.store();
-                let got = match store.read(oid.shard(s as u8), 0, OBJECT_BYTES).await {
-                    Ok(b) => b.to_vec(),
-                    Err(nacre_blockstore::Error::NotFound(_)) => vec![0; OBJECT_BYTES as usize],
-                    Err(e) => panic!("{oid} shard {s} on osd.{osd}: {e}"),
-                };
-                assert!(got == shards[s], "{oid}: shard {s} on osd.{osd}");
-                if model[&oid].is_none() {
-                    assert_eq!(store.version(oid.shard(s as u8)), None, "{oid} deleted");
+            check_stripe(&c, oid, &want).await;
+            if model[&oid].is_none() {
+                for (s, &osd) in c.placement(oid).iter().enumerate() {
+                    let o = c.osd(osd).unwrap();
+                    assert_eq!(o.store().version(oid.shard(s as u8)), None, "{oid} deleted");
                 }
             }
         }
@@ -173,9 +167,7 @@ fn a_whole_ec_pool_reads_back_every_write_and_keeps_its_stripes_coded() {
 #[test]
 fn an_ec_pg_with_a_shard_down_waits_for_it_and_loses_nothing() {
     rt::block_on_virtual(async {
-        let c =
-            Cluster::with_ec_pool(Net::new(12, Duration::from_millis(500)), 6, 4, 2, 5, 8).await;
-        c.settle(SETTLE).await.unwrap();
+        let c = ec_cluster(12, 6).await;
         let ob = 4 * OBJECT_BYTES;
         let oids: Vec<ObjectId> = (0..8).map(|b| nacre_sim::object(1, 1, b)).collect();
         let mut r = Rng(9);
@@ -244,9 +236,7 @@ fn an_ec_pg_with_a_shard_down_waits_for_it_and_loses_nothing() {
 #[test]
 fn an_ec_pg_whose_shards_would_move_waits_and_loses_nothing() {
     rt::block_on_virtual(async {
-        let c =
-            Cluster::with_ec_pool(Net::new(13, Duration::from_millis(500)), 7, 4, 2, 5, 8).await;
-        c.settle(SETTLE).await.unwrap();
+        let c = ec_cluster(13, 7).await;
         let ob = 4 * OBJECT_BYTES;
         let oids: Vec<ObjectId> = (0..8).map(|b| nacre_sim::object(1, 1, b)).collect();
         let mut r = Rng(21);
@@ -292,5 +282,92 @@ fn an_ec_pg_whose_shards_would_move_waits_and_loses_nothing() {
                 "{oid} after out and in"
             );
         }
+    });
+}
+
+/// Reads every shard of `oid` from the stores of its row and checks that
+/// they are the layout's split of `want` (absent shards read as zeros).
+async fn check_stripe(c: &Cluster, oid: ObjectId, want: &[u8]) {
+    let layout = Layout::new(4, 2, OBJECT_BYTES).unwrap();
+    let shards = layout.split(&Codec::new(4, 2).unwrap(), want).unwrap();
+    for (s, &osd) in c.placement(oid).iter().enumerate() {
+        let o = c.osd(osd).unwrap();
+        let got = match o.store().read(oid.shard(s as u8), 0, OBJECT_BYTES).await {
+            Ok(b) => b.to_vec(),
+            Err(nacre_blockstore::Error::NotFound(_)) => vec![0; OBJECT_BYTES as usize],
+            Err(e) => panic!("{oid} shard {s} on osd.{osd}: {e}"),
+        };
+        assert!(got == shards[s], "{oid}: shard {s} on osd.{osd}");
+    }
+}
+
+/// A write some shards never got (its frames to one shard lost) is not
+/// acknowledged; the next peering rolls it back on the shards that
+/// prepared it, so the stripe is the old data's, coded, and the client's
+/// retry of the same request is applied anew. A delete one shard missed is
+/// rolled forward. Every shard then holds the same log, and no undo.
+#[test]
+fn a_write_some_shards_lack_is_rolled_back_and_a_delete_forward() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(14, 6).await;
+        let ob = 4 * OBJECT_BYTES;
+        let (a, b) = (nacre_sim::object(1, 1, 0), nacre_sim::object(1, 1, 1));
+        let old: Vec<u8> = (0..ob).map(|i| (i % 251) as u8).collect();
+        assert_eq!(write(&c, a, 1, 0, &old).await, Status::Ok);
+        assert_eq!(write(&c, b, 2, 0, &old).await, Status::Ok);
+        // Lose everything sent to one parity shard of `a`, and one data
+        // shard of `b`, while a 4 KiB write and a delete go out.
+        let lose = |oid: ObjectId, slot: usize| {
+            let osd = c.placement(oid)[slot];
+            (oid, c.nodes.borrow()[osd as usize].addr.to_string())
+        };
+        let (la, lb) = (lose(a, 5), lose(b, 2));
+        let epoch = c.leader.map().epoch();
+        c.net.set_filter(move |to, h| {
+            (h.op == Op::ShardWrite && h.oid.whole() == la.0 && to == la.1)
+                || (h.op == Op::ShardDelete && h.oid.whole() == lb.0 && to == lb.1)
+        });
+        let new = vec![0xabu8; 4096];
+        let s = write(&c, a, 3, 8192, &new).await;
+        assert_ne!(
+            s,
+            Status::Ok,
+            "a write one shard never got was acknowledged"
+        );
+        let mut del = Header::request(Op::Delete, 4, b);
+        del.client = CLIENT;
+        let s = (c.call(del, None).await).map_or(Status::Unavailable, |f| f.h.status);
+        assert_ne!(
+            s,
+            Status::Ok,
+            "a delete one shard never got was acknowledged"
+        );
+        for _ in 0..600 {
+            if c.leader.map().epoch() > epoch + 1 {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        // The frames stay lost until the PGs settled: a resend that got
+        // through would complete the write (unacknowledged, it may).
+        c.settle(SETTLE).await.unwrap();
+        c.net.clear_filter();
+        assert!(
+            read(&c, a, 0, ob).await == old,
+            "the unacknowledged write was not rolled back"
+        );
+        check_stripe(&c, a, &old).await;
+        assert!(read(&c, b, 0, ob).await == vec![0; ob as usize]);
+        for (s, &osd) in c.placement(b).iter().enumerate() {
+            let o = c.osd(osd).unwrap();
+            assert_eq!(o.store().version(b.shard(s as u8)), None, "{b} shard {s}");
+        }
+        // The retry of the write is applied: it is in no log any more.
+        assert_eq!(write(&c, a, 3, 8192, &new).await, Status::Ok);
+        let mut want = old.clone();
+        want[8192..12288].copy_from_slice(&new);
+        assert!(read(&c, a, 0, ob).await == want);
+        check_stripe(&c, a, &want).await;
+        no_undos_left(&c, "after the settle").await;
     });
 }

@@ -188,7 +188,21 @@ pub enum Op {
     /// shard has them; [`SHARD_COMMIT_ENTRY_BYTES`] each): release their
     /// undos.
     ShardCommit = 29,
+    /// Primary (peering) → member: settle the write of shard object `oid`
+    /// that not every shard holds. `offset` [`SETTLE_ROLL_BACK`]: the
+    /// write at version `request_id` is undone as version `obj_version`
+    /// of this interval (client 0) — the bytes the shard's undo kept for
+    /// it written back (not undoably), or the object deleted if that
+    /// write made it, or, where the shard holds no such undo, the entry
+    /// alone —, then forgotten. `offset` [`SETTLE_DELETE`]: the delete at
+    /// `obj_version` (with the header's client and request) is applied
+    /// where it is not yet.
+    ShardSettle = 30,
 }
+
+/// [`Op::ShardSettle`] kinds, in `offset`.
+pub const SETTLE_ROLL_BACK: u32 = 0;
+pub const SETTLE_DELETE: u32 = 1;
 
 impl Op {
     pub fn from_u8(v: u8) -> Option<Op> {
@@ -222,6 +236,7 @@ impl Op {
             27 => Op::ShardWrite,
             28 => Op::ShardDelete,
             29 => Op::ShardCommit,
+            30 => Op::ShardSettle,
             _ => return None,
         })
     }

@@ -188,6 +188,8 @@ fn payload_must_match_op() {
         Header::decode(&raw_frame(Op::ShardRead, 0, 0)),
         Err(WireError::Range { .. })
     ));
+    assert!(Header::decode(&raw_frame(Op::ShardSettle, 0, 0)).is_ok());
+    assert!(Header::decode(&raw_frame(Op::ShardSettle, 0, 8)).is_err());
     for (len, ok) in [
         (0, false),
         (24, true),
