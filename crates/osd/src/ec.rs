@@ -36,6 +36,15 @@ use nacre_wire::{Header, Op, Status, SETTLE_DELETE, SETTLE_ROLL_BACK, SHARD_COMM
 use crate::peering::{Ask, PeerError};
 use crate::{status_of, Osd, PgEvent, ReqCache};
 
+/// What makes two shards' entries at one version the same op: the object,
+/// the op and the request. A rollback's (client 0) is a write on every
+/// shard, whatever each did (a shard whose undo said the object was new
+/// deleted it, the others logged it alone).
+fn same_op(e: &LogEntry) -> (ObjectId, LogOp, u64, u64) {
+    let op = if e.client == 0 { LogOp::Write } else { e.op };
+    (e.oid.whole(), op, e.client, e.request)
+}
+
 /// An EC pool's code and layout.
 pub(crate) struct Scheme {
     pub layout: Layout,
@@ -504,7 +513,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     ) -> Result<usize, PeerError> {
         // Per version: the slots holding it, and its entry (as the first
         // holder has it; every holder must name the same op).
-        let same = |x: &LogEntry| (x.oid.whole(), x.op, x.client, x.request);
+        let same = same_op;
         let mut held: BTreeMap<u64, (Vec<usize>, LogEntry)> = BTreeMap::new();
         for (slot, (_, l)) in logs.iter().enumerate() {
             for (&v, e) in l.entries.range(floor + 1..) {
@@ -533,12 +542,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 let (slots, e) = &held[&top];
                 let all: Vec<usize> = (0..row.len()).collect();
                 let (kind, version, client, request, to) = match (e.op, e.client) {
+                    // A rollback cut short (a delete on a shard whose
+                    // undo said the object was new, a write elsewhere):
+                    // completed as it was begun.
+                    (_, 0) => (SETTLE_ROLL_BACK, top, 0, e.request, all),
                     (LogOp::Delete, _) => {
                         let lacking = all.into_iter().filter(|s| !slots.contains(s)).collect();
                         (SETTLE_DELETE, top, e.client, e.request, lacking)
                     }
-                    // A rollback cut short: completed as it was begun.
-                    (LogOp::Write, 0) => (SETTLE_ROLL_BACK, top, 0, e.request, all),
                     (LogOp::Write, _) => {
                         let w = (self.next_version(pg, epoch)).ok_or_else(|| {
                             PeerError::Retry("no version left in the epoch".into())
@@ -616,7 +627,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let floor = logs.iter().map(|(_, l)| l.tail).max().unwrap_or(0);
         let ops = |log: &nacre_blockstore::PgLog| -> BTreeMap<u64, (ObjectId, LogOp, u64, u64)> {
             (log.entries.range(floor + 1..))
-                .map(|(&v, e)| (v, (e.oid.whole(), e.op, e.client, e.request)))
+                .map(|(&v, e)| (v, same_op(e)))
                 .collect()
         };
         // Each log names its own slot's shard (a shard in another slot

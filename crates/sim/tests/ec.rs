@@ -321,12 +321,22 @@ fn a_write_some_shards_lack_is_rolled_back_and_a_delete_forward() {
             let osd = c.placement(oid)[slot];
             (oid, c.nodes.borrow()[osd as usize].addr.to_string())
         };
-        let (la, lb) = (lose(a, 5), lose(b, 2));
+        // And the first write of a new object, `n`, lost on one shard:
+        // rolled back, the shards that made the object delete it.
+        let n = nacre_sim::object(1, 1, 2);
+        let (la, lb, ln) = (lose(a, 5), lose(b, 2), lose(n, 4));
         let epoch = c.leader.map().epoch();
         c.net.set_filter(move |to, h| {
             (h.op == Op::ShardWrite && h.oid.whole() == la.0 && to == la.1)
                 || (h.op == Op::ShardDelete && h.oid.whole() == lb.0 && to == lb.1)
+                || (h.op == Op::ShardWrite && h.oid.whole() == ln.0 && to == ln.1)
         });
+        let s = write(&c, n, 5, 4096, &[0x5au8; 4096]).await;
+        assert_ne!(
+            s,
+            Status::Ok,
+            "a first write one shard never got was acknowledged"
+        );
         let new = vec![0xabu8; 4096];
         let s = write(&c, a, 3, 8192, &new).await;
         assert_ne!(
@@ -358,9 +368,16 @@ fn a_write_some_shards_lack_is_rolled_back_and_a_delete_forward() {
         );
         check_stripe(&c, a, &old).await;
         assert!(read(&c, b, 0, ob).await == vec![0; ob as usize]);
-        for (s, &osd) in c.placement(b).iter().enumerate() {
-            let o = c.osd(osd).unwrap();
-            assert_eq!(o.store().version(b.shard(s as u8)), None, "{b} shard {s}");
+        assert!(read(&c, n, 0, ob).await == vec![0; ob as usize]);
+        for oid in [b, n] {
+            for (s, &osd) in c.placement(oid).iter().enumerate() {
+                let o = c.osd(osd).unwrap();
+                assert_eq!(
+                    o.store().version(oid.shard(s as u8)),
+                    None,
+                    "{oid} shard {s}"
+                );
+            }
         }
         // The retry of the write is applied: it is in no log any more.
         assert_eq!(write(&c, a, 3, 8192, &new).await, Status::Ok);
