@@ -113,7 +113,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             // A rollback is a write of this interval; a delete rolled
             // forward keeps the version it was given.
             Op::ShardSettle => match h.offset {
-                SETTLE_ROLL_BACK => h.obj_version >> 32 == h.epoch && h.client == 0,
+                // Of this interval, or of an earlier one whose rollback a
+                // crash or a map change cut short (completed as begun).
+                SETTLE_ROLL_BACK => {
+                    h.client == 0 && h.obj_version >> 32 <= h.epoch && h.request_id < h.obj_version
+                }
                 SETTLE_DELETE => h.obj_version != 0 && h.obj_version >> 32 <= h.epoch,
                 _ => false,
             },
@@ -509,14 +513,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         epoch: u64,
         row: &[u32],
         logs: &[(u32, nacre_blockstore::PgLog)],
-        floor: u64,
     ) -> Result<usize, PeerError> {
         // Per version: the slots holding it, and its entry (as the first
         // holder has it; every holder must name the same op).
         let same = same_op;
+        // Every shard's entries above its own tail: a version one shard
+        // still logs may be below another's tail (its log, capped, dropped
+        // it), and is partial only where a shard whose log reaches that
+        // far lacks it.
         let mut held: BTreeMap<u64, (Vec<usize>, LogEntry)> = BTreeMap::new();
         for (slot, (_, l)) in logs.iter().enumerate() {
-            for (&v, e) in l.entries.range(floor + 1..) {
+            for (&v, e) in l.entries.range(l.tail + 1..) {
                 let (slots, first) = held.entry(v).or_insert((Vec::new(), *e));
                 if same(first) != same(e) {
                     return Err(PeerError::Inactive(format!(
@@ -526,9 +533,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 slots.push(slot);
             }
         }
+        let lacks = |slot: usize, v: u64| logs[slot].1.tail < v && !held[&v].0.contains(&slot);
         let mut objects: BTreeMap<ObjectId, Vec<u64>> = BTreeMap::new();
-        for (&v, (slots, e)) in &held {
-            if slots.len() < row.len() {
+        for (&v, (_, e)) in &held {
+            if (0..row.len()).any(|s| lacks(s, v)) {
                 objects.entry(e.oid.whole()).or_default().push(v);
             }
         }
@@ -539,7 +547,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let top = newest[&oid];
             let mut forget: Vec<u64> = partial.clone();
             if partial.last() == Some(&top) {
-                let (slots, e) = &held[&top];
+                let (_, e) = &held[&top];
                 let all: Vec<usize> = (0..row.len()).collect();
                 let (kind, version, client, request, to) = match (e.op, e.client) {
                     // A rollback cut short (a delete on a shard whose
@@ -547,7 +555,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     // completed as it was begun.
                     (_, 0) => (SETTLE_ROLL_BACK, top, 0, e.request, all),
                     (LogOp::Delete, _) => {
-                        let lacking = all.into_iter().filter(|s| !slots.contains(s)).collect();
+                        let lacking = all.into_iter().filter(|&s| lacks(s, top)).collect();
                         (SETTLE_DELETE, top, e.client, e.request, lacking)
                     }
                     (LogOp::Write, _) => {
@@ -648,7 +656,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         // An op not on every shard was never acknowledged (every shard of
         // the last active interval is here): settle it, then look again.
-        let settled = self.settle_ops(pg, epoch, &row, &logs, floor).await?;
+        let settled = self.settle_ops(pg, epoch, &row, &logs).await?;
         if settled > 0 {
             return Err(PeerError::Retry(format!(
                 "settled {settled} ops not on every shard"

@@ -388,3 +388,53 @@ fn a_write_some_shards_lack_is_rolled_back_and_a_delete_forward() {
         no_undos_left(&c, "after the settle").await;
     });
 }
+
+/// A rollback cut short (its frames to one shard lost) and then the map
+/// moving on (an OSD restarted): the next epoch's peering completes the
+/// rollback as it was begun, at the version of the epoch it began in.
+#[test]
+fn a_rollback_cut_short_is_completed_in_a_later_epoch() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(15, 6).await;
+        let ob = 4 * OBJECT_BYTES;
+        let a = nacre_sim::object(1, 1, 0);
+        let old: Vec<u8> = (0..ob).map(|i| (i % 241) as u8).collect();
+        assert_eq!(write(&c, a, 1, 0, &old).await, Status::Ok);
+        let row = c.placement(a);
+        let addr = |slot: usize| c.nodes.borrow()[row[slot] as usize].addr.to_string();
+        let (parity, data) = (addr(5), addr(3));
+        c.net.set_filter(move |to, h| {
+            h.oid.whole() == a
+                && ((h.op == Op::ShardWrite && to == parity)
+                    || (h.op == Op::ShardSettle && to == data))
+        });
+        let epoch = c.leader.map().epoch();
+        assert_ne!(write(&c, a, 2, 0, &[0x77u8; 4096]).await, Status::Ok);
+        // The write failed; its rollback reaches every shard but one.
+        for _ in 0..600 {
+            if c.leader.map().epoch() > epoch {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        rt::sleep(Duration::from_secs(5)).await;
+        // The map moves on: another OSD restarts.
+        let other = row[1];
+        c.crash(other, 3);
+        for _ in 0..600 {
+            if !c.leader.map().is_up(other) {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        c.start(other).await;
+        c.net.clear_filter();
+        c.settle(SETTLE).await.unwrap();
+        assert!(
+            read(&c, a, 0, ob).await == old,
+            "the rollback was not completed"
+        );
+        check_stripe(&c, a, &old).await;
+        no_undos_left(&c, "after the rollback").await;
+    });
+}
