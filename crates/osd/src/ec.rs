@@ -619,11 +619,19 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 "an erasure-coded PG is served with every shard up, in the slots and with the stores it last had, only (degraded EC and moving shards are not built yet)".into(),
             ));
         }
-        let asks = row.iter().map(|&o| (o, Ask::Log)).collect();
+        let asks = row.iter().map(|&o| (o, Ask::Undos)).collect();
         let mut logs = Vec::with_capacity(row.len());
+        // Every shard's undos, by object (whole), the newest version.
+        let mut undos: BTreeMap<ObjectId, u64> = BTreeMap::new();
         for (id, _, r) in self.query_each(pg, epoch, asks).await {
             match r {
-                Ok(i) => logs.push((id, i.log)),
+                Ok(i) => {
+                    for (oid, v) in i.objects {
+                        let u = undos.entry(oid.whole()).or_default();
+                        *u = (*u).max(v);
+                    }
+                    logs.push((id, i.log));
+                }
                 Err(why) => return Err(PeerError::Retry(why)),
             }
         }
@@ -669,16 +677,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 logs[0].0
             )));
         }
-        // Every write the logs hold is on every shard: release the undos.
-        let mut newest: BTreeMap<ObjectId, u64> = BTreeMap::new();
-        for (&v, (oid, op, ..)) in &first {
-            if *op == LogOp::Write {
-                newest.insert(*oid, v);
-            }
-        }
-        if !newest.is_empty() {
+        // Every write any shard holds is on every shard: every undo the
+        // shards keep is of a committed write (also those whose entries a
+        // capped log dropped, after a lost commit): release them all.
+        if !undos.is_empty() {
             (self.clone())
-                .commit_shards(pg, row.clone(), newest.into_iter().collect())
+                .commit_shards(pg, row.clone(), undos.into_iter().collect())
                 .await;
         }
         self.report(

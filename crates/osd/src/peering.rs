@@ -211,18 +211,23 @@ pub(crate) enum Ask {
     Log,
     /// The versions of these objects (those the copy holds).
     Versions(Vec<ObjectId>),
+    /// The objects of the PG holding an undo, with the undo's version
+    /// (an erasure-coded PG's shards: `ec.rs`).
+    Undos,
 }
 
 impl Ask {
     const LISTING: u32 = 0;
     const LOG: u32 = 1;
     const VERSIONS: u32 = 2;
+    const UNDOS: u32 = 3;
 
     fn code(&self) -> u32 {
         match self {
             Ask::Listing => Ask::LISTING,
             Ask::Log => Ask::LOG,
             Ask::Versions(_) => Ask::VERSIONS,
+            Ask::Undos => Ask::UNDOS,
         }
     }
 
@@ -237,9 +242,12 @@ impl Ask {
     /// object it names must be of that PG.
     fn decode(code: u32, b: &[u8], pg: PgId, pg_count: u32) -> Result<Ask, String> {
         match code {
-            Ask::LISTING | Ask::LOG if !b.is_empty() => Err("a payload where none goes".into()),
+            Ask::LISTING | Ask::LOG | Ask::UNDOS if !b.is_empty() => {
+                Err("a payload where none goes".into())
+            }
             Ask::LISTING => Ok(Ask::Listing),
             Ask::LOG => Ok(Ask::Log),
+            Ask::UNDOS => Ok(Ask::Undos),
             Ask::VERSIONS if !b.len().is_multiple_of(16) => {
                 Err(format!("{} bytes of object ids", b.len()))
             }
@@ -413,6 +421,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     .collect()
             }
             Ask::Log => BTreeMap::new(),
+            Ask::Undos => (self.store.undos().into_iter())
+                .filter(|(oid, _)| pg.holds(*oid, count))
+                .collect(),
             Ask::Versions(oids) => (oids.iter())
                 .filter_map(|&o| Some((o, self.store.version(o)?)))
                 .collect(),
@@ -1507,7 +1518,7 @@ mod tests {
                 .take(3)
                 .collect()
         };
-        for ask in [Ask::Listing, Ask::Log, Ask::Versions(of(pg(3)))] {
+        for ask in [Ask::Listing, Ask::Log, Ask::Versions(of(pg(3))), Ask::Undos] {
             let b = ask.payload().unwrap_or_default();
             assert_eq!(Ask::decode(ask.code(), &b, pg(3), count), Ok(ask));
         }
@@ -1517,7 +1528,8 @@ mod tests {
         assert!(Ask::decode(Ask::VERSIONS, &b, pg(3), count).is_err());
         assert!(Ask::decode(Ask::VERSIONS, &b[..15], pg(3), count).is_err());
         assert!(Ask::decode(Ask::LOG, &b, pg(3), count).is_err());
-        assert!(Ask::decode(3, &[], pg(3), count).is_err());
+        assert!(Ask::decode(Ask::UNDOS, &b, pg(3), count).is_err());
+        assert!(Ask::decode(4, &[], pg(3), count).is_err());
     }
 
     /// The objects two logs may disagree on: those of every entry one

@@ -79,6 +79,19 @@ async fn ec_cluster(seed: u64, osds: u32) -> std::rc::Rc<Cluster> {
     c
 }
 
+/// Cuts OSD `id`'s power (`seed`: the fate of its unsynced writes) and
+/// waits until the leader marked it down.
+async fn crash_until_down(c: &Cluster, id: u32, seed: u64) {
+    c.crash(id, seed);
+    for _ in 0..600 {
+        if !c.leader.map().is_up(id) {
+            return;
+        }
+        rt::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("osd.{id} never marked down");
+}
+
 /// Waits (a while) until no OSD of the six keeps an undo.
 async fn no_undos_left(c: &Cluster, when: &str) {
     let held = || -> usize {
@@ -183,17 +196,7 @@ fn an_ec_pg_with_a_shard_down_waits_for_it_and_loses_nothing() {
             obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
         }
         let victim = 3;
-        c.crash(victim, 77);
-        for _ in 0..300 {
-            if !c.leader.map().is_up(victim) {
-                break;
-            }
-            rt::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(
-            !c.leader.map().is_up(victim),
-            "osd.{victim} never marked down"
-        );
+        crash_until_down(&c, victim, 77).await;
         let m = c.leader.map();
         let pgs: Vec<_> = m
             .pgs()
@@ -420,13 +423,7 @@ fn a_rollback_cut_short_is_completed_in_a_later_epoch() {
         rt::sleep(Duration::from_secs(5)).await;
         // The map moves on: another OSD restarts.
         let other = row[1];
-        c.crash(other, 3);
-        for _ in 0..600 {
-            if !c.leader.map().is_up(other) {
-                break;
-            }
-            rt::sleep(Duration::from_millis(100)).await;
-        }
+        crash_until_down(&c, other, 3).await;
         c.start(other).await;
         c.net.clear_filter();
         c.settle(SETTLE).await.unwrap();
@@ -436,5 +433,50 @@ fn a_rollback_cut_short_is_completed_in_a_later_epoch() {
         );
         check_stripe(&c, a, &old).await;
         no_undos_left(&c, "after the rollback").await;
+    });
+}
+
+/// A commit lost on one shard, then more writes to the PG than its log
+/// keeps: the next peering still releases that shard's undo (it asks the
+/// shards for their undos, not only its log's writes).
+#[test]
+fn an_undo_whose_commit_was_lost_is_released_by_the_next_peering() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(16, 6).await;
+        let a = nacre_sim::object(1, 1, 0);
+        let (pg, _) = c.route(a);
+        let b = (1..)
+            .map(|n| nacre_sim::object(1, 1, n))
+            .find(|&o| c.route(o).0 == pg)
+            .expect("another object of the PG");
+        let row = c.placement(a);
+        let keeper = c.nodes.borrow()[row[4] as usize].addr.to_string();
+        c.net
+            .set_filter(move |to, h| h.op == Op::ShardCommit && h.oid.whole() == a && to == keeper);
+        assert_eq!(write(&c, a, 1, 0, &[1u8; 4096]).await, Status::Ok);
+        rt::sleep(Duration::from_secs(2)).await;
+        c.net.clear_filter();
+        assert_eq!(
+            c.osd(row[4]).unwrap().store().undos().len(),
+            1,
+            "the commit was not lost"
+        );
+        // More writes to the PG than a log keeps: `a`'s entry leaves it.
+        let log_entries = 600;
+        for req in 0..log_entries {
+            assert_eq!(write(&c, b, 10 + req, 0, &[2u8; 4096]).await, Status::Ok);
+        }
+        let key = pg.key();
+        let tail = c.osd(row[4]).unwrap().store().pg_log(key).unwrap().tail;
+        assert!(
+            tail > 0,
+            "the log kept every entry: make the test write more"
+        );
+        // A peering: another OSD restarts.
+        let other = row[0];
+        crash_until_down(&c, other, 5).await;
+        c.start(other).await;
+        c.settle(SETTLE).await.unwrap();
+        no_undos_left(&c, "after the peering").await;
     });
 }
