@@ -270,16 +270,9 @@ mod tests {
     use crate::Engine;
     use proptest::prelude::*;
 
+    /// The codec tests' generator (xorshift).
     fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        crate::tests::chunk(0, n, seed)
     }
 
     /// Units go round the data shards; a shard's units are consecutive

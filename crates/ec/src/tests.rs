@@ -2,7 +2,7 @@ use super::*;
 use proptest::prelude::*;
 
 /// Deterministic bytes for data chunk `j` of `len` (xorshift).
-fn chunk(j: usize, len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn chunk(j: usize, len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed ^ (j as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (0..len)
         .map(|_| {

@@ -79,6 +79,49 @@ async fn ec_cluster(seed: u64, osds: u32) -> std::rc::Rc<Cluster> {
     c
 }
 
+/// Writes a shape of random bytes to each of 8 objects of pool 1 (4+2,
+/// objects of 4 blocks), every write acknowledged; the objects, and what
+/// each holds.
+async fn write_eight(c: &Cluster, seed: u64) -> (Vec<ObjectId>, HashMap<ObjectId, Vec<u8>>) {
+    let ob = 4 * OBJECT_BYTES;
+    let oids: Vec<ObjectId> = (0..8).map(|b| nacre_sim::object(1, 1, b)).collect();
+    let mut r = Rng(seed);
+    let mut model: HashMap<ObjectId, Vec<u8>> = HashMap::new();
+    for (i, &oid) in oids.iter().enumerate() {
+        let (offset, len) = shape(&mut r, ob);
+        let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+        assert_eq!(write(c, oid, i as u64 + 1, offset, &data).await, Status::Ok);
+        let obj = model.entry(oid).or_insert_with(|| vec![0; ob as usize]);
+        obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+    }
+    (oids, model)
+}
+
+/// Waits (a while) until PG `pg`'s primary in map `m` holds it inactive
+/// for want of every shard up, and says so (`when`: the case).
+async fn waits_for_every_shard(
+    c: &Cluster,
+    m: &nacre_osd::OsdMap,
+    pg: nacre_types::PgId,
+    when: &str,
+) {
+    let p = m.primary(pg).expect("a primary up");
+    let mut state = None;
+    for _ in 0..100 {
+        state = c.osd(p).unwrap().pg_state(pg);
+        if matches!(state, Some(nacre_osd::PgState::Inactive(_))) {
+            break;
+        }
+        rt::sleep(Duration::from_millis(100)).await;
+    }
+    match state {
+        Some(nacre_osd::PgState::Inactive(why)) => {
+            assert!(why.contains("every shard up"), "PG {pg} {when}: {why}")
+        }
+        s => panic!("PG {pg} {when}: {s:?}"),
+    }
+}
+
 /// Cuts OSD `id`'s power (`seed`: the fate of its unsynced writes) and
 /// waits until the leader marked it down.
 async fn crash_until_down(c: &Cluster, id: u32, seed: u64) {
@@ -182,19 +225,7 @@ fn an_ec_pg_with_a_shard_down_waits_for_it_and_loses_nothing() {
     rt::block_on_virtual(async {
         let c = ec_cluster(12, 6).await;
         let ob = 4 * OBJECT_BYTES;
-        let oids: Vec<ObjectId> = (0..8).map(|b| nacre_sim::object(1, 1, b)).collect();
-        let mut r = Rng(9);
-        let mut model: HashMap<ObjectId, Vec<u8>> = HashMap::new();
-        for (i, &oid) in oids.iter().enumerate() {
-            let (offset, len) = shape(&mut r, ob);
-            let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
-            assert_eq!(
-                write(&c, oid, i as u64 + 1, offset, &data).await,
-                Status::Ok
-            );
-            let obj = model.entry(oid).or_insert_with(|| vec![0; ob as usize]);
-            obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
-        }
+        let (oids, model) = write_eight(&c, 9).await;
         let victim = 3;
         crash_until_down(&c, victim, 77).await;
         let m = c.leader.map();
@@ -204,21 +235,7 @@ fn an_ec_pg_with_a_shard_down_waits_for_it_and_loses_nothing() {
             .collect();
         assert_eq!(pgs.len(), 8, "every PG has a shard on every OSD");
         for pg in pgs {
-            let p = m.primary(pg).expect("a primary up");
-            let mut state = None;
-            for _ in 0..100 {
-                state = c.osd(p).unwrap().pg_state(pg);
-                if matches!(state, Some(nacre_osd::PgState::Inactive(_))) {
-                    break;
-                }
-                rt::sleep(Duration::from_millis(100)).await;
-            }
-            match state {
-                Some(nacre_osd::PgState::Inactive(why)) => {
-                    assert!(why.contains("every shard up"), "PG {pg}: {why}")
-                }
-                s => panic!("PG {pg} without osd.{victim}: {s:?}"),
-            }
+            waits_for_every_shard(&c, &m, pg, &format!("without osd.{victim}")).await;
         }
         c.start(victim).await;
         c.settle(SETTLE).await.unwrap();
@@ -241,19 +258,7 @@ fn an_ec_pg_whose_shards_would_move_waits_and_loses_nothing() {
     rt::block_on_virtual(async {
         let c = ec_cluster(13, 7).await;
         let ob = 4 * OBJECT_BYTES;
-        let oids: Vec<ObjectId> = (0..8).map(|b| nacre_sim::object(1, 1, b)).collect();
-        let mut r = Rng(21);
-        let mut model: HashMap<ObjectId, Vec<u8>> = HashMap::new();
-        for (i, &oid) in oids.iter().enumerate() {
-            let (offset, len) = shape(&mut r, ob);
-            let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
-            assert_eq!(
-                write(&c, oid, i as u64 + 1, offset, &data).await,
-                Status::Ok
-            );
-            let obj = model.entry(oid).or_insert_with(|| vec![0; ob as usize]);
-            obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
-        }
+        let (oids, model) = write_eight(&c, 21).await;
         let before = c.leader.map();
         c.mark_out(6, true).unwrap();
         let m = c.leader.map();
@@ -263,19 +268,7 @@ fn an_ec_pg_whose_shards_would_move_waits_and_loses_nothing() {
             .collect();
         assert!(!moved.is_empty(), "marking osd.6 out moved no PG");
         for pg in moved {
-            let p = m.primary(pg).expect("a primary up");
-            let mut state = None;
-            for _ in 0..100 {
-                state = c.osd(p).unwrap().pg_state(pg);
-                if matches!(state, Some(nacre_osd::PgState::Inactive(_))) {
-                    break;
-                }
-                rt::sleep(Duration::from_millis(100)).await;
-            }
-            assert!(
-                matches!(&state, Some(nacre_osd::PgState::Inactive(why)) if why.contains("every shard up")),
-                "PG {pg} with its shards moved: {state:?}"
-            );
+            waits_for_every_shard(&c, &m, pg, "with its shards moved").await;
         }
         c.mark_out(6, false).unwrap();
         c.settle(SETTLE).await.unwrap();
