@@ -708,6 +708,32 @@ impl Cluster {
         m.placement(pg).to_vec()
     }
 
+    /// Whether the shards of `oid` (of an erasure-coded pool) on the OSDs
+    /// of its row are the layout's split of `want`, the whole object, with
+    /// the parity its code (an absent shard reads as zeros); where not,
+    /// which shard differs.
+    pub async fn check_stripe(&self, oid: ObjectId, want: &[u8]) -> Result<(), String> {
+        let m = self.leader.map();
+        let pg = m.pg_of(oid).ok_or("no such pool")?;
+        let ec = (m.pools.get(&pg.pool).and_then(|p| p.record.ec)).ok_or("not an EC pool")?;
+        let (k, m_) = (usize::from(ec.k), usize::from(ec.m));
+        let layout = nacre_ec::Layout::new(k, m_, OBJECT_BYTES).map_err(|e| e.to_string())?;
+        let codec = nacre_ec::Codec::new(k, m_).map_err(|e| e.to_string())?;
+        let shards = layout.split(&codec, want).map_err(|e| e.to_string())?;
+        for (s, &osd) in m.placement(pg).iter().enumerate() {
+            let o = self.osd(osd).ok_or(format!("osd.{osd} is down"))?;
+            let got = match o.store().read(oid.shard(s as u8), 0, OBJECT_BYTES).await {
+                Ok(b) => b.to_vec(),
+                Err(nacre_blockstore::Error::NotFound(_)) => vec![0; OBJECT_BYTES as usize],
+                Err(e) => return Err(format!("{oid} shard {s} on osd.{osd}: {e}")),
+            };
+            if got != shards[s] {
+                return Err(format!("{oid}: shard {s} on osd.{osd} differs"));
+            }
+        }
+        Ok(())
+    }
+
     /// Object copies running OSDs hold outside their objects' placement
     /// (stray copies not yet deleted), as `(osd, object)`.
     pub fn stray_copies(&self) -> Vec<(u32, ObjectId)> {
