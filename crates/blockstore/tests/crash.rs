@@ -582,8 +582,17 @@ impl Harness {
                 Op::Trim { pg, keep } => {
                     let log = self.store.pg_log(u64::from(pg)).unwrap_or_default();
                     let n = log.entries.len().saturating_sub(usize::from(keep));
+                    // Never past an op of the PG issued and not yet done
+                    // (its entry may not be admitted yet: the store would
+                    // rightly refuse it as older than the tail), as an OSD
+                    // trims only what every op in flight is above.
+                    let inflight = (self.pending.iter())
+                        .filter_map(|p| Some((p.obj?, p.state)))
+                        .filter(|&(o, _)| logged(o) && o % PGS == pg)
+                        .map(|(o, s)| self.model[&o].states[s].version)
+                        .min();
                     if let Some((&v, _)) = log.entries.iter().nth(n.saturating_sub(1)) {
-                        if n > 0 {
+                        if n > 0 && inflight.is_none_or(|f| v < f) {
                             self.store.pg_trim(u64::from(pg), v);
                         }
                     }
