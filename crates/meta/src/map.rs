@@ -331,6 +331,10 @@ pub struct Interval {
     /// complete).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incomplete: Vec<u32>,
+    /// An erasure-coded PG's placement row in the interval: the OSD at
+    /// position `s` held shard `s` (empty for a replicated PG).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub row: Vec<u32>,
 }
 
 impl Interval {
@@ -342,6 +346,12 @@ impl Interval {
             && !self.incomplete.contains(&osd)
             && store.is_some()
             && (self.stores.is_empty() || self.stores.get(&osd) == store)
+    }
+
+    /// Whether OSD `osd`, running store `store`, is a complete member that
+    /// held shard `slot` in this interval (an erasure-coded PG's).
+    pub fn holds_slot(&self, osd: u32, slot: usize, store: Option<&String>) -> bool {
+        self.row.get(slot) == Some(&osd) && self.holds(osd, store)
     }
 }
 

@@ -10,23 +10,28 @@
 //! shard keeps what it replaced until the write committed), the others the
 //! log entry alone; it is acknowledged once every shard has it, and then
 //! the shards release their undos (`Op::ShardCommit`). A delete deletes
-//! every shard, logged.
+//! every shard, logged. A shard that is down misses ops (degraded: a read
+//! rebuilds its ranges from `k` others, the parity carries its writes).
 //!
-//! Peering takes an EC PG active only with every shard up, in the slots
-//! and with the stores it last had, so that an op not on every shard was
-//! never acknowledged: a write some shards lack is rolled back from the
-//! undos of those that prepared it, a delete rolled forward; otherwise
-//! the PG stays inactive and says why, rather than serve a stripe it
-//! cannot vouch for. Not built yet: degraded reads and writes, peering
-//! with shards missing (rule 3 of docs/internals/ec.md's counting),
-//! recovery of a shard from `k` others, moving shards, scrub.
+//! Peering counts the shards that *hold*: up in the slots, and with the
+//! stores, they had as complete members of the last active interval —
+//! each has every acknowledged op, so an op some holders lack was never
+//! acknowledged: a write is rolled back from the undos of the holders
+//! that prepared it, a delete rolled forward. With `min_size` shards up
+//! and `k` holders (or holders placement moved out of the row, as
+//! sources), every other shard up is rebuilt from `k` holders — the
+//! objects its log says it missed, or every object (backfill) — and takes
+//! their log; then the PG goes active with every shard up complete, and
+//! only then are the undos of the writes every shard holds released.
+//! Otherwise the PG stays inactive and says why. Not built yet: rebuilding
+//! in the background while the PG serves, scrub, conditional ops, listing.
 //! No pool of the kind can be created yet (`map::check_served`); the
 //! simulator builds one.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use nacre_blockstore::{LogEntry, LogOp};
+use nacre_blockstore::{LogEntry, LogOp, PgLog};
 use nacre_ec::{Codec, Layout};
 use nacre_io::{rt, AlignedBuf, BlockDev};
 use nacre_net::Transport;
@@ -91,7 +96,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Checks a shard op from the primary: this epoch, the PG's primary
-    /// sending, the object in the PG, and the shard this OSD's slot.
+    /// sending, the object in the PG, and the shard this OSD's slot — but
+    /// a read, which a peering may send to an OSD that held a shard of the
+    /// PG before it moved (a source for rebuilding), names any shard of
+    /// the PG: it is answered with what this store holds under that name.
     pub(crate) fn check_shard_route(&self, h: &Header) -> Option<Status> {
         let map = self.map.borrow();
         if h.epoch != map.epoch() {
@@ -100,14 +108,30 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if map.pg_of(h.oid) != Some(h.pg_id()) || self.scheme(h.pool).is_none() {
             return Some(Status::Invalid);
         }
-        if !self.sent_by_primary(&map, h) || !map.is_acting(h.pg_id(), self.id) {
+        if !self.sent_by_primary(&map, h) {
             return Some(Status::NotPrimary);
         }
+        if h.op == Op::ShardRead {
+            return h.oid.shard_index().is_none().then_some(Status::Invalid);
+        }
+        let pg = h.pg_id();
+        let now = (map.is_acting(pg, self.id))
+            .then(|| self.slot(pg))
+            .flatten();
+        // A settle also reaches a shard that placement moved out of the row
+        // (a source of the peering), by the slot it held.
+        let before = (h.op == Op::ShardSettle)
+            .then(|| last_slot(&map, pg, self.id))
+            .flatten();
         drop(map);
+        let shard = h.oid.shard_index();
         let shard_ok = match h.op {
-            Op::ShardCommit => h.oid.shard_index().is_none(),
-            _ => h.oid.shard_index().is_some() && h.oid.shard_index() == self.slot(h.pg_id()),
+            Op::ShardCommit => now.is_some() && shard.is_none(),
+            _ => shard.is_some() && (shard == now || shard == before),
         };
+        if now.is_none() && !shard_ok {
+            return Some(Status::NotPrimary);
+        }
         let version_ok = match h.op {
             Op::ShardWrite | Op::ShardDelete => h.obj_version >> 32 == h.epoch,
             // A rollback is a write of this interval; a delete rolled
@@ -275,38 +299,41 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         Status::Ok
     }
 
-    /// Sends shard op `h` (to the OSD at slot `s`) or applies it here; its
-    /// status and, for a read, the bytes (zeros where the shard is absent).
+    /// Sends shard op `h` to OSD `to` or applies it here; its status and,
+    /// for a read, the bytes and the shard object's version.
     async fn shard_call(
         self: Rc<Self>,
         to: u32,
         h: Header,
         data: Option<AlignedBuf>,
-    ) -> (Status, Option<AlignedBuf>) {
+    ) -> (Status, Option<AlignedBuf>, u64) {
         if to == self.id {
             // As a shard would: nothing of an epoch that ended.
             if h.op != Op::ShardRead && h.epoch != self.epoch() {
-                return (Status::StaleEpoch, None);
+                return (Status::StaleEpoch, None, 0);
             }
-            return match h.op {
-                Op::ShardRead => match self.store.read(h.oid, h.offset, h.length).await {
-                    Ok(b) => (Status::Ok, Some(b)),
-                    Err(nacre_blockstore::Error::NotFound(_)) => (Status::NotFound, None),
-                    Err(e) => (status_of(&e), None),
-                },
-                Op::ShardCommit => (
-                    self.answer_shard_commit(&h, data.as_deref().unwrap_or(&[])),
-                    None,
-                ),
-                Op::ShardSettle => (self.settle_shard(&h).await, None),
-                _ => (self.apply_shard_op(&h, data).await, None),
+            let s = match h.op {
+                Op::ShardRead => {
+                    let (r, v) = (self.store.read(h.oid, h.offset, h.length).await).map_or_else(
+                        |e| (Err(e), 0),
+                        |b| (Ok(b), self.store.version(h.oid).unwrap_or(0)),
+                    );
+                    return match r {
+                        Ok(b) => (Status::Ok, Some(b), v),
+                        Err(e) => (status_of(&e), None, 0),
+                    };
+                }
+                Op::ShardCommit => self.answer_shard_commit(&h, data.as_deref().unwrap_or(&[])),
+                Op::ShardSettle => self.settle_shard(&h).await,
+                _ => self.apply_shard_op(&h, data).await,
             };
+            return (s, None, 0);
         }
         match self.call_osd(to, h, data.as_ref()).await {
-            Ok(f) => (f.h.status, f.payload),
+            Ok(f) => (f.h.status, f.payload, f.h.obj_version),
             Err(why) => {
                 tracing::warn!("osd.{}: {why}", self.id);
-                (Status::Unavailable, None)
+                (Status::Unavailable, None, 0)
             }
         }
     }
@@ -326,29 +353,48 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// The primary's read of an EC PG's object: the ranges of the data
-    /// shards, gathered (zeros where a shard does not hold the object).
+    /// shards, gathered (zeros where a shard does not hold the object); a
+    /// range of a shard that is down is rebuilt from the same range of
+    /// `k` shards that are up (a degraded read).
     pub(crate) async fn ec_read(self: &Rc<Self>, h: &Header) -> Result<AlignedBuf, Status> {
         let scheme = self.scheme(h.pool).ok_or(Status::Invalid)?;
-        let row = self.map.borrow().placement(h.pg_id()).to_vec();
+        let (k, n) = (scheme.layout.k, scheme.layout.k + scheme.layout.m);
+        let (row, acting) = {
+            let m = self.map.borrow();
+            (m.placement(h.pg_id()).to_vec(), m.acting(h.pg_id()))
+        };
+        let up: Vec<usize> = (0..n).filter(|&s| acting.contains(&row[s])).collect();
         let ranges =
             (scheme.layout.data_ranges(h.offset, h.length)).map_err(|_| Status::Invalid)?;
-        let reads: Vec<_> = (ranges.iter())
-            .map(|r| {
-                let mut sub = self.shard_header(h, Op::ShardRead, r.shard, 0);
-                (sub.offset, sub.length) = (r.offset, r.len);
-                rt::spawn(self.clone().shard_call(row[r.shard], sub, None))
+        // Every read at once: a range of each data shard that is up, the
+        // same range of the first `k` shards up for one that is down.
+        let mut reads: Vec<(usize, u32, u32)> = Vec::new();
+        for r in &ranges {
+            if up.contains(&r.shard) {
+                reads.push((r.shard, r.offset, r.len));
+            } else if up.len() < k {
+                return Err(Status::Unavailable);
+            } else {
+                reads.extend(up[..k].iter().map(|&s| (s, r.offset, r.len)));
+            }
+        }
+        let tasks: Vec<_> = (reads.iter())
+            .map(|&(s, offset, len)| {
+                let mut sub = self.shard_header(h, Op::ShardRead, s, 0);
+                (sub.offset, sub.length) = (offset, len);
+                rt::spawn(self.clone().shard_call(row[s], sub, None))
             })
             .collect();
-        let mut bufs = Vec::with_capacity(ranges.len());
+        let mut got: Vec<AlignedBuf> = Vec::with_capacity(reads.len());
         let mut found = false;
-        for (r, t) in ranges.iter().zip(reads) {
+        for (&(_, _, len), t) in reads.iter().zip(tasks) {
             match t.await {
-                (Status::Ok, Some(b)) if b.len() == r.len as usize => {
+                (Status::Ok, Some(b), _) if b.len() == len as usize => {
                     found = true;
-                    bufs.push(b);
+                    got.push(b);
                 }
-                (Status::NotFound, _) => bufs.push(AlignedBuf::zeroed(r.len as usize)),
-                (s, _) => {
+                (Status::NotFound, _, _) => got.push(AlignedBuf::zeroed(len as usize)),
+                (s, _, _) => {
                     return Err(if s == Status::Ok {
                         Status::Unavailable
                     } else {
@@ -360,9 +406,26 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if !found {
             return Err(Status::NotFound);
         }
-        let parts: Vec<_> = ranges
-            .iter()
-            .copied()
+        let mut got = got.into_iter();
+        let mut bufs: Vec<AlignedBuf> = Vec::with_capacity(ranges.len());
+        for r in &ranges {
+            if up.contains(&r.shard) {
+                bufs.push(got.next().expect("a read per range"));
+                continue;
+            }
+            let from: Vec<AlignedBuf> = got.by_ref().take(k).collect();
+            let mut chunks: Vec<Option<&[u8]>> = vec![None; n];
+            for (&s, b) in up[..k].iter().zip(&from) {
+                chunks[s] = Some(&b[..]);
+            }
+            let mut out = AlignedBuf::zeroed(r.len as usize);
+            (scheme
+                .codec
+                .reconstruct(&chunks, &[r.shard], &mut [&mut out[..]]))
+            .map_err(|_| Status::Invalid)?;
+            bufs.push(out);
+        }
+        let parts: Vec<_> = (ranges.iter().copied())
             .zip(bufs.iter().map(|b| &b[..]))
             .collect();
         let mut out = AlignedBuf::zeroed(h.length as usize);
@@ -371,7 +434,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// The primary's write or delete of an EC PG's object at `version`,
-    /// on every shard (the object locked, the PG active and whole).
+    /// on every shard that is up (the object locked, the PG active).
     pub(crate) async fn ec_update(
         self: &Rc<Self>,
         h: &Header,
@@ -382,11 +445,20 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Status::Invalid;
         };
         let (k, m) = (scheme.layout.k, scheme.layout.m);
-        let row = self.map.borrow().placement(h.pg_id()).to_vec();
+        // The shards that are up take the op; one that is down misses it
+        // and is rebuilt when it comes back (a degraded write: the parity
+        // carries a down data shard's new bytes).
+        let (row, acting) = {
+            let m = self.map.borrow();
+            (m.placement(h.pg_id()).to_vec(), m.acting(h.pg_id()))
+        };
+        let up: Vec<(usize, u32)> = (row.iter().copied().enumerate())
+            .filter(|(_, o)| acting.contains(o))
+            .collect();
         let mut ops: Vec<(u32, Header, Option<AlignedBuf>)> = Vec::with_capacity(k + m);
         match data {
             None => {
-                for (s, &o) in row.iter().enumerate() {
+                for &(s, o) in &up {
                     ops.push((o, self.shard_header(h, Op::ShardDelete, s, version), None));
                 }
             }
@@ -410,15 +482,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     return Status::Invalid;
                 };
                 // The read may have outlived the epoch: nothing is
-                // written then (a write some shards take and others
-                // refuse leaves the PG waiting for the roll back, which
-                // is not built yet).
+                // written then (a write some shards took and others
+                // refused would only be rolled back by the next peering).
                 if self.epoch() != h.epoch
                     || self.pg_state(h.pg_id()) != Some(crate::PgState::Active)
                 {
                     return Status::StaleEpoch;
                 }
-                for (s, &o) in row.iter().enumerate() {
+                for &(s, o) in &up {
                     let mut sub = self.shard_header(h, Op::ShardWrite, s, version);
                     let payload = if s < k {
                         parts.iter().find(|(r, _)| r.shard == s).map(|(r, b)| {
@@ -459,16 +530,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             // Every shard has it: committed; the shards may drop what it
             // replaced (sent now, not with the next write: a shard's room
             // for undos waits for releases).
+            let to = up.iter().map(|&(_, o)| o).collect();
             rt::spawn(
                 self.clone()
-                    .commit_shards(h.pg_id(), row, vec![(h.oid, version)]),
+                    .commit_shards(h.pg_id(), to, vec![(h.oid, version)]),
             );
         }
         status
     }
 
-    /// Tells every shard of `row` that `writes` committed.
-    async fn commit_shards(self: Rc<Self>, pg: PgId, row: Vec<u32>, writes: Vec<(ObjectId, u64)>) {
+    /// Tells the shards on OSDs `to` that `writes` committed.
+    async fn commit_shards(self: Rc<Self>, pg: PgId, to: Vec<u32>, writes: Vec<(ObjectId, u64)>) {
         let epoch = self.epoch();
         for chunk in
             writes.chunks(nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize / SHARD_COMMIT_ENTRY_BYTES)
@@ -484,8 +556,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let mut h = Header::request(Op::ShardCommit, 0, chunk[0].0.whole()).with_pg(pg);
             (h.epoch, h.sender) = (epoch, self.id);
             let h = h.with_payload(&body);
-            for &o in &row {
-                let (s, _) = (self.clone())
+            for &o in &to {
+                let (s, _, _) = (self.clone())
                     .shard_call(o, h, Some(AlignedBuf::from_slice(&body)))
                     .await;
                 if s != Status::Ok {
@@ -496,66 +568,64 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// Settles the ops above `floor` that some shards of `row` (whose logs
-    /// are `logs`, in `row`'s order) lack, object by object: the newest
-    /// op of an object, if partial, is rolled back (a write: every shard
-    /// that prepared it restores its undo at a new version of this
-    /// interval, the others log that version) or forward (a delete, which
-    /// left no undo: the shards lacking it apply it); older partial
-    /// entries of it are forgotten where held (a settle cut short). Safe
-    /// because none was acknowledged: an acknowledged op is on every shard
-    /// of its interval, and every shard of the last active one is here
+    /// Settles the ops that some of the `held` shards (those that hold
+    /// every acknowledged write) lack, object by object: the newest op of
+    /// an object, if partial, is rolled back (a write: every shard that
+    /// prepared it restores its undo at a new version of this interval,
+    /// the others log that version) or forward (a delete, which left no
+    /// undo: the shards lacking it apply it); older partial entries of it
+    /// are forgotten where held (a settle cut short). Safe because none
+    /// was acknowledged: an acknowledged op is on every shard that holds
     /// (docs/internals/ec.md, *Settling a write some shards hold*). The
     /// number of objects settled.
     async fn settle_ops(
         self: &Rc<Self>,
         pg: PgId,
         epoch: u64,
-        row: &[u32],
-        logs: &[(u32, nacre_blockstore::PgLog)],
+        held: &[Member],
     ) -> Result<usize, PeerError> {
-        // Per version: the slots holding it, and its entry (as the first
+        // Per version: the members holding it, and its entry (as the first
         // holder has it; every holder must name the same op).
         let same = same_op;
         // Every shard's entries above its own tail: a version one shard
         // still logs may be below another's tail (its log, capped, dropped
         // it), and is partial only where a shard whose log reaches that
         // far lacks it.
-        let mut held: BTreeMap<u64, (Vec<usize>, LogEntry)> = BTreeMap::new();
-        for (slot, (_, l)) in logs.iter().enumerate() {
-            for (&v, e) in l.entries.range(l.tail + 1..) {
-                let (slots, first) = held.entry(v).or_insert((Vec::new(), *e));
+        let mut ops: BTreeMap<u64, (Vec<usize>, LogEntry)> = BTreeMap::new();
+        for (i, m) in held.iter().enumerate() {
+            for (&v, e) in m.log.entries.range(m.log.tail + 1..) {
+                let (who, first) = ops.entry(v).or_insert((Vec::new(), *e));
                 if same(first) != same(e) {
                     return Err(PeerError::Inactive(format!(
                         "version {v:#x} names two ops on the shards"
                     )));
                 }
-                slots.push(slot);
+                who.push(i);
             }
         }
-        let lacks = |slot: usize, v: u64| logs[slot].1.tail < v && !held[&v].0.contains(&slot);
+        let lacks = |i: usize, v: u64| held[i].log.tail < v && !ops[&v].0.contains(&i);
         let mut objects: BTreeMap<ObjectId, Vec<u64>> = BTreeMap::new();
-        for (&v, (_, e)) in &held {
-            if (0..row.len()).any(|s| lacks(s, v)) {
+        for (&v, (_, e)) in &ops {
+            if (0..held.len()).any(|i| lacks(i, v)) {
                 objects.entry(e.oid.whole()).or_default().push(v);
             }
         }
-        let newest: BTreeMap<ObjectId, u64> = (held.iter())
+        let newest: BTreeMap<ObjectId, u64> = (ops.iter())
             .map(|(&v, (_, e))| (e.oid.whole(), v))
             .collect();
         for (&oid, partial) in &objects {
             let top = newest[&oid];
             let mut forget: Vec<u64> = partial.clone();
             if partial.last() == Some(&top) {
-                let (_, e) = &held[&top];
-                let all: Vec<usize> = (0..row.len()).collect();
+                let (_, e) = &ops[&top];
+                let all: Vec<usize> = (0..held.len()).collect();
                 let (kind, version, client, request, to) = match (e.op, e.client) {
                     // A rollback cut short (a delete on a shard whose
                     // undo said the object was new, a write elsewhere):
                     // completed as it was begun.
                     (_, 0) => (SETTLE_ROLL_BACK, top, 0, e.request, all),
                     (LogOp::Delete, _) => {
-                        let lacking = all.into_iter().filter(|&s| lacks(s, top)).collect();
+                        let lacking = all.into_iter().filter(|&i| lacks(i, top)).collect();
                         (SETTLE_DELETE, top, e.client, e.request, lacking)
                     }
                     (LogOp::Write, _) => {
@@ -568,15 +638,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 // The rollback forgets the version it undoes itself.
                 forget.retain(|&v| v != top && (kind == SETTLE_DELETE || v != request));
                 let calls: Vec<_> = (to.into_iter())
-                    .map(|s| {
-                        let shard = oid.shard(s as u8);
+                    .map(|i| {
+                        let shard = oid.shard(held[i].slot as u8);
                         let mut h = Header::request(Op::ShardSettle, request, shard).with_pg(pg);
                         (h.epoch, h.sender, h.client) = (epoch, self.id, client);
                         (h.obj_version, h.offset) = (version, kind);
-                        rt::spawn(self.clone().shard_call(row[s], h, None))
+                        rt::spawn(self.clone().shard_call(held[i].osd, h, None))
                     })
                     .collect();
-                for (s, _) in rt::join_all(calls).await {
+                for (s, _, _) in rt::join_all(calls).await {
                     if s != Status::Ok {
                         return Err(PeerError::Retry(format!("settling {oid}: {s:?}")));
                     }
@@ -587,117 +657,490 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     forget: vec![v],
                     ..Default::default()
                 };
-                for &s in &held[&v].0 {
-                    self.log_sync(row[s], pg, epoch, &sync).await?;
+                for &i in &ops[&v].0 {
+                    self.log_sync(held[i].osd, pg, epoch, &sync).await?;
                 }
             }
         }
         Ok(objects.len())
     }
 
-    /// Peering of an EC PG: active only with every shard up (in the slots
-    /// and with the stores it last had), ops not on every shard settled,
-    /// and every shard's log the same (every write any shard holds is on all, so
-    /// committed); otherwise inactive, saying why.
+    /// Peering of an EC PG. The shards that *hold* are those up in the
+    /// slots, and with the stores, they had as complete members of the
+    /// last active interval: each holds every acknowledged write. With at
+    /// least `min_size` shards up and `k` of them holding, ops some
+    /// holders lack are settled (none was acknowledged), every other
+    /// shard up is rebuilt from `k` holders (the objects its log says it
+    /// missed, or all of them), takes the holders' log, and the PG goes
+    /// active with every shard up complete; otherwise it stays inactive,
+    /// saying why.
     pub(crate) async fn try_peer_ec(
         self: &Rc<Self>,
         pg: PgId,
         epoch: u64,
     ) -> Result<(), PeerError> {
-        let (row, whole, prior) = {
+        let scheme = (self.scheme(pg.pool))
+            .ok_or_else(|| PeerError::Inactive("the pool's code cannot be made".into()))?;
+        let (k, n) = (scheme.layout.k, scheme.layout.k + scheme.layout.m);
+        let (row, up, holders, away, min_size, prior) = {
             let m = self.map.borrow();
             let prior = m.last_active(pg).cloned();
-            // Every member must hold the shard of its slot: the same row
-            // as the last interval that went active, each with its store.
-            let same = prior.as_ref().is_none_or(|p| {
-                p.acting == m.placement(pg) && p.acting.iter().all(|&o| m.holds(p, o))
-            });
-            (m.placement(pg).to_vec(), m.whole(pg) && same, prior)
+            let row = m.placement(pg).to_vec();
+            let acting = m.acting(pg);
+            let up: Vec<(usize, u32)> = (row.iter().copied().enumerate())
+                .filter(|(_, o)| acting.contains(o))
+                .collect();
+            // Complete members of the last active interval that placement
+            // has since moved out of their slots (out of the row, or to
+            // another slot of it), up: sources for rebuilding the shards
+            // they held (by their old slots), until the PG goes active
+            // without them there.
+            let away: Vec<(usize, u32)> = (prior.iter())
+                .flat_map(|p| p.row.iter().copied().enumerate())
+                .filter(|&(s, o)| {
+                    row.get(s) != Some(&o) && prior.as_ref().is_some_and(|p| m.holds(p, o))
+                })
+                .collect();
+            let holders: Vec<usize> = (up.iter())
+                .filter(|&&(s, o)| {
+                    prior
+                        .as_ref()
+                        .is_none_or(|p| m.is_up(o) && p.holds_slot(o, s, m.stores.get(&o)))
+                })
+                .map(|&(s, _)| s)
+                .collect();
+            let min_size = usize::from(m.min_size(pg.pool));
+            (row, up, holders, away, min_size, prior)
         };
-        if !whole {
-            return Err(PeerError::Inactive(
-                "an erasure-coded PG is served with every shard up, in the slots and with the stores it last had, only (degraded EC and moving shards are not built yet)".into(),
-            ));
+        if up.len() < min_size {
+            return Err(PeerError::Inactive(format!(
+                "{} of {n} shards up, min_size {min_size}",
+                up.len()
+            )));
         }
-        let asks = row.iter().map(|&o| (o, Ask::Undos)).collect();
-        let mut logs = Vec::with_capacity(row.len());
+        let short = |held: usize| {
+            PeerError::Inactive(format!(
+                "{held} shards up hold what the PG held when last active (epoch {}); {k} are needed to rebuild the others",
+                prior.as_ref().map_or(0, |p| p.epoch)
+            ))
+        };
+        let mut ids: Vec<u32> = up.iter().chain(&away).map(|&(_, o)| o).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let asks = ids.into_iter().map(|o| (o, Ask::Undos)).collect();
+        let mut members: Vec<Member> = Vec::with_capacity(up.len());
+        let mut moved: Vec<Member> = Vec::with_capacity(away.len());
         // Every shard's undos, by object (whole), the newest version.
         let mut undos: BTreeMap<ObjectId, u64> = BTreeMap::new();
         for (id, _, r) in self.query_each(pg, epoch, asks).await {
-            match r {
-                Ok(i) => {
-                    for (oid, v) in i.objects {
-                        let u = undos.entry(oid.whole()).or_default();
-                        *u = (*u).max(v);
-                    }
-                    logs.push((id, i.log));
-                }
+            let i = match r {
+                Ok(i) => i,
+                // A source away from the row may be gone: fewer sources.
+                Err(_) if !row.contains(&id) => continue,
                 Err(why) => return Err(PeerError::Retry(why)),
+            };
+            if let Some(&(slot, _)) = away.iter().find(|&&(_, o)| o == id) {
+                moved.push(Member {
+                    slot,
+                    osd: id,
+                    log: i.log.clone(),
+                });
             }
+            if !up.iter().any(|&(_, o)| o == id) {
+                continue;
+            }
+            for (oid, v) in i.objects {
+                let u = undos.entry(oid.whole()).or_default();
+                *u = (*u).max(v);
+            }
+            let slot = row
+                .iter()
+                .position(|&o| o == id)
+                .expect("a member of the row");
+            members.push(Member {
+                slot,
+                osd: id,
+                log: i.log,
+            });
         }
         if self.epoch() != epoch {
             return Err(PeerError::Retry("the epoch moved".into()));
         }
-        // Entries compared as the same op on every shard (each names its
-        // shard's object and range), above every shard's tail.
-        let floor = logs.iter().map(|(_, l)| l.tail).max().unwrap_or(0);
-        let ops = |log: &nacre_blockstore::PgLog| -> BTreeMap<u64, (ObjectId, LogOp, u64, u64)> {
-            (log.entries.range(floor + 1..))
-                .map(|(&v, e)| (v, same_op(e)))
-                .collect()
-        };
-        // Each log names its own slot's shard (a shard in another slot
-        // is not this one), and a PG never active has no history.
-        let slot_of = |id: u32| row.iter().position(|&o| o == id).map(|s| s as u8);
-        let misplaced = logs
-            .iter()
-            .find(|(id, l)| (l.entries.values()).any(|e| e.oid.shard_index() != slot_of(*id)));
-        if let Some((id, _)) = misplaced {
-            return Err(PeerError::Inactive(format!(
-                "osd.{id}'s log names shards of another slot: moving shards is not built yet"
-            )));
-        }
-        if prior.is_none() && logs.iter().any(|(_, l)| !l.entries.is_empty()) {
+        if prior.is_none() && members.iter().any(|m| !m.log.entries.is_empty()) {
             return Err(PeerError::Inactive(
                 "shards hold history of a PG never active".into(),
             ));
         }
-        // An op not on every shard was never acknowledged (every shard of
-        // the last active interval is here): settle it, then look again.
-        let settled = self.settle_ops(pg, epoch, &row, &logs).await?;
+        // (A holder is never marked recovering: its recovery ended before
+        // the interval it holds from went active.)
+        // A holder's log names its own slot's shard; one whose log names
+        // another slot was rebuilt for that slot by a peering whose
+        // interval never went active: it is stale, rebuilt whole, log and
+        // all. (A holder is never marked recovering: its rebuild ended
+        // before the interval it holds from went active.)
+        let (held, stale): (Vec<Member>, Vec<Member>) = (members.into_iter())
+            .partition(|m| holders.contains(&m.slot) && !m.log.recovering && !m.foreign());
+        // The holders placement moved out of the row are sources too, by
+        // the slots they held, settled with the rest.
+        let mut sources = held;
+        sources.extend((moved.into_iter()).filter(|m| !m.foreign() && !m.log.recovering));
+        if sources.is_empty() {
+            return Err(short(0));
+        }
+        // An op some sources lack was never acknowledged (each holds
+        // every acknowledged op): settle it, then look again.
+        let settled = self.settle_ops(pg, epoch, &sources).await?;
         if settled > 0 {
             return Err(PeerError::Retry(format!(
                 "settled {settled} ops not on every shard"
             )));
         }
-        let first = ops(&logs[0].1);
-        if let Some((id, _)) = logs.iter().find(|(_, l)| ops(l) != first) {
+        let first = (sources.iter().find(|m| m.osd == self.id)).unwrap_or(&sources[0]);
+        let auth = stripe_log(&first.log);
+        let floor = sources.iter().map(|m| m.log.tail).max().unwrap_or(0);
+        let above = |l: &PgLog| -> Vec<LogEntry> {
+            (l.entries.range(floor + 1..)).map(|(_, e)| *e).collect()
+        };
+        if let Some(m) = (sources.iter()).find(|m| above(&stripe_log(&m.log)) != above(&auth)) {
             return Err(PeerError::Inactive(format!(
-                "the shards' logs differ (osd.{} and osd.{id}) where no op is partial",
-                logs[0].0
+                "the shards' logs differ (osd.{} and osd.{}) where no op is partial",
+                first.osd, m.osd
             )));
         }
-        // Every write any shard holds is on every shard: every undo the
-        // shards keep is of a committed write (also those whose entries a
-        // capped log dropped, after a lost commit): release them all.
-        if !undos.is_empty() {
-            (self.clone())
-                .commit_shards(pg, row.clone(), undos.into_iter().collect())
-                .await;
+        // A shard up whose log, naming its slot, tells it lacks nothing of
+        // the sources' history (`log_delta`: no object the two logs name
+        // apart, and no op it could have missed below their tails) was
+        // rebuilt for that slot by a peering whose interval never went
+        // active (its log is synced only after its objects), or missed
+        // nothing: a source too. (Only so, after the settle: one that
+        // missed acknowledged ops must never judge which ops are partial.)
+        let (rebuilt, stale): (Vec<Member>, Vec<Member>) = stale.into_iter().partition(|x| {
+            let delta = crate::peering::log_delta(&stripe_log(&x.log), &auth);
+            !x.foreign() && delta.is_some_and(|d| d.is_empty())
+        });
+        sources.extend(rebuilt);
+        if sources.len() < k {
+            return Err(short(sources.len()));
         }
+        // Every other shard up is rebuilt from `k` sources: first the
+        // objects of each (and what it holds of its slot that no source
+        // has, deleted: the history deleted it), then its log becomes the
+        // holders', then what it holds of another slot goes. In that
+        // order: a shard that moved to another slot of the PG may be a
+        // source for the slot it held until its log names the new one.
+        let mut listing: Option<BTreeMap<ObjectId, u64>> = None;
+        let mut later: Vec<(&Member, Vec<(ObjectId, u64)>)> = Vec::with_capacity(stale.len());
+        for x in &stale {
+            let mine = stripe_log(&x.log);
+            let delta = match x.foreign() {
+                false => crate::peering::log_delta(&mine, &auth),
+                true => None,
+            };
+            let slot = Some(x.slot as u8);
+            let backfill = delta.is_none();
+            let (objects, held_there) = match delta {
+                Some(objects) => {
+                    let names: Vec<ObjectId> =
+                        objects.iter().map(|o| o.shard(x.slot as u8)).collect();
+                    let versions = self.shard_versions(pg, epoch, x, names).await?;
+                    (objects, versions)
+                }
+                None => {
+                    if listing.is_none() {
+                        // Objects by whole: every object has a shard on
+                        // some source (its parity shards and a data shard
+                        // hold it: `m + 1` shards, and at most `m` do not
+                        // hold).
+                        let shards = self.ec_listing(pg, epoch, &sources).await?;
+                        listing = Some(shards.into_keys().map(|o| (o.whole(), 0)).collect());
+                    }
+                    let all = listing.as_ref().expect("listed");
+                    let theirs = self.ec_listing(pg, epoch, std::slice::from_ref(x)).await?;
+                    (all.keys().copied().collect(), theirs)
+                }
+            };
+            // Listed whole (a backfill), what it holds that no source has:
+            // of its slot, deleted now; of another slot, once its log names
+            // its own.
+            let all = listing.as_ref().filter(|_| backfill);
+            let (mut gone, mut other) = (Vec::new(), Vec::new());
+            for (&o, &v) in held_there.iter().filter(|_| all.is_some()) {
+                if o.shard_index() != slot {
+                    other.push((o, v));
+                } else if all.is_some_and(|a| !a.contains_key(&o.whole())) {
+                    gone.push((o, v));
+                }
+            }
+            tracing::info!(
+                "osd.{}: PG {pg}: rebuilding {} objects of shard {} on osd.{}",
+                self.id,
+                objects.len() + gone.len(),
+                x.slot,
+                x.osd
+            );
+            for oid in objects {
+                let name = oid.shard(x.slot as u8);
+                let expect = held_there.get(&name).copied().unwrap_or(0);
+                let newest = (auth.entries.values().rev()).find(|e| e.oid == oid);
+                (self.rebuild_shard(pg, epoch, &scheme, oid, x, &sources, newest, expect)).await?;
+            }
+            for (o, v) in gone {
+                self.push_shard(x.osd, pg, epoch, o, v, v, None).await?;
+            }
+            later.push((x, other));
+        }
+        for (x, other) in later {
+            // Its log becomes the holders', each entry naming its shard:
+            // what it lacks adopted and what they lack forgotten — or,
+            // from a log of another slot, every entry.
+            let mine = stripe_log(&x.log);
+            let mut sync = match x.foreign() {
+                false => crate::peering::LogSync::between(&mine, &auth),
+                true => crate::peering::LogSync {
+                    forget: mine.entries.keys().copied().collect(),
+                    adopt: auth.entries.values().copied().collect(),
+                    tail: if auth.tail > mine.tail { auth.tail } else { 0 },
+                    ..Default::default()
+                },
+            };
+            for e in &mut sync.adopt {
+                e.oid = e.oid.whole().shard(x.slot as u8);
+            }
+            sync.unmark = true;
+            self.log_sync_in_parts(x.osd, pg, epoch, sync).await?;
+            for (o, v) in other {
+                self.push_shard(x.osd, pg, epoch, o, v, v, None).await?;
+            }
+        }
+        if self.epoch() != epoch {
+            return Err(PeerError::Retry("the epoch moved".into()));
+        }
+        let clean = self.map.borrow().whole(pg);
         self.report(
             pg,
             epoch,
             &PgEvent::Active {
-                clean: true,
+                clean,
                 incomplete: Vec::new(),
             },
         )
         .await
         .map_err(PeerError::Retry)?;
-        self.done
-            .borrow_mut()
-            .insert(pg, ReqCache::of_log(&logs[0].1));
+        // Every write any shard holds is on every shard up: every undo the
+        // shards keep is of a committed write (also those whose entries a
+        // capped log dropped, after a lost commit): release them all. Only
+        // once the interval is recorded active: until then the next
+        // peering may count from the last one's holders, among which a
+        // write on every shard up now may be partial, to roll back.
+        let to: Vec<u32> = up.iter().map(|&(_, o)| o).collect();
+        if !undos.is_empty() {
+            (self.clone())
+                .commit_shards(pg, to, undos.into_iter().collect())
+                .await;
+        }
+        self.done.borrow_mut().insert(pg, ReqCache::of_log(&auth));
         Ok(())
     }
+
+    /// [`Osd::log_sync`] of `sync` to `to` in parts that each fit a
+    /// control frame: what it forgets, what it adopts, then its tail and
+    /// mark.
+    async fn log_sync_in_parts(
+        self: &Rc<Self>,
+        to: u32,
+        pg: PgId,
+        epoch: u64,
+        sync: crate::peering::LogSync,
+    ) -> Result<(), PeerError> {
+        use crate::peering::LogSync;
+        const ENTRIES: usize = 512;
+        for f in sync.forget.chunks(ENTRIES) {
+            let part = LogSync {
+                forget: f.to_vec(),
+                ..Default::default()
+            };
+            self.log_sync(to, pg, epoch, &part).await?;
+        }
+        for a in sync.adopt.chunks(ENTRIES) {
+            let part = LogSync {
+                adopt: a.to_vec(),
+                ..Default::default()
+            };
+            self.log_sync(to, pg, epoch, &part).await?;
+        }
+        let last = LogSync {
+            forget: Vec::new(),
+            adopt: Vec::new(),
+            ..sync
+        };
+        if !last.is_empty() {
+            self.log_sync(to, pg, epoch, &last).await?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds shard object `oid` on OSD `to` as `data` (or absent) at
+    /// `version`, if it holds `expect` there (0: nothing) when the push
+    /// lands (`Osd::rebuild_shard_here`).
+    #[allow(clippy::too_many_arguments)]
+    async fn push_shard(
+        self: &Rc<Self>,
+        to: u32,
+        pg: PgId,
+        epoch: u64,
+        oid: ObjectId,
+        version: u64,
+        expect: u64,
+        data: Option<AlignedBuf>,
+    ) -> Result<(), PeerError> {
+        let s = if to == self.id {
+            let _inflight = self.track(pg, epoch);
+            self.rebuild_shard_here(oid, version, expect, data).await
+        } else {
+            let mut h = Header::request(Op::Push, expect, oid).with_pg(pg);
+            if let Some(d) = &data {
+                h = h.with_payload(d);
+            }
+            (h.epoch, h.sender, h.obj_version, h.unlogged) = (epoch, self.id, version, true);
+            match self.call_osd(to, h, data.as_ref()).await {
+                Ok(f) => f.h.status,
+                Err(why) => return Err(PeerError::Retry(why)),
+            }
+        };
+        crate::peering::pushed(s, oid, version, to)
+    }
+
+    /// The versions OSD `x` holds of the shard objects `names`.
+    async fn shard_versions(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        x: &Member,
+        names: Vec<ObjectId>,
+    ) -> Result<BTreeMap<ObjectId, u64>, PeerError> {
+        let mut out = BTreeMap::new();
+        for part in names.chunks(2048) {
+            let ask = vec![(x.osd, Ask::Versions(part.to_vec()))];
+            for (_, _, r) in self.query_each(pg, epoch, ask).await {
+                out.extend(r.map_err(PeerError::Retry)?.objects);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The shard objects the shards `of` hold, with their versions.
+    async fn ec_listing(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        of: &[Member],
+    ) -> Result<BTreeMap<ObjectId, u64>, PeerError> {
+        let asks = of.iter().map(|m| (m.osd, Ask::Listing)).collect();
+        let mut all: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        for (_, _, r) in self.query_each(pg, epoch, asks).await {
+            for (oid, v) in r.map_err(PeerError::Retry)?.objects {
+                let e = all.entry(oid).or_default();
+                *e = (*e).max(v);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Rebuilds shard `x.slot` of `oid` on `x.osd` from `k` of the `held`
+    /// shards (or deletes it there, if the object's newest op, `newest`, is
+    /// a delete, or no holder has it), at the newest version of the shards
+    /// read and of `newest`.
+    #[allow(clippy::too_many_arguments)]
+    async fn rebuild_shard(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        scheme: &Scheme,
+        oid: ObjectId,
+        x: &Member,
+        held: &[Member],
+        newest: Option<&LogEntry>,
+        expect: u64,
+    ) -> Result<(), PeerError> {
+        let (k, n) = (scheme.layout.k, scheme.layout.k + scheme.layout.m);
+        let shard = oid.whole().shard(x.slot as u8);
+        if let Some(e) = newest.filter(|e| e.op == LogOp::Delete) {
+            return (self.push_shard(x.osd, pg, epoch, shard, e.version, expect, None)).await;
+        }
+        let len = scheme.layout.shard_bytes;
+        let reads: Vec<_> = (held[..k].iter())
+            .map(|m| {
+                let mut h =
+                    Header::request(Op::ShardRead, 0, oid.whole().shard(m.slot as u8)).with_pg(pg);
+                (h.epoch, h.sender, h.length) = (epoch, self.id, len);
+                rt::spawn(self.clone().shard_call(m.osd, h, None))
+            })
+            .collect();
+        let mut version = newest.map_or(0, |e| e.version);
+        let mut bufs: Vec<AlignedBuf> = Vec::with_capacity(k);
+        let mut found = false;
+        for (m, r) in held[..k].iter().zip(rt::join_all(reads).await) {
+            match r {
+                (Status::Ok, Some(b), v) if b.len() == len as usize => {
+                    found = true;
+                    version = version.max(v);
+                    bufs.push(b);
+                }
+                (Status::NotFound, _, _) => bufs.push(AlignedBuf::zeroed(len as usize)),
+                (s, _, _) => {
+                    return Err(PeerError::Retry(format!(
+                        "reading shard {} of {oid} from osd.{}: {s:?}",
+                        m.slot, m.osd
+                    )))
+                }
+            }
+        }
+        if !found {
+            return (self.push_shard(x.osd, pg, epoch, shard, version.max(1), expect, None)).await;
+        }
+        let mut chunks: Vec<Option<&[u8]>> = vec![None; n];
+        for (m, b) in held[..k].iter().zip(&bufs) {
+            chunks[m.slot] = Some(&b[..]);
+        }
+        let mut out = AlignedBuf::zeroed(len as usize);
+        (scheme
+            .codec
+            .reconstruct(&chunks, &[x.slot], &mut [&mut out[..]]))
+        .map_err(|e| PeerError::Inactive(format!("rebuilding {oid}: {e}")))?;
+        (self.push_shard(x.osd, pg, epoch, shard, version, expect, Some(out))).await
+    }
+}
+
+/// The slot OSD `osd` held in PG `pg`'s last active interval, if that was
+/// an erasure-coded PG's (whose interval records its row).
+pub(crate) fn last_slot(m: &crate::OsdMap, pg: PgId, osd: u32) -> Option<u8> {
+    let s = m.last_active(pg)?.row.iter().position(|&o| o == osd)?;
+    u8::try_from(s).ok()
+}
+
+/// A shard of a PG being peered: its slot, its OSD, its log.
+pub(crate) struct Member {
+    slot: usize,
+    osd: u32,
+    log: PgLog,
+}
+
+impl Member {
+    /// Whether its log names shards of another slot (an OSD that held
+    /// another shard of the PG before).
+    fn foreign(&self) -> bool {
+        (self.log.entries.values()).any(|e| e.oid.shard_index() != Some(self.slot as u8))
+    }
+}
+
+/// A shard's log with its entries comparable across shards: each names
+/// its whole object and no range, and a rollback (client 0) is a write
+/// ([`same_op`]).
+fn stripe_log(l: &PgLog) -> PgLog {
+    let mut out = l.clone();
+    for e in out.entries.values_mut() {
+        let (oid, op, _, _) = same_op(e);
+        (e.oid, e.op, e.offset, e.len) = (oid, op, 0, 0);
+    }
+    out
 }

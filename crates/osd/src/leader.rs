@@ -887,16 +887,22 @@ impl<T: Transport> Leader<T> {
         let Ok(ev) = serde_json::from_slice::<PgEvent>(body) else {
             return Status::Invalid;
         };
-        let (epoch, primary, acting, size) = {
+        let (epoch, primary, acting, size, row) = {
             let m = self.map.borrow();
             if !m.has(h.pg_id()) {
                 return Status::Invalid;
             }
+            let positional = (m.pools.get(&h.pool)).is_some_and(|p| p.record.ec.is_some());
             (
                 m.epoch(),
                 m.primary(h.pg_id()),
                 m.acting(h.pg_id()),
                 m.size(h.pool),
+                if positional {
+                    m.placement(h.pg_id()).to_vec()
+                } else {
+                    Vec::new()
+                },
             )
         };
         if h.epoch != epoch {
@@ -927,6 +933,7 @@ impl<T: Transport> Leader<T> {
                         acting,
                         stores,
                         incomplete,
+                        row,
                     },
                     answer: answer.clone(),
                 });
@@ -1045,8 +1052,15 @@ fn retable(m: &mut OsdMap, pool: u32, size: u8, placed: Placed) {
 /// set, taking every write, until the new members are complete
 /// (`Leader::settle_temps`), so a PG that moves keeps its complete copies
 /// meanwhile.
+///
+/// None for an erasure-coded pool: a shard that moves is rebuilt at its
+/// new slot from `k` others by the next peering (a temporary member
+/// would have to keep its old slot, which the table cannot name yet).
 fn temp_members(m: &OsdMap, pool: u32, old: &PgTable) -> BTreeMap<u32, Vec<u32>> {
     let mut temp = BTreeMap::new();
+    if (m.pools.get(&pool)).is_some_and(|p| p.record.ec.is_some()) {
+        return temp;
+    }
     for pg in 0..old.pg_count() {
         let id = PgId::new(pool, pg);
         let Some(iv) = m.last_active(id) else {
@@ -1115,6 +1129,7 @@ mod tests {
             acting: acting.to_vec(),
             stores: acting.iter().map(|&o| (o, store(o))).collect(),
             incomplete: incomplete.to_vec(),
+            row: Vec::new(),
         };
         let pool = m.pools.get_mut(&1).unwrap();
         pool.last_active.insert(0, iv(&[0, 1], &[]));
@@ -1138,6 +1153,12 @@ mod tests {
         assert!(temp_members(&m, 1, &old).is_empty());
         // A new lineage of the same store is another store too.
         m.stores.insert(1, format!("{}.1", store(1)));
+        assert!(temp_members(&m, 1, &old).is_empty());
+        // An erasure-coded pool's PGs get none: a moved shard is rebuilt.
+        m.stores.insert(1, store(1));
+        assert_eq!(temp_members(&m, 1, &old).len(), 2);
+        let p = m.pools.get_mut(&1).unwrap();
+        p.record.ec = Some(nacre_meta::map::EcScheme { k: 2, m: 1 });
         assert!(temp_members(&m, 1, &old).is_empty());
     }
 

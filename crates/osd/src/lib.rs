@@ -1638,7 +1638,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
     fn reply_bytes_max(&self, h: &Header) -> usize {
         match h.op {
-            Op::Read => h.length as usize,
+            Op::Read | Op::ShardRead => h.length as usize,
             Op::Pull => self.store.block_bytes() as usize,
             Op::Stat | Op::Scrub => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
             Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
@@ -1675,6 +1675,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 h.op,
                 Op::RepWrite
                     | Op::RepDelete
+                    | Op::ShardRead
                     | Op::ShardWrite
                     | Op::ShardDelete
                     | Op::ShardSettle

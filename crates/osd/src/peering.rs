@@ -98,7 +98,7 @@ pub(crate) fn divergent<'a>(
 impl LogSync {
     /// What turns `copy` into `auth`: its divergent entries are forgotten
     /// and the entries it lacks are adopted.
-    fn between(copy: &PgLog, auth: &PgLog) -> LogSync {
+    pub(crate) fn between(copy: &PgLog, auth: &PgLog) -> LogSync {
         LogSync {
             tail: if auth.tail > copy.tail { auth.tail } else { 0 },
             unmark: copy.recovering,
@@ -312,6 +312,20 @@ pub(crate) fn log_delta(
     let mut s: std::collections::BTreeSet<ObjectId> = only(auth, copy).into_iter().collect();
     s.extend(only(copy, auth));
     Some(s)
+}
+
+/// What a push of `oid` at `version` to OSD `to` that answered `s` means
+/// for the peering: done, the OSD full, or try again.
+pub(crate) fn pushed(s: Status, oid: ObjectId, version: u64, to: u32) -> Result<(), PeerError> {
+    match s {
+        Status::Ok => Ok(()),
+        Status::NoSpace => Err(Full(format!(
+            "pushing {oid} v{version:#x} to osd.{to}: {s:?}"
+        ))),
+        s => Err(Retry(format!(
+            "pushing {oid} v{version:#x} to osd.{to}: {s:?}"
+        ))),
+    }
 }
 
 /// One copy's state of a PG: its log and its objects with their versions.
@@ -581,8 +595,68 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             client: h.client,
             request: h.request_id,
         });
+        if h.oid.shard_index().is_some() {
+            // A shard rebuilt (ec.rs): the version it replaces rides in
+            // the request id.
+            if entry.is_some() {
+                return Status::Invalid;
+            }
+            return self
+                .rebuild_shard_here(h.oid, h.obj_version, h.request_id, data)
+                .await;
+        }
         self.apply_push(h.pg_id(), h.oid, h.obj_version, entry, data)
             .await
+    }
+
+    /// Makes shard object `oid` the given bytes (or absent) at `version`,
+    /// replacing whatever this OSD holds under that name at any version
+    /// (a write the PG's history does not hold may be here, at a higher
+    /// one) — but only if it holds `expect` there now (0: nothing), the
+    /// version the primary saw when it decided the rebuild: a push
+    /// delayed past the rebuild (a frame held up, a retry) finds the
+    /// rebuilt shard, or what writes put there since, and is refused
+    /// (`Stale`). No recovering mark: a shard being rebuilt is no holder
+    /// of its PG until an interval with it goes active, after its rebuild.
+    pub(crate) async fn rebuild_shard_here(
+        &self,
+        oid: ObjectId,
+        version: u64,
+        expect: u64,
+        data: Option<AlignedBuf>,
+    ) -> Status {
+        let cur = self.store.version(oid);
+        if cur.unwrap_or(0) != expect {
+            tracing::warn!(
+                "osd.{}: a rebuild of {oid} v{version:#x} expected v{expect:#x}, found {cur:x?}: refused",
+                self.id
+            );
+            return Status::Stale;
+        }
+        if cur == Some(version) && data.is_some() {
+            // That version's write is here already.
+            return Status::Ok;
+        }
+        let mut r = match cur {
+            Some(c) => match self.store.delete(oid, c).await {
+                Err(nacre_blockstore::Error::NotFound(_)) => Ok(()),
+                r => r,
+            },
+            None => Ok(()),
+        };
+        if let (Ok(()), Some(d)) = (&r, data) {
+            r = self.store.recover(oid, version, d).await;
+        }
+        match r {
+            Ok(()) => {
+                self.stats.replaced(oid);
+                Status::Ok
+            }
+            Err(e) => {
+                tracing::warn!("osd.{}: rebuilding {oid} v{version:#x}: {e}", self.id);
+                status_of(&e)
+            }
+        }
     }
 
     pub(crate) async fn answer_log_sync(
@@ -595,7 +669,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let count = {
             let m = self.map.borrow();
-            if !m.is_acting(h.pg_id(), self.id) {
+            // (An erasure-coded PG's peering also settles the shards that
+            // placement moved out of the row: ec.rs.)
+            if !m.is_acting(h.pg_id(), self.id)
+                && crate::ec::last_slot(&m, h.pg_id(), self.id).is_none()
+            {
                 return Status::NotPrimary;
             }
             m.pg_count(h.pool)
@@ -1283,15 +1361,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 Err(why) => return Err(Retry(why)),
             }
         };
-        match s {
-            Status::Ok => Ok(()),
-            Status::NoSpace => Err(Full(format!(
-                "pushing {oid} v{version:#x} to osd.{to}: {s:?}"
-            ))),
-            s => Err(Retry(format!(
-                "pushing {oid} v{version:#x} to osd.{to}: {s:?}"
-            ))),
-        }
+        pushed(s, oid, version, to)
     }
 
     /// Writes `oid` as `data` (or deletes it) on every member of `acting`

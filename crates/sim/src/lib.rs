@@ -411,6 +411,28 @@ fn consecutive(osds: &[u32], pgs: u32, size: u8, positional: bool) -> Placed {
     }
 }
 
+/// `old`'s rows with each OSD that is not in `inn` replaced, in its slot,
+/// by one that is and is not in the row; the leads kept.
+fn keep_slots(old: &PgTable, inn: &[u32]) -> Placed {
+    let mut osds = Vec::with_capacity(old.osds.len());
+    for pg in 0..old.pg_count() {
+        let mut row = old.placement(pg).to_vec();
+        for s in 0..row.len() {
+            if !inn.contains(&row[s]) {
+                row[s] = (0..inn.len())
+                    .map(|j| inn[(pg as usize + s + j) % inn.len()])
+                    .find(|o| !row.contains(o))
+                    .expect("as many OSDs in as shards");
+            }
+        }
+        osds.extend(row);
+    }
+    Placed {
+        osds,
+        lead: old.lead.clone(),
+    }
+}
+
 impl Cluster {
     /// Sets how many objects an OSD lists per answer to a PG query, on
     /// every OSD now and later: small pages make peering read listings in
@@ -507,18 +529,19 @@ impl Cluster {
         // The leader is a node too: a partition can cut it off.
         let lnet = net.for_node(&leader_addr());
         let leader = Leader::new(map, lnet.clone(), Box::new(|_| Ok(()))).expect("a leader");
-        // Marking an OSD out or in lays every PG out again over the OSDs
-        // that are in: most PGs move, which is what the simulator wants.
-        leader.set_placer(Box::new(move |pool, _, inn| {
+        // Marking an OSD out or in lays every PG of a replicated pool out
+        // again over the OSDs that are in: most PGs move, which is what
+        // the simulator wants. An erasure-coded pool's rows keep their
+        // slots, as real placement's do: only the shards of OSDs marked
+        // out move.
+        leader.set_placer(Box::new(move |pool, old, inn| {
             if inn.len() < usize::from(pool.size) {
                 return Err(format!("{} OSDs in for {} copies", inn.len(), pool.size));
             }
-            Ok(consecutive(
-                inn,
-                pool.pg_count,
-                pool.size,
-                pool.ec.is_some(),
-            ))
+            Ok(match (pool.ec, old) {
+                (Some(_), Some(old)) => keep_slots(old, inn),
+                _ => consecutive(inn, pool.pg_count, pool.size, pool.ec.is_some()),
+            })
         }));
         lnet.attach_node(leader.clone());
         rt::spawn(leader.clone().run());

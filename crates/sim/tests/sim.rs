@@ -20,6 +20,8 @@ use nacre_wire::{Header, Op, Status};
 /// OSDs of the cluster; of the one whose histories mark OSDs out and in.
 const OSDS: u32 = 3;
 const OSDS_OUT_IN: u32 = 4;
+/// OSDs of the erasure-coded (4+2) histories: one more than a PG's shards.
+const OSDS_EC: u32 = 7;
 const OBJECTS: u64 = 16;
 const CLIENTS: u64 = 4;
 const OPS_PER_CLIENT: u32 = 40;
@@ -35,7 +37,7 @@ enum Pools {
     /// Replicated pools 1, 2, … of `(size, min_size, PGs)`.
     Replicated(Vec<(u8, u8, u32)>),
     /// One erasure-coded pool of `k + m` shards, `min_size` `k + 1`, 8
-    /// PGs, on `k + m` OSDs (every PG on every OSD).
+    /// PGs.
     Ec(u8, u8),
 }
 
@@ -165,16 +167,14 @@ async fn client(c: Rc<Cluster>, k: u64, model: Model, seed: u64, chunks: u32) {
 /// keeps a member of its last active interval with its store, so nothing
 /// acknowledged may be lost. With `osds` above the copies, now and then
 /// one OSD is marked out (its PGs move to the others while they serve)
-/// and later in again. With `ec` (an erasure-coded pool, whose shards are
-/// neither moved nor rebuilt yet), no disk is replaced and no OSD marked
-/// out.
-async fn chaos(c: Rc<Cluster>, until: Rc<std::cell::Cell<bool>>, osds: u32, ec: bool) {
-    let mut replaced = ec;
+/// and later in again.
+async fn chaos(c: Rc<Cluster>, until: Rc<std::cell::Cell<bool>>, osds: u32) {
+    let mut replaced = false;
     let mut out: Option<u32> = None;
     while !until.get() {
         rt::sleep(Duration::from_millis(200 + c.net.below(1800))).await;
         let id = c.net.below(u64::from(osds)) as u32;
-        if osds > OSDS && !ec && c.net.below(3) == 0 {
+        if osds > OSDS && c.net.below(3) == 0 {
             let (id, mark) = match out {
                 Some(o) => (o, false),
                 None => (id, true),
@@ -279,7 +279,7 @@ fn run_with(seed: u64, osds: u32, paged: bool, pools: Pools) {
         });
         let model: Model = Rc::default();
         let done = Rc::new(std::cell::Cell::new(false));
-        let chaos = rt::spawn(chaos(c.clone(), done.clone(), osds, ec));
+        let chaos = rt::spawn(chaos(c.clone(), done.clone(), osds));
         let clients: Vec<_> = (0..CLIENTS)
             .map(|k| rt::spawn(client(c.clone(), k, model.clone(), seed, chunks)))
             .collect();
@@ -468,16 +468,19 @@ fn acknowledged_ops_survive_on_two_pools() {
     }
 }
 
-/// The same on an erasure-coded 4+2 pool on six OSDs (no disk replaced,
-/// no OSD marked out: shards are not moved or rebuilt yet, and a PG waits
-/// for every shard): through lost, delayed and duplicated messages,
-/// partitions and power cuts at any point of any write, every chunk reads
-/// as its last acknowledged write or a later attempt, and every stripe is
-/// coded — one write's state on every shard (issue 11: no write hole).
+/// The same on an erasure-coded 4+2 pool (`min_size` 5) on seven OSDs:
+/// through lost, delayed and duplicated messages, partitions, power cuts
+/// at any point of any write, a replaced disk and OSDs marked out and in
+/// (their shards move and are rebuilt at their new OSDs), with PGs
+/// serving degraded while a shard is down and rebuilding it when it is
+/// back, every chunk reads as its last acknowledged write or a later
+/// attempt and every stripe is coded — one write's state on every shard
+/// (issue 11: no write hole).
 #[test]
 fn acknowledged_ops_survive_on_an_ec_pool() {
     for seed in seeds() {
-        let r = std::panic::catch_unwind(|| run_with(seed, 6, seed % 2 == 0, Pools::Ec(4, 2)));
+        let r =
+            std::panic::catch_unwind(|| run_with(seed, OSDS_EC, seed % 2 == 0, Pools::Ec(4, 2)));
         if let Err(e) = r {
             eprintln!("failing seed: {seed} (replay: NACRE_SIM_SEED={seed}, the EC test)");
             std::panic::resume_unwind(e);
