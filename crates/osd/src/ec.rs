@@ -23,8 +23,10 @@
 //! objects its log says it missed, or every object (backfill) — and takes
 //! their log; then the PG goes active with every shard up complete, and
 //! only then are the undos of the writes every shard holds released.
-//! Otherwise the PG stays inactive and says why. Not built yet: rebuilding
-//! in the background while the PG serves, scrub, conditional ops, listing.
+//! Otherwise the PG stays inactive and says why. A listing (a shrink's) is
+//! the union of the shards' (`Op::ShardList`); an object's version, for a
+//! conditional op, its shards' newest. Not built yet: rebuilding in the
+//! background while the PG serves, scrub.
 //! No pool of the kind can be created yet (`map::check_served`); the
 //! simulator builds one.
 
@@ -105,7 +107,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if h.epoch != map.epoch() {
             return Some(Status::StaleEpoch);
         }
-        if map.pg_of(h.oid) != Some(h.pg_id()) || self.scheme(h.pool).is_none() {
+        // (A listing names a PG of its volume's pool and any block.)
+        let pg_ok = match h.op {
+            Op::ShardList => h.oid.pool() == h.pool && h.pg < map.pg_count(h.pool),
+            _ => map.pg_of(h.oid) == Some(h.pg_id()),
+        };
+        if !pg_ok || self.scheme(h.pool).is_none() {
             return Some(Status::Invalid);
         }
         if !self.sent_by_primary(&map, h) {
@@ -126,7 +133,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         drop(map);
         let shard = h.oid.shard_index();
         let shard_ok = match h.op {
-            Op::ShardCommit => now.is_some() && shard.is_none(),
+            Op::ShardCommit | Op::ShardList => now.is_some() && shard.is_none(),
             _ => shard.is_some() && (shard == now || shard == before),
         };
         if now.is_none() && !shard_ok {
@@ -285,6 +292,92 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
+    /// `Op::ShardList`: the shard objects of `h.oid`'s volume in its PG
+    /// that this OSD holds, from `h.oid`'s block on, each by its whole
+    /// object's block with its version, in block order, at most
+    /// `h.length` of them (an encoded `Op::List` page).
+    pub(crate) fn shard_list(&self, h: &Header) -> Vec<u8> {
+        let (pg, volume, from) = (h.pg_id(), h.oid.volume, h.oid.block);
+        let count = self.map.borrow().pg_count(pg.pool);
+        let keep = |o: &ObjectId| {
+            o.volume == volume
+                && o.shard_index().is_some()
+                && o.whole().block >= from
+                && pg.holds(*o, count)
+        };
+        let mut found: BTreeMap<u64, u64> = BTreeMap::new();
+        for (o, v) in self.store.list_where(keep) {
+            let e = found.entry(o.whole().block).or_default();
+            *e = (*e).max(v);
+        }
+        let max = h.length.min(nacre_wire::LIST_PAGE_MAX) as usize;
+        nacre_wire::encode_list(found.into_iter().take(max))
+    }
+
+    /// The primary's answer to `Op::List` on an EC PG: the union of its
+    /// shards' listings (`Op::ShardList`), each object at its shards'
+    /// newest version. Every object has a shard on each parity shard and
+    /// on a data shard, `m + 1` of them, and at most `m - 1` are down
+    /// (`min_size` is at least `k + 1`), so a shard up lists it; an object
+    /// among the first `length` of the union is among the first `length`
+    /// of every shard that holds it.
+    pub(crate) async fn ec_list(self: &Rc<Self>, h: &Header) -> Result<Vec<u8>, Status> {
+        let up = self.up_shards(h.pg_id());
+        let lists: Vec<_> = (up.iter())
+            .map(|&(s, o)| {
+                let mut sub = self.shard_header(h, Op::ShardList, s, 0);
+                (sub.oid, sub.length) = (h.oid.whole(), h.length);
+                rt::spawn(self.clone().shard_call(o, sub, None))
+            })
+            .collect();
+        let mut found: BTreeMap<u64, u64> = BTreeMap::new();
+        for r in rt::join_all(lists).await {
+            match r {
+                (Status::Ok, body, _) => {
+                    for (b, v) in nacre_wire::decode_list(body.as_deref().unwrap_or(&[])) {
+                        let e = found.entry(b).or_default();
+                        *e = (*e).max(v);
+                    }
+                }
+                (s, _, _) => return Err(s),
+            }
+        }
+        Ok(nacre_wire::encode_list(
+            found.into_iter().take(h.length as usize),
+        ))
+    }
+
+    /// The version of EC object `h.oid`: its shards' newest (every write
+    /// and delete reaches `m + 1` shards at least, one of them up), or
+    /// `None` if no shard up holds it. A sector of each is read for it.
+    pub(crate) async fn ec_version(self: &Rc<Self>, h: &Header) -> Result<Option<u64>, Status> {
+        let reads: Vec<_> = (self.up_shards(h.pg_id()).into_iter())
+            .map(|(s, o)| {
+                let mut sub = self.shard_header(h, Op::ShardRead, s, 0);
+                (sub.offset, sub.length) = (0, nacre_types::SECTOR_BYTES);
+                rt::spawn(self.clone().shard_call(o, sub, None))
+            })
+            .collect();
+        let mut newest = None;
+        for r in rt::join_all(reads).await {
+            match r {
+                (Status::Ok, _, v) => newest = newest.max(Some(v)),
+                (Status::NotFound, _, _) => {}
+                (s, _, _) => return Err(s),
+            }
+        }
+        Ok(newest)
+    }
+
+    /// PG `pg`'s shards up: (slot, OSD).
+    fn up_shards(&self, pg: PgId) -> Vec<(usize, u32)> {
+        let m = self.map.borrow();
+        let acting = m.acting(pg);
+        (m.placement(pg).iter().copied().enumerate())
+            .filter(|(_, o)| acting.contains(o))
+            .collect()
+    }
+
     /// `Op::ShardCommit`: releases the undos of the writes named (this
     /// OSD's shard of each object).
     pub(crate) fn answer_shard_commit(&self, h: &Header, body: &[u8]) -> Status {
@@ -324,6 +417,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     };
                 }
                 Op::ShardCommit => self.answer_shard_commit(&h, data.as_deref().unwrap_or(&[])),
+                Op::ShardList => {
+                    let body = AlignedBuf::from_slice(&self.shard_list(&h));
+                    return (Status::Ok, Some(body), 0);
+                }
                 Op::ShardSettle => self.settle_shard(&h).await,
                 _ => self.apply_shard_op(&h, data).await,
             };

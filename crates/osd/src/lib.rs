@@ -1318,13 +1318,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
         }
         // A conditional op (a shrink's, on what it listed) leaves an
-        // object written since alone, and creates none. (Not on an EC PG
-        // yet, whose objects are not whole here: ec.rs.)
-        if h.obj_version != 0 && self.scheme(h.pool).is_some() {
-            return (Status::Invalid, 0);
-        }
+        // object written since alone, and creates none. (An EC PG's
+        // object's version is its shards' newest: ec.rs.)
         if h.obj_version != 0 {
-            match self.store.version(oid) {
+            let cur = match self.scheme(h.pool) {
+                Some(_) => match self.ec_version(h).await {
+                    Ok(v) => v,
+                    Err(s) => return (s, 0),
+                },
+                None => self.store.version(oid),
+            };
+            match cur {
                 None => return (Status::NotFound, 0),
                 Some(cur) if cur > h.obj_version => return (Status::Stale, cur),
                 Some(_) => {}
@@ -1561,11 +1565,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// the volume in the PG from the block named on, at their
     /// authoritative versions (those this copy still lacks included,
     /// those deleted since excluded), a page of them.
-    async fn answer_list(&self, h: &Header) -> (Header, Option<AlignedBuf>) {
+    async fn answer_list(self: &Rc<Self>, h: &Header) -> (Header, Option<AlignedBuf>) {
         let (pg, epoch, from) = (h.pg_id(), h.epoch, h.oid.block);
-        // An EC PG's objects are on its shards, not whole on this OSD: no
-        // listing of them yet (ec.rs).
-        if h.length == 0 || h.length > nacre_wire::LIST_PAGE_MAX || self.scheme(pg.pool).is_some() {
+        if h.length == 0 || h.length > nacre_wire::LIST_PAGE_MAX {
             return (h.reply(Status::Invalid), None);
         }
         if let Err(s) = self.wait_active(pg, epoch).await {
@@ -1576,6 +1578,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // As a read: a primary cut off from the leader may be deposed.
         if !self.holds_read_lease() {
             return (h.reply(Status::Unavailable), None);
+        }
+        if self.scheme(pg.pool).is_some() {
+            // An EC PG's objects are on its shards (ec.rs).
+            return match self.ec_list(h).await {
+                Ok(body) => (
+                    h.reply(Status::Ok).with_payload(&body),
+                    Some(AlignedBuf::from_slice(&body)),
+                ),
+                Err(s) => (h.reply(s), None),
+            };
         }
         let count = self.map.borrow().pg_count(pg.pool);
         let volume = h.oid.volume;
@@ -1642,7 +1654,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             Op::Pull => self.store.block_bytes() as usize,
             Op::Stat | Op::Scrub => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
             Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
-            Op::List => {
+            Op::List | Op::ShardList => {
                 h.length.min(nacre_wire::LIST_PAGE_MAX) as usize * nacre_wire::LIST_ENTRY_BYTES
             }
             _ => 0,
@@ -1664,7 +1676,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             | Op::ShardWrite
             | Op::ShardDelete
             | Op::ShardCommit
-            | Op::ShardSettle => self.check_shard_route(&h),
+            | Op::ShardSettle
+            | Op::ShardList => self.check_shard_route(&h),
             _ => None,
         };
         // Nothing lands in a PG whose stray copy is being deleted here, and
@@ -1679,6 +1692,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                     | Op::ShardWrite
                     | Op::ShardDelete
                     | Op::ShardSettle
+                    | Op::ShardList
                     | Op::Push
                     | Op::LogSync
                     | Op::PgQuery
@@ -1783,6 +1797,13 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 (h.reply(s), None)
             }
             Op::ShardSettle => (h.reply(self.settle_shard(&h).await), None),
+            Op::ShardList => {
+                let body = self.shard_list(&h);
+                (
+                    h.reply(Status::Ok).with_payload(&body),
+                    Some(AlignedBuf::from_slice(&body)),
+                )
+            }
             Op::List => self.answer_list(&h).await,
             Op::PurgeVolume => (h.reply(self.purge_volume(h.oid.volume.0).await), None),
             Op::PgClean => (h.reply(self.answer_pg_clean(&h)), None),

@@ -772,6 +772,31 @@ impl Cluster {
         out
     }
 
+    /// PG `pg`'s objects of volume 1 (of its pool) at block `from` or
+    /// above, as its primary lists them (`Op::List`, pages of `page`):
+    /// (block, version), in order.
+    pub async fn list(&self, pg: PgId, from: u64, page: u32) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut from = from;
+        loop {
+            let mut h = Header::request(nacre_wire::Op::List, 0, object(pg.pool, 1, from));
+            h.length = page;
+            let f = self.call_pg(pg, h, None).await.unwrap();
+            assert_eq!(
+                f.h.status,
+                nacre_wire::Status::Ok,
+                "listing PG {pg} from {from}"
+            );
+            let got = nacre_wire::decode_list(f.payload.as_deref().unwrap_or(&[]));
+            assert!(got.len() <= page as usize);
+            out.extend(&got);
+            match got.last() {
+                Some(&(b, _)) if got.len() == page as usize => from = b + 1,
+                _ => return out,
+            }
+        }
+    }
+
     /// Sends a client request for `h.oid` to its primary over the
     /// simulated network (with its faults), epoch and PG filled in.
     pub async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {

@@ -813,3 +813,82 @@ fn shards_moved_away_are_settled_and_rebuild_their_slots() {
         check_stripe(&c, a, &old).await;
     });
 }
+
+/// A delete (of `oid`, request `req`) conditional on version `up_to`, as
+/// a shrink sends it; the status.
+async fn delete_if(c: &Cluster, oid: ObjectId, req: u64, up_to: u64) -> Status {
+    let mut h = Header::request(Op::Delete, req, oid);
+    (h.client, h.obj_version) = (CLIENT, up_to);
+    (c.call(h, None).await).map_or(Status::Unavailable, |f| f.h.status)
+}
+
+/// A shrink's view of an EC pool: each PG lists the objects it holds (the
+/// union of its shards', an object written only in one unit included),
+/// in pages, at their newest versions — also with a shard down; a delete
+/// conditional on a listed version leaves an object written since alone
+/// (`Stale`), deletes one that was not, and creates none.
+#[test]
+fn an_ec_pg_lists_its_objects_and_takes_conditional_deletes() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(20, 6).await;
+        let mut r = Rng(20);
+        let mut live = std::collections::BTreeSet::new();
+        for b in 0..40u64 {
+            let oid = nacre_sim::object(1, 1, b);
+            // Some objects hold one sector of one unit: a data shard and
+            // the parity shards only.
+            let (offset, len) = match b % 3 {
+                0 => (4096 + 512, 512),
+                _ => shape(&mut r, 4 * OBJECT_BYTES),
+            };
+            let data: Vec<u8> = (0..len).map(|_| r.next() as u8 | 1).collect();
+            assert_eq!(write(&c, oid, b + 1, offset, &data).await, Status::Ok);
+            live.insert(b);
+        }
+        for b in (0..40u64).step_by(7) {
+            delete(&c, nacre_sim::object(1, 1, b), 100 + b).await;
+            live.remove(&b);
+        }
+        let check = |c: std::rc::Rc<Cluster>, live: std::collections::BTreeSet<u64>| async move {
+            let m = c.leader.map();
+            let mut all = std::collections::BTreeSet::new();
+            for pg in m.pgs() {
+                let whole = c.list(pg, 0, 4096).await;
+                assert_eq!(c.list(pg, 0, 3).await, whole, "PG {pg} in pages");
+                assert!(whole.iter().all(|&(_, v)| v != 0));
+                all.extend(whole.iter().map(|&(b, _)| b));
+            }
+            assert_eq!(all, live, "the listings");
+        };
+        check(c.clone(), live.clone()).await;
+        // With a shard down, the others still list every object.
+        crash_until_down(&c, 2, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        check(c.clone(), live.clone()).await;
+        // Conditional deletes, on what a listing said.
+        let b = *live.iter().next().unwrap();
+        let oid = nacre_sim::object(1, 1, b);
+        let (pg, _) = c.route(oid);
+        let version = |l: &[(u64, u64)]| l.iter().find(|e| e.0 == b).unwrap().1;
+        let before = version(&c.list(pg, 0, 4096).await);
+        assert_eq!(write(&c, oid, 200, 0, &[7u8; 4096]).await, Status::Ok);
+        assert_eq!(
+            delete_if(&c, oid, 201, before).await,
+            Status::Stale,
+            "a conditional delete took an object written since"
+        );
+        let now = version(&c.list(pg, 0, 4096).await);
+        assert!(now > before);
+        assert_eq!(delete_if(&c, oid, 202, now).await, Status::Ok);
+        assert_eq!(read(&c, oid, 0, 4096).await, vec![0u8; 4096]);
+        assert_eq!(
+            delete_if(&c, oid, 203, now).await,
+            Status::NotFound,
+            "a conditional delete of nothing"
+        );
+        live.remove(&b);
+        c.start(2).await;
+        c.settle(SETTLE).await.unwrap();
+        check(c.clone(), live).await;
+    });
+}

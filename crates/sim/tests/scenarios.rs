@@ -1195,26 +1195,6 @@ fn a_pool_resized_keeps_its_data_and_a_removed_one_leaves_nothing() {
     });
 }
 
-/// PG `pg`'s objects of volume 1 at block `from` or above, as its primary
-/// lists them (`Op::List`, pages of `page`): (block, version), in order.
-async fn listed(c: &Cluster, pg: PgId, from: u64, page: u32) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut from = from;
-    loop {
-        let mut h = Header::request(Op::List, 0, nacre_sim::obj(1, from));
-        h.length = page;
-        let f = c.call_pg(pg, h, None).await.unwrap();
-        assert_eq!(f.h.status, Status::Ok, "listing PG {pg} from {from}");
-        let got = nacre_wire::decode_list(f.payload.as_deref().unwrap_or(&[]));
-        assert!(got.len() <= page as usize);
-        out.extend(&got);
-        match got.last() {
-            Some(&(b, _)) if got.len() == page as usize => from = b + 1,
-            _ => return out,
-        }
-    }
-}
-
 /// A delete (`Write` of `data` if some) of `oid` conditional on version
 /// `up_to`; the status.
 async fn only_if(
@@ -1274,8 +1254,8 @@ fn a_cut_lists_what_every_pg_holds_and_spares_what_was_written_since() {
             lacking += (want.iter())
                 .filter(|&&(b, _)| primary.store().version(oids[b as usize]).is_none())
                 .count();
-            assert_eq!(listed(&c, pg, 10, 2).await, want, "PG {pg}");
-            assert_eq!(listed(&c, pg, 10, 4096).await, want, "PG {pg}");
+            assert_eq!(c.list(pg, 10, 2).await, want, "PG {pg}");
+            assert_eq!(c.list(pg, 10, 4096).await, want, "PG {pg}");
             all.extend(want);
         }
         assert_eq!(all.len(), 14);
@@ -1313,7 +1293,7 @@ fn a_cut_lists_what_every_pg_holds_and_spares_what_was_written_since() {
             }
         }
         for pg in m.pgs() {
-            let left = listed(&c, pg, 10, 4096).await;
+            let left = c.list(pg, 10, 4096).await;
             let kept = (c.route(oids[12]).0 == pg).then(|| oids[12].block);
             assert_eq!(
                 left.iter().map(|e| e.0).collect::<Vec<_>>(),

@@ -198,6 +198,12 @@ pub enum Op {
     /// `obj_version` (with the header's client and request) is applied
     /// where it is not yet.
     ShardSettle = 30,
+    /// Primary → member of an erasure-coded PG: as [`Op::List`], from the
+    /// shard objects this member holds (`oid` names the volume and the
+    /// first block, whole): each object by its block, with its shard's
+    /// version. The primary answers a client's `List` with the union of
+    /// its members' (every object has a shard on `m + 1` of them).
+    ShardList = 31,
 }
 
 /// [`Op::ShardSettle`] kinds, in `offset`.
@@ -237,6 +243,7 @@ impl Op {
             28 => Op::ShardDelete,
             29 => Op::ShardCommit,
             30 => Op::ShardSettle,
+            31 => Op::ShardList,
             _ => return None,
         })
     }
@@ -571,7 +578,7 @@ impl Header {
             // Maps, PG events and logs, whole objects of recovery: sized
             // by their payload (bounded above), parsed by the receiver.
             // (A PG query may name the objects it asks about.)
-            (Op::List, true) => {
+            (Op::List | Op::ShardList, true) => {
                 if len as usize > LIST_PAGE_MAX as usize * LIST_ENTRY_BYTES
                     || !(len as usize).is_multiple_of(LIST_ENTRY_BYTES)
                 {

@@ -166,15 +166,18 @@ fn payload_must_match_op() {
     // a page of them.
     assert!(Header::decode(&raw_frame(Op::List, 0, 16)).is_err());
     let page = LIST_PAGE_MAX * LIST_ENTRY_BYTES as u32;
-    for (len, ok) in [
-        (0, true),
-        (16, true),
-        (page, true),
-        (24, false),
-        (page + 16, false),
-    ] {
-        let r = Header::decode(&raw_frame(Op::List, FLAG_REPLY, len));
-        assert_eq!(r.is_ok(), ok, "a listing reply of {len} bytes: {r:?}");
+    for op in [Op::List, Op::ShardList] {
+        assert!(Header::decode(&raw_frame(op, 0, 16)).is_err());
+        for (len, ok) in [
+            (0, true),
+            (16, true),
+            (page, true),
+            (24, false),
+            (page + 16, false),
+        ] {
+            let r = Header::decode(&raw_frame(op, FLAG_REPLY, len));
+            assert_eq!(r.is_ok(), ok, "a {op:?} reply of {len} bytes: {r:?}");
+        }
     }
     // Shard ops: a write of no range is its log entry alone, with no
     // payload; a read names a range; a commit lists whole entries.
