@@ -292,16 +292,19 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// `Op::ShardList`: the shard objects of `h.oid`'s volume in its PG
-    /// that this OSD holds, from `h.oid`'s block on, each by its whole
+    /// `Op::ShardList`: the shard objects of this OSD's slot of `h.oid`'s
+    /// volume in its PG, from `h.oid`'s block on, each by its whole
     /// object's block with its version, in block order, at most
     /// `h.length` of them (an encoded `Op::List` page).
     pub(crate) fn shard_list(&self, h: &Header) -> Vec<u8> {
         let (pg, volume, from) = (h.pg_id(), h.oid.volume, h.oid.block);
         let count = self.map.borrow().pg_count(pg.pool);
+        let Some(slot) = self.slot(pg) else {
+            return Vec::new();
+        };
         let keep = |o: &ObjectId| {
             o.volume == volume
-                && o.shard_index().is_some()
+                && o.shard_index() == Some(slot)
                 && o.whole().block >= from
                 && pg.holds(*o, count)
         };
@@ -317,8 +320,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// The primary's answer to `Op::List` on an EC PG: the union of its
     /// shards' listings (`Op::ShardList`), each object at its shards'
     /// newest version. Every object has a shard on each parity shard and
-    /// on a data shard, `m + 1` of them, and at most `m - 1` are down
-    /// (`min_size` is at least `k + 1`), so a shard up lists it; an object
+    /// on a data shard, `m + 1` of them, and at most `m` are down
+    /// (`min_size` is at least `k`), so a shard up lists it; an object
     /// among the first `length` of the union is among the first `length`
     /// of every shard that holds it.
     pub(crate) async fn ec_list(self: &Rc<Self>, h: &Header) -> Result<Vec<u8>, Status> {
@@ -347,14 +350,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         ))
     }
 
-    /// The version of EC object `h.oid`: its shards' newest (every write
-    /// and delete reaches `m + 1` shards at least, one of them up), or
-    /// `None` if no shard up holds it. A sector of each is read for it.
+    /// The version of EC object `h.oid`: its shards' newest
+    /// (`Op::ShardVersion`, from each shard up), or `None` if no shard up
+    /// holds it. A write since any listing raises it: it reaches every
+    /// parity shard up and a data shard, and a shard rebuilt since is at
+    /// least at the holders' newest entry for the object.
     pub(crate) async fn ec_version(self: &Rc<Self>, h: &Header) -> Result<Option<u64>, Status> {
         let reads: Vec<_> = (self.up_shards(h.pg_id()).into_iter())
             .map(|(s, o)| {
-                let mut sub = self.shard_header(h, Op::ShardRead, s, 0);
-                (sub.offset, sub.length) = (0, nacre_types::SECTOR_BYTES);
+                let sub = self.shard_header(h, Op::ShardVersion, s, 0);
                 rt::spawn(self.clone().shard_call(o, sub, None))
             })
             .collect();
@@ -420,6 +424,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 Op::ShardList => {
                     let body = AlignedBuf::from_slice(&self.shard_list(&h));
                     return (Status::Ok, Some(body), 0);
+                }
+                Op::ShardVersion => {
+                    return match self.store.version(h.oid) {
+                        Some(v) => (Status::Ok, None, v),
+                        None => (Status::NotFound, None, 0),
+                    };
                 }
                 Op::ShardSettle => self.settle_shard(&h).await,
                 _ => self.apply_shard_op(&h, data).await,

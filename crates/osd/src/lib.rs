@@ -1322,10 +1322,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // object's version is its shards' newest: ec.rs.)
         if h.obj_version != 0 {
             let cur = match self.scheme(h.pool) {
-                Some(_) => match self.ec_version(h).await {
-                    Ok(v) => v,
-                    Err(s) => return (s, 0),
-                },
+                Some(_) => {
+                    let v = match self.ec_version(h).await {
+                        Ok(v) => v,
+                        Err(s) => return (s, 0),
+                    };
+                    // The shards took a while to answer: the PG may have
+                    // stopped meanwhile.
+                    if self.epoch() != epoch || self.pg_state(h.pg_id()) != Some(PgState::Active) {
+                        return (Status::Unavailable, 0);
+                    }
+                    v
+                }
                 None => self.store.version(oid),
             };
             match cur {
@@ -1677,7 +1685,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             | Op::ShardDelete
             | Op::ShardCommit
             | Op::ShardSettle
-            | Op::ShardList => self.check_shard_route(&h),
+            | Op::ShardList
+            | Op::ShardVersion => self.check_shard_route(&h),
             _ => None,
         };
         // Nothing lands in a PG whose stray copy is being deleted here, and
@@ -1693,6 +1702,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                     | Op::ShardDelete
                     | Op::ShardSettle
                     | Op::ShardList
+                    | Op::ShardVersion
                     | Op::Push
                     | Op::LogSync
                     | Op::PgQuery
@@ -1797,6 +1807,14 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 (h.reply(s), None)
             }
             Op::ShardSettle => (h.reply(self.settle_shard(&h).await), None),
+            Op::ShardVersion => match self.store.version(h.oid) {
+                Some(v) => {
+                    let mut r = h.reply(Status::Ok);
+                    r.obj_version = v;
+                    (r, None)
+                }
+                None => (h.reply(Status::NotFound), None),
+            },
             Op::ShardList => {
                 let body = self.shard_list(&h);
                 (

@@ -199,11 +199,16 @@ pub enum Op {
     /// where it is not yet.
     ShardSettle = 30,
     /// Primary → member of an erasure-coded PG: as [`Op::List`], from the
-    /// shard objects this member holds (`oid` names the volume and the
-    /// first block, whole): each object by its block, with its shard's
-    /// version. The primary answers a client's `List` with the union of
-    /// its members' (every object has a shard on `m + 1` of them).
+    /// shard objects of its slot this member holds (`oid` names the volume
+    /// and the first block, whole): each object by its block, with its
+    /// shard's version; at most `length` of them, capped at
+    /// [`LIST_PAGE_MAX`]. The primary answers a client's `List` with the
+    /// union of its members' (every object has a shard on `m + 1` of
+    /// them).
     ShardList = 31,
+    /// Primary → member of an erasure-coded PG: the version of shard
+    /// object `oid` (reply `obj_version`), or `NotFound`; no data read.
+    ShardVersion = 32,
 }
 
 /// [`Op::ShardSettle`] kinds, in `offset`.
@@ -244,6 +249,7 @@ impl Op {
             29 => Op::ShardCommit,
             30 => Op::ShardSettle,
             31 => Op::ShardList,
+            32 => Op::ShardVersion,
             _ => return None,
         })
     }

@@ -192,6 +192,8 @@ fn payload_must_match_op() {
         Err(WireError::Range { .. })
     ));
     assert!(Header::decode(&raw_frame(Op::ShardSettle, 0, 0)).is_ok());
+    assert!(Header::decode(&raw_frame(Op::ShardVersion, 0, 0)).is_ok());
+    assert!(Header::decode(&raw_frame(Op::ShardVersion, 0, 512)).is_err());
     assert!(Header::decode(&raw_frame(Op::ShardSettle, 0, 8)).is_err());
     for (len, ok) in [
         (0, false),
