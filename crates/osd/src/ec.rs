@@ -878,8 +878,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 "shards hold history of a PG never active".into(),
             ));
         }
-        // (A holder is never marked recovering: its recovery ended before
-        // the interval it holds from went active.)
         // A holder's log names its own slot's shard; one whose log names
         // another slot was rebuilt for that slot by a peering whose
         // interval never went active: it is stale, rebuilt whole, log and
@@ -925,7 +923,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let delta = crate::peering::log_delta(&stripe_log(&x.log), &auth);
             !x.foreign() && delta.is_some_and(|d| d.is_empty())
         });
-        sources.extend(rebuilt);
+        // (One slot, one source: a source moved out of a slot and the one
+        // rebuilt in it hold the same shard, and `k` sources must be `k`
+        // shards to decode.)
+        for x in rebuilt {
+            if !sources.iter().any(|s| s.slot == x.slot) {
+                sources.push(x);
+            }
+        }
         if sources.len() < k {
             return Err(short(sources.len()));
         }
@@ -935,8 +940,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // holders', then what it holds of another slot goes. In that
         // order: a shard that moved to another slot of the PG may be a
         // source for the slot it held until its log names the new one.
-        let mut listing: Option<BTreeMap<ObjectId, u64>> = None;
-        let mut later: Vec<(&Member, Vec<(ObjectId, u64)>)> = Vec::with_capacity(stale.len());
+        let mut listing: Option<std::collections::BTreeSet<ObjectId>> = None;
+        let mut later = Vec::with_capacity(stale.len());
         for x in &stale {
             let mine = stripe_log(&x.log);
             let delta = match x.foreign() {
@@ -959,23 +964,24 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                         // hold it: `m + 1` shards, and at most `m` do not
                         // hold).
                         let shards = self.ec_listing(pg, epoch, &sources).await?;
-                        listing = Some(shards.into_keys().map(|o| (o.whole(), 0)).collect());
+                        listing = Some(shards.into_keys().map(|o| o.whole()).collect());
                     }
-                    let all = listing.as_ref().expect("listed");
+                    let all = listing.clone().expect("listed");
                     let theirs = self.ec_listing(pg, epoch, std::slice::from_ref(x)).await?;
-                    (all.keys().copied().collect(), theirs)
+                    (all, theirs)
                 }
             };
             // Listed whole (a backfill), what it holds that no source has:
             // of its slot, deleted now; of another slot, once its log names
             // its own.
-            let all = listing.as_ref().filter(|_| backfill);
             let (mut gone, mut other) = (Vec::new(), Vec::new());
-            for (&o, &v) in held_there.iter().filter(|_| all.is_some()) {
-                if o.shard_index() != slot {
-                    other.push((o, v));
-                } else if all.is_some_and(|a| !a.contains_key(&o.whole())) {
-                    gone.push((o, v));
+            if let Some(all) = listing.as_ref().filter(|_| backfill) {
+                for (&o, &v) in &held_there {
+                    if o.shard_index() != slot {
+                        other.push((o, v));
+                    } else if !all.contains(&o.whole()) {
+                        gone.push((o, v));
+                    }
                 }
             }
             tracing::info!(
@@ -994,13 +1000,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             for (o, v) in gone {
                 self.push_shard(x.osd, pg, epoch, o, v, v, None).await?;
             }
-            later.push((x, other));
+            later.push((x, mine, other));
         }
-        for (x, other) in later {
+        for (x, mine, other) in later {
             // Its log becomes the holders', each entry naming its shard:
             // what it lacks adopted and what they lack forgotten — or,
             // from a log of another slot, every entry.
-            let mine = stripe_log(&x.log);
             let mut sync = match x.foreign() {
                 false => crate::peering::LogSync::between(&mine, &auth),
                 true => crate::peering::LogSync {
