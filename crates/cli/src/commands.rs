@@ -634,7 +634,7 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
                     println!("id       {}", v.id);
                     println!("size     {} ({} bytes)", human(v.size_bytes), v.size_bytes);
                     println!(
-                        "used     {} in {} objects ({} raw, every copy)",
+                        "used     {} in {} objects ({} raw, every copy or shard)",
                         human(used.bytes),
                         used.objects,
                         human(used.raw_bytes)
@@ -716,37 +716,41 @@ pub fn volume(cmd: VolumeCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the cluster can hold at `size` copies: the OSDs that are in, up to
-/// their full ratio. `None` while an OSD that is in did not report.
-fn usable_bytes(stats: &[(u32, Option<serde_json::Value>)], out: &[u32], size: u8) -> Option<u64> {
+/// The raw space the cluster can fill: the OSDs that are in, up to their
+/// full ratio (a pool holds `PoolRecord::data_fraction` of it as data).
+/// `None` while an OSD that is in did not report.
+pub fn raw_usable(stats: &[(u32, Option<serde_json::Value>)], out: &[u32]) -> Option<u64> {
     let mut raw = 0f64;
     for (_, v) in stats.iter().filter(|(id, _)| !out.contains(id)) {
         let r: nacre_osd::OsdReport = serde_json::from_value(v.clone()?).ok()?;
         raw += r.capacity_bytes as f64 * r.full_ratio;
     }
-    Some((raw / f64::from(size.max(1))) as u64)
+    Some(raw as u64)
 }
 
-/// `VOLUMES_OVERCOMMITTED` when the volumes' sizes add up to more than
-/// `ratio` times what the cluster holds (`ratio` 0: never).
+/// `VOLUMES_OVERCOMMITTED` when the raw space the volumes would take full
+/// at their pools' schemes (`raw_provisioned`; `provisioned` is their
+/// sizes) is more than `ratio` times the raw space the cluster can fill
+/// (`ratio` 0: never).
 fn overcommit_check(
     provisioned: u64,
-    usable: Option<u64>,
-    size: u8,
+    raw_provisioned: u64,
+    raw: Option<u64>,
     ratio: f64,
 ) -> Option<serde_json::Value> {
-    let usable = usable?;
-    if ratio <= 0.0 || usable == 0 || (provisioned as f64) <= ratio * usable as f64 {
+    let raw = raw?;
+    if ratio <= 0.0 || raw == 0 || (raw_provisioned as f64) <= ratio * raw as f64 {
         return None;
     }
     Some(serde_json::json!({
         "code": "VOLUMES_OVERCOMMITTED",
         "severity": "HEALTH_WARN",
         "message": format!(
-            "volumes provision {}, {:.2}× the {} the cluster holds at {size} replicas (warns above {ratio}×, nacre up --overcommit-ratio): they are thin, and writes fail with ENOSPC once the OSDs are full",
+            "volumes provision {} ({} of raw space at their pools' copies or shards), {:.2}× the {} the cluster can fill (warns above {ratio}×, nacre up --overcommit-ratio): they are thin, and writes fail with ENOSPC once the OSDs are full",
             human(provisioned),
-            provisioned as f64 / usable as f64,
-            human(usable)
+            human(raw_provisioned),
+            raw_provisioned as f64 / raw as f64,
+            human(raw)
         ),
     }))
 }
@@ -1145,9 +1149,6 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         up: map::load(&*meta)?.up,
         ..m
     };
-    // Usable space and overcommit at the first pool's replicas (a
-    // cluster with none yet: 1, raw space).
-    let size = m.pools.first().map_or(1, |p| p.size);
     let pg_count = m.tables.iter().map(|t| t.pg_count()).sum();
     let (pgs, pg_checks) = pg_summary(pg_count, m.epoch(), &stats);
     let up_count = m.osds.iter().filter(|o| m.is_up(o.id)).count();
@@ -1187,9 +1188,20 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     }
     let vols = map::list_volumes(&*meta)?;
     let provisioned: u64 = vols.iter().map(|v| v.size_bytes).sum();
+    let raw_provisioned: f64 = (vols.iter())
+        .map(|v| {
+            let fraction = m.pool(v.pool).map_or(1.0, |p| p.data_fraction());
+            v.size_bytes as f64 / fraction
+        })
+        .sum();
     let config = map::get_config(&*meta)?;
-    let usable = usable_bytes(&stats, &outs, size);
-    if let Some(c) = overcommit_check(provisioned, usable, size, config.overcommit_ratio) {
+    let raw = raw_usable(&stats, &outs);
+    if let Some(c) = overcommit_check(
+        provisioned,
+        raw_provisioned as u64,
+        raw,
+        config.overcommit_ratio,
+    ) {
         checks.push(c);
     }
     let orphans = map::get_orphans(&*meta)?;
@@ -1222,10 +1234,11 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         "capacity": {"total_bytes": sum("capacity_bytes") as u64, "used_bytes": sum("used_bytes") as u64, "objects": sum("objects") as u64},
         "client_io": {"read_iops": sum("read_iops"), "write_iops": sum("write_iops"),
                       "read_bytes_per_s": sum("read_bytes_per_s") as u64, "write_bytes_per_s": sum("write_bytes_per_s") as u64},
-        "pools": m.pools.iter().map(|p| serde_json::json!({"id": p.id, "name": p.name, "size": p.size, "min_size": p.min_size, "pg_count": p.pg_count, "failure_domain": p.failure_domain})).collect::<Vec<_>>(),
+        "pools": m.pools.iter().map(|p| serde_json::json!({"id": p.id, "name": p.name, "scheme": p.scheme(), "ec": p.ec, "size": p.size, "min_size": p.min_size, "pg_count": p.pg_count, "failure_domain": p.failure_domain, "usable_bytes": raw.map(|r| (r as f64 * p.data_fraction()) as u64)})).collect::<Vec<_>>(),
         "volumes": vols.len(),
         "provisioned_bytes": provisioned,
-        "usable_bytes": usable,
+        "raw_usable_bytes": raw,
+        "raw_provisioned_bytes": raw_provisioned as u64,
         "overcommit_ratio": config.overcommit_ratio,
         "orphans": orphans,
         "osd": stats.iter().map(|(id, v)| serde_json::json!({"id": id, "up": m.is_up(*id), "stats": v})).collect::<Vec<_>>(),
@@ -1333,8 +1346,17 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
             }
             for p in &m.pools {
                 println!(
-                    "pool      {} (id {}: replicated size {}, min_size {}, {} PGs, failure domain {})",
-                    p.name, p.id, p.size, p.min_size, p.pg_count, p.failure_domain
+                    "pool      {} (id {}: {}, min_size {}, {} PGs, failure domain {}){}",
+                    p.name,
+                    p.id,
+                    p.scheme(),
+                    p.min_size,
+                    p.pg_count,
+                    p.failure_domain,
+                    raw.map_or(String::new(), |r| format!(
+                        ": {} usable",
+                        human((r as f64 * p.data_fraction()) as u64)
+                    ))
                 );
             }
             println!(
@@ -1344,13 +1366,13 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                 sum("objects") as u64,
                 vols.len()
             );
-            if let Some(u) = usable.filter(|&u| u > 0) {
+            if let Some(r) = raw.filter(|&r| r > 0) {
                 println!(
-                    "volumes   {} provisioned, {:.2}× the {} the cluster holds at {} replicas (thin)",
+                    "volumes   {} provisioned, {} of raw space at their pools' schemes: {:.2}× the {} the cluster can fill (thin)",
                     human(provisioned),
-                    provisioned as f64 / u as f64,
-                    human(u),
-                    size
+                    human(raw_provisioned as u64),
+                    raw_provisioned / r as f64,
+                    human(r),
                 );
             }
             if orphans.reclaimed_objects > 0
@@ -1817,8 +1839,8 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{
-        damage_checks, late_scrubs, overcommit_check, pg_summary, scrub_summary, signal_name,
-        usable_bytes,
+        damage_checks, late_scrubs, overcommit_check, pg_summary, raw_usable, scrub_summary,
+        signal_name,
     };
     use nacre_meta::map;
     use nacre_types::PgId;
@@ -1938,9 +1960,10 @@ mod tests {
         );
     }
 
-    /// What the cluster holds is the in OSDs' capacity up to the full
-    /// ratio over the replicas; provisioning more than the factor warns,
-    /// factor 0 never, and an OSD that did not report leaves it unknown.
+    /// What the cluster can fill is the in OSDs' capacity up to the full
+    /// ratio; provisioning more raw space than the factor times that
+    /// warns, factor 0 never, and an OSD that did not report leaves it
+    /// unknown.
     #[test]
     fn overcommit_warns_above_the_factor() {
         let osd = |gib: u64| {
@@ -1952,16 +1975,20 @@ mod tests {
             Some(serde_json::to_value(r).unwrap())
         };
         let stats = vec![(0, osd(10)), (1, osd(10)), (2, osd(10)), (3, osd(100))];
-        // osd.3 is out: 3 × 10 GiB × 0.9 / 3 replicas.
-        let usable = usable_bytes(&stats, &[3], 3).unwrap();
-        assert_eq!(usable, 9 << 30);
-        assert!(overcommit_check(9 << 30, Some(usable), 3, 1.0).is_none());
-        let c = overcommit_check(18 << 30, Some(usable), 3, 1.5).unwrap();
+        // osd.3 is out: 3 × 10 GiB × 0.9.
+        let raw = raw_usable(&stats, &[3]).unwrap();
+        assert_eq!(raw, 27 << 30);
+        // 9 GiB of volumes at 3 copies fill it.
+        assert!(overcommit_check(9 << 30, 27 << 30, Some(raw), 1.0).is_none());
+        let c = overcommit_check(18 << 30, 54 << 30, Some(raw), 1.5).unwrap();
         assert_eq!(c["code"], "VOLUMES_OVERCOMMITTED");
         let msg = c["message"].as_str().unwrap();
-        assert!(msg.contains("18.0 GiB, 2.00× the 9.0 GiB"), "{msg}");
-        assert!(overcommit_check(18 << 30, Some(usable), 3, 0.0).is_none());
-        assert!(usable_bytes(&[(0, osd(10)), (1, None)], &[], 3).is_none());
+        assert!(
+            msg.contains("18.0 GiB (54.0 GiB of raw space at their pools' copies or shards), 2.00× the 27.0 GiB"),
+            "{msg}"
+        );
+        assert!(overcommit_check(18 << 30, 54 << 30, Some(raw), 0.0).is_none());
+        assert!(raw_usable(&[(0, osd(10)), (1, None)], &[]).is_none());
     }
 
     /// PG states add up over the primaries' reports; a PG none reports is

@@ -73,6 +73,8 @@ fn cluster_id(meta: &dyn MetaStore, e: &EtcdArgs) -> anyhow::Result<String> {
 pub struct PoolCreate {
     pub name: String,
     pub replicas: u8,
+    /// Erasure coding instead of `replicas` copies.
+    pub ec: Option<map::EcScheme>,
     pub min_size: Option<u8>,
     pub pgs: u32,
     pub failure_domain: String,
@@ -88,30 +90,63 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate, format: Format) -> anyhow
     if !(1..=crate::cluster::PGS_MAX).contains(&p.pgs) {
         bail!("--pgs {}: give 1..={}", p.pgs, crate::cluster::PGS_MAX);
     }
-    if !(1..=16).contains(&p.replicas) {
-        bail!("--replicas {}: give 1..=16", p.replicas);
-    }
-    let min_size = p.min_size.unwrap_or(p.replicas / 2 + 1);
-    if !(1..=p.replicas).contains(&min_size) {
-        bail!("--min-size {min_size}: give 1..={}", p.replicas);
+    let (size, min_low, min_default) = match p.ec {
+        // A write at min_size survives one more loss.
+        Some(e) => (e.k + e.m, e.k, (e.k + 1).min(e.k + e.m)),
+        None => {
+            if !(1..=16).contains(&p.replicas) {
+                bail!("--replicas {}: give 1..=16", p.replicas);
+            }
+            (p.replicas, 1, p.replicas / 2 + 1)
+        }
+    };
+    let min_size = p.min_size.unwrap_or(min_default);
+    if !(min_low..=size).contains(&min_size) {
+        bail!("--min-size {min_size}: give {min_low}..={size}");
     }
     let m = map::load(&*meta)?;
     if let Some(q) = m.pool_named(&p.name) {
         bail!("a pool named {:?} exists already (id {})", p.name, q.id);
     }
+    // Every copy or shard in its own failure domain, among the OSDs not
+    // marked out (as placement counts them: an OSD registered that has
+    // not booted yet counts).
+    let outs = &m.state.out;
+    let domains: std::collections::BTreeSet<String> = (m.osds.iter())
+        .filter(|o| !outs.contains(&o.id) && o.weight > 0)
+        .map(|o| match p.failure_domain.as_str() {
+            "host" => o.host.clone(),
+            "rack" => o.rack.clone(),
+            _ => o.id.to_string(),
+        })
+        .collect();
+    let have = domains.len();
+    if have < usize::from(size) {
+        let what = match p.ec {
+            Some(e) => format!("erasure coding {e} puts its {size} shards"),
+            None => format!("{size} replicas go"),
+        };
+        bail!(
+            "{what} in {size} different failure domains ({}), and the cluster has {have} with OSDs in: add OSDs{}",
+            p.failure_domain,
+            if p.failure_domain == "osd" { "" } else { ", or give --failure-domain osd (a lost host then loses several)" }
+        );
+    }
+    // An object is one store block per copy or shard: every pool's is the
+    // stores'.
+    let block = m
+        .pools
+        .first()
+        .map_or(crate::cluster::OBJECT_BYTES, |q| q.shard_bytes());
     let mut pool = PoolRecord {
         id: 0,
         name: p.name.clone(),
-        size: p.replicas,
+        size,
         min_size,
         pg_count: p.pgs,
         failure_domain: p.failure_domain.clone(),
-        // An object is one store block: every pool's is the stores'.
-        object_bytes: m
-            .pools
-            .first()
-            .map_or(crate::cluster::OBJECT_BYTES, |q| q.shard_bytes()),
-        ec: None,
+        object_bytes: block * p.ec.map_or(1, |e| u32::from(e.k)),
+        ec: p.ec,
     };
     map::check_pool(&PoolRecord {
         id: 1,
@@ -133,12 +168,15 @@ pub fn pool_create(at: &crate::at::At, p: &PoolCreate, format: Format) -> anyhow
     };
     if format == Format::Json {
         pool.id = id;
-        println!("{}", pool_json(&pool, &map::load(&*meta)?));
+        println!("{}", pool_json(&pool, &map::load(&*meta)?, None));
         return Ok(());
     }
     println!(
-        "created pool {} (id {id}: {} replicas, min_size {min_size}, {} PGs, failure domain {})",
-        p.name, p.replicas, p.pgs, p.failure_domain,
+        "created pool {} (id {id}: {}, min_size {min_size}, {} PGs, failure domain {})",
+        p.name,
+        pool.scheme(),
+        p.pgs,
+        p.failure_domain,
     );
     Ok(())
 }
@@ -187,7 +225,15 @@ pub fn pool_set(
     let p = pool_named(&m, name, at)?;
     let size = replicas.unwrap_or(p.size);
     let min = min_size.unwrap_or(p.min_size);
-    if !(1..=16).contains(&size) || !(1..=size).contains(&min) {
+    if let Some(e) = p.ec {
+        // A shard's slot is its place in the code: the row is fixed.
+        if replicas.is_some() {
+            bail!("pool {name} is erasure-coded ({e}): its {} shards are fixed; --min-size may change (within {}..={})", e.k + e.m, e.k, e.k + e.m);
+        }
+        if !(e.k..=e.k + e.m).contains(&min) {
+            bail!("pool {name} is erasure-coded ({e}): give {} <= min_size <= {} (below {} shards nothing reads back)", e.k, e.k + e.m, e.k);
+        }
+    } else if !(1..=16).contains(&size) || !(1..=size).contains(&min) {
         bail!("{size} copies and min_size {min}: give 1 <= min_size <= replicas <= 16");
     }
     let change = nacre_osd::PoolChange::Set {
@@ -197,12 +243,13 @@ pub fn pool_set(
     };
     pool_change(&at.leader(&*meta)?, &change)?;
     if format == Format::Json {
-        let j = serde_json::json!({"name": name, "id": p.id, "replicas": size, "min_size": min, "moving": size != p.size});
+        let j = serde_json::json!({"name": name, "id": p.id, "replicas": p.ec.is_none().then_some(size), "min_size": min, "moving": size != p.size});
         println!("{j}");
         return Ok(());
     }
     println!(
-        "pool {name}: {size} copies, min_size {min}{}",
+        "pool {name}: {}, min_size {min}{}",
+        PoolRecord { size, ..p.clone() }.scheme(),
         if size != p.size {
             " (its PGs move to their new members in the background; nacre status shows it)"
         } else {
@@ -242,13 +289,30 @@ pub fn pool_rm(at: &crate::at::At, name: &str, format: Format) -> anyhow::Result
     Ok(())
 }
 
-/// A pool in JSON.
-fn pool_json(p: &PoolRecord, m: &map::ClusterMap) -> serde_json::Value {
+/// A pool in JSON: `replicas` for a replicated pool, `ec` for an
+/// erasure-coded one, `size` the copies or shards either way;
+/// `usable_bytes` what it could hold if it had the raw space `raw` (the
+/// OSDs in, up to their full ratio) alone.
+fn pool_json(p: &PoolRecord, m: &map::ClusterMap, raw: Option<u64>) -> serde_json::Value {
     serde_json::json!({
-        "name": p.name, "id": p.id, "replicas": p.size, "min_size": p.min_size,
+        "name": p.name, "id": p.id, "scheme": p.scheme(), "size": p.size,
+        "replicas": p.ec.is_none().then_some(p.size), "ec": p.ec, "min_size": p.min_size,
         "pgs": p.pg_count, "failure_domain": p.failure_domain, "object_bytes": p.object_bytes,
+        "shard_bytes": p.shard_bytes(), "data_fraction": p.data_fraction(),
+        "usable_bytes": raw.map(|r| (r as f64 * p.data_fraction()) as u64),
         "epoch": m.table(p.id).map(|_| m.epoch()),
     })
+}
+
+/// The raw space the OSDs in can fill (`commands::raw_usable`), if every
+/// one of them answers.
+fn raw_space(meta: &Arc<dyn MetaStore>, m: &map::ClusterMap) -> Option<u64> {
+    let outs = map::out_osds(&**meta, m).ok()?;
+    let stats = rt::block_on(async {
+        let c = nacre_client::Cluster::connect(meta.clone()).ok()?;
+        Some(c.osd_stats().await)
+    })?;
+    crate::commands::raw_usable(&stats, &outs)
 }
 
 /// `nacre pool ls` and `nacre pool info NAME`.
@@ -263,9 +327,10 @@ pub fn pool_show(
         Some(n) => vec![pool_named(&m, n, at)?],
         None => m.pools.iter().collect(),
     };
+    let raw = raw_space(&meta, &m);
     match format {
         crate::Format::Json => {
-            let j: Vec<_> = pools.iter().map(|p| pool_json(p, &m)).collect();
+            let j: Vec<_> = pools.iter().map(|p| pool_json(p, &m, raw)).collect();
             if name.is_some() {
                 println!("{}", j[0]);
             } else {
@@ -274,14 +339,24 @@ pub fn pool_show(
         }
         crate::Format::Table => {
             println!(
-                "{:<20} {:>4} {:>8} {:>8} {:>6}  failure domain",
-                "name", "id", "replicas", "min_size", "pgs"
+                "{:<20} {:>4} {:>10} {:>8} {:>6} {:>10}  failure domain",
+                "name", "id", "scheme", "min_size", "pgs", "usable"
             );
             for p in pools {
+                let usable = raw.map_or("unknown".into(), |r| {
+                    crate::commands::human((r as f64 * p.data_fraction()) as u64)
+                });
+                let scheme = match p.ec {
+                    Some(e) => format!("EC {e}"),
+                    None => format!("{}×", p.size),
+                };
                 println!(
-                    "{:<20} {:>4} {:>8} {:>8} {:>6}  {}",
-                    p.name, p.id, p.size, p.min_size, p.pg_count, p.failure_domain
+                    "{:<20} {:>4} {:>10} {:>8} {:>6} {:>10}  {}",
+                    p.name, p.id, scheme, p.min_size, p.pg_count, usable, p.failure_domain
                 );
+            }
+            if raw.is_some() && m.pools.len() > 1 {
+                println!("(usable: what each pool could hold alone; the pools share the OSDs)");
             }
         }
     }

@@ -135,15 +135,23 @@ enum PoolCmd {
         /// Copies of every object, each in its own failure domain.
         #[arg(long, default_value_t = 3)]
         replicas: u8,
-        /// Copies that must be up for I/O to go on (default replicas/2+1).
+        /// Erasure coding instead of copies: each object cut into K data
+        /// shards and M parity shards, each in its own failure domain
+        /// (2 <= K <= 16, 1 <= M <= 4), e.g. 4+2: K/(K+M) of the raw space
+        /// holds data, and any M shards may be lost.
+        #[arg(long, value_name = "K+M", conflicts_with = "replicas")]
+        ec: Option<nacre_meta::map::EcScheme>,
+        /// Copies (or shards) that must be up for I/O to go on (default
+        /// replicas/2+1, or K+1).
         #[arg(long)]
         min_size: Option<u8>,
         /// Placement groups (1..=16384): more spread data more evenly and
         /// cost memory and peering time per OSD.
         #[arg(long, default_value_t = 128)]
         pgs: u32,
-        /// What two copies of an object never share: an OSD, a host, or a
-        /// rack (as the OSDs were registered with `nacre osd init`).
+        /// What two copies (or shards) of an object never share: an OSD,
+        /// a host, or a rack (as the OSDs were registered with `nacre osd
+        /// init`; each of `nacre up`'s OSDs is a host of its own).
         #[arg(long, value_parser = ["osd", "host", "rack"], default_value = "host")]
         failure_domain: String,
         /// Output: text for people, or JSON for scripts.
@@ -571,6 +579,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 name,
                 at,
                 replicas,
+                ec,
                 min_size,
                 pgs,
                 failure_domain,
@@ -580,6 +589,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 &daemons::PoolCreate {
                     name,
                     replicas,
+                    ec,
                     min_size,
                     pgs,
                     failure_domain,

@@ -31,8 +31,12 @@ pub enum PgCmd {
     /// compares every copy's object versions and PG log; --deep also reads
     /// every copy whole (each 4 KiB checked against its checksum) and
     /// compares the bytes. Copies that differ are rewritten from the
-    /// majority's (else the primary's) copy. Exits non-zero if a PG could
-    /// not be scrubbed or kept objects it could not repair.
+    /// majority's (else the primary's) copy. In an erasure-coded pool the
+    /// shards of each object must make one stripe (light: every parity
+    /// shard holds it; deep: the parity re-encoded from the data matches),
+    /// and the one shard to blame is rewritten from the others. Exits
+    /// non-zero if a PG could not be scrubbed or kept objects it could not
+    /// repair.
     Scrub {
         /// The PG as `nacre status` names it: POOL.PG, the PG in hex
         /// (`1.1f`).

@@ -275,9 +275,17 @@ impl Cluster {
             let (primary, epoch, pg) = {
                 let m = self.map.borrow();
                 let pool = pg.map_or(h.oid.pool(), |p| p.pool);
-                let t = m.table(pool).ok_or_else(|| {
-                    ClientError::Unavailable(format!("pool {pool} has no PG table"))
-                })?;
+                // A pool made since this map was loaded (its volume's
+                // record named it): a newer map has it.
+                let Some(t) = m.table(pool) else {
+                    drop(m);
+                    last = format!(
+                        "pool {pool} is not in the map of epoch {}",
+                        self.map.borrow().epoch()
+                    );
+                    self.refresh_map(&mut last);
+                    continue;
+                };
                 let count = t.pg_count();
                 let pg = pg.unwrap_or_else(|| PgId::of(h.oid, count));
                 if pg.pg >= count {
@@ -977,9 +985,13 @@ impl Cluster {
             };
             let bb = u.block_bytes;
             for [v, n, primary, _] in u.volumes {
+                // An object of an EC pool is `k` blocks of data, the shard
+                // that counts it one.
+                let pool = nacre_types::VolumeId(v).pool();
+                let k = (m.pool(pool).and_then(|p| p.ec)).map_or(1, |e| u64::from(e.k));
                 let e = per.entry(v).or_default();
                 e.objects += primary;
-                e.bytes += primary * bb;
+                e.bytes += primary * bb * k;
                 e.raw_bytes += n * bb;
             }
         }

@@ -679,7 +679,6 @@ pub fn place(
 /// (computed by `nacre-placement`), at epoch 1. Fails if a map exists.
 pub fn init(store: &dyn MetaStore, osds: &[OsdRecord], pool: &PoolRecord) -> Result<PgTable> {
     check_pool(pool)?;
-    check_served(pool)?;
     let table = PgTable::new(pool.id, pool.size, place(osds, pool, &[], None)?);
     let state = ClusterState {
         epoch: 1,
@@ -737,6 +736,16 @@ pub fn check_pool(pool: &PoolRecord) -> Result<()> {
                 pool.min_size
             )));
         }
+        // An op's range (and a read's reply) is at most one frame's
+        // payload.
+        if pool.object_bytes > nacre_types::BLOCK_BYTES_MAX {
+            return Err(MetaError::Invalid(format!(
+                "pool {}: erasure coding {e} makes objects of {} bytes, more than {} (use smaller store blocks or a smaller K)",
+                pool.name,
+                pool.object_bytes,
+                nacre_types::BLOCK_BYTES_MAX
+            )));
+        }
         if !pool.object_bytes.is_multiple_of(u32::from(e.k)) {
             return Err(MetaError::Invalid(format!(
                 "pool {}: objects of {} bytes do not split into {} shards",
@@ -762,19 +771,6 @@ pub fn check_pool(pool: &PoolRecord) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Whether the OSDs serve a pool of this kind: erasure-coded pools are
-/// checked and placed, but their data path is not built yet
-/// (docs/internals/ec.md), so no pool of the kind may be created.
-pub fn check_served(pool: &PoolRecord) -> Result<()> {
-    match pool.ec {
-        Some(e) => Err(MetaError::Invalid(format!(
-            "pool {}: erasure-coded pools ({e}) are not served yet",
-            pool.name
-        ))),
-        None => Ok(()),
-    }
 }
 
 /// The most PGs a pool may have.
@@ -1060,7 +1056,6 @@ pub fn create_pool(store: &dyn MetaStore, pool: &PoolRecord) -> Result<PoolState
             ..pool.clone()
         };
         check_pool(&pool)?;
-        check_served(&pool)?;
         if m.pool_named(&pool.name).is_some() {
             return Err(MetaError::Invalid(format!(
                 "a pool named {:?} exists already (`nacre pool ls` lists them)",
@@ -2095,6 +2090,13 @@ mod tests {
             ..ec_pool(4, 2)
         };
         assert!(bad(unaligned).contains("power of two"));
+        // 8 × 1 MiB shards: objects past what a frame carries.
+        let huge = PoolRecord {
+            object_bytes: 8 << 20,
+            ..ec_pool(8, 2)
+        };
+        let e = bad(huge);
+        assert!(e.contains("more than 4194304"), "{e}");
         assert_eq!(ec_pool(4, 2).shard_bytes(), 128 << 10);
         assert_eq!(ec_pool(4, 2).scheme(), "EC 4+2");
         assert!((ec_pool(4, 2).data_fraction() - 4.0 / 6.0).abs() < 1e-9);
@@ -2124,14 +2126,15 @@ mod tests {
             assert_eq!(t.primary(pg, &row), None);
         }
         assert!(leads.len() > 1, "every PG led from one slot: {leads:?}");
-        // Not served yet: no map may hold one.
+        // Stored beside a replicated pool, and read back as it was.
         let d = tempfile::tempdir().unwrap();
         let s = Embedded::open(d.path()).unwrap();
-        let e = init(&*s, &osds(8), &PoolRecord { id: 1, ..p.clone() }).unwrap_err();
-        assert!(e.to_string().contains("not served yet"), "{e}");
         init(&*s, &osds(8), &pool()).unwrap();
-        let e = create_pool(&*s, &p).unwrap_err();
-        assert!(e.to_string().contains("not served yet"), "{e}");
+        let made = create_pool(&*s, &p).unwrap();
+        assert_eq!(made.record.ec, p.ec);
+        let m = load(&*s).unwrap();
+        assert_eq!(m.pool_named(&p.name).unwrap().ec, p.ec);
+        assert_eq!(m.table(made.record.id).unwrap().lead.len(), 64);
         let old = r#"{"pool":1,"size":2,"osds":[0,1,1,0]}"#;
         let t: PgTable = serde_json::from_str(old).unwrap();
         assert!(t.lead.is_empty());

@@ -30,7 +30,9 @@ const RECV_BUF_BYTES: usize = 64 << 10;
 const SEND_BATCH_MAX: usize = 256;
 /// Bytes queued on a connection before senders wait.
 const SEND_QUEUE_MAX_BYTES: usize = 64 << 20;
-const OWN_ID_BIT: u64 = 1 << 62;
+/// Set in the request ids a connection gives requests sent with none
+/// (`Conn::call`).
+pub const OWN_ID_BIT: u64 = 1 << 62;
 /// Requests in flight on one client connection.
 pub const CONN_INFLIGHT_MAX: usize = 1024;
 /// How long a request may wait for its reply. A peer that leaves one

@@ -25,10 +25,8 @@
 //! only then are the undos of the writes every shard holds released.
 //! Otherwise the PG stays inactive and says why. A listing (a shrink's) is
 //! the union of the shards' (`Op::ShardList`); an object's version, for a
-//! conditional op, its shards' newest. Not built yet: rebuilding in the
-//! background while the PG serves, scrub.
-//! No pool of the kind can be created yet (`map::check_served`); the
-//! simulator builds one.
+//! conditional op, its shards' newest. Scrub: `scrub` (below). Not built
+//! yet: rebuilding in the background while the PG serves.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -41,6 +39,8 @@ use nacre_types::{ObjectId, PgId};
 use nacre_wire::{Header, Op, Status, SETTLE_DELETE, SETTLE_ROLL_BACK, SHARD_COMMIT_ENTRY_BYTES};
 
 use crate::peering::{Ask, PeerError};
+
+mod scrub;
 use crate::{status_of, Osd, PgEvent, ReqCache};
 
 /// What makes two shards' entries at one version the same op: the object,
@@ -1109,10 +1109,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let _inflight = self.track(pg, epoch);
             self.rebuild_shard_here(oid, version, expect, data).await
         } else {
-            let mut h = Header::request(Op::Push, expect, oid).with_pg(pg);
+            let mut h = Header::request(Op::Push, 0, oid).with_pg(pg);
             if let Some(d) = &data {
                 h = h.with_payload(d);
             }
+            // The version it replaces rides in the range, unused by a
+            // push with no log entry (the request id is the connection's:
+            // one of 0 is replaced, and the same id twice at once waits).
+            (h.offset, h.length) = (expect as u32, (expect >> 32) as u32);
             (h.epoch, h.sender, h.obj_version, h.unlogged) = (epoch, self.id, version, true);
             match self.call_osd(to, h, data.as_ref()).await {
                 Ok(f) => f.h.status,

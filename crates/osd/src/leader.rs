@@ -431,7 +431,6 @@ impl<T: Transport> Leader<T> {
     /// that are in. The same pool again is a no-op (a retried request).
     fn add_pool(self: &Rc<Self>, rec: PoolRecord) -> Result<(), String> {
         nacre_meta::map::check_pool(&rec).map_err(|e| e.to_string())?;
-        nacre_meta::map::check_served(&rec).map_err(|e| e.to_string())?;
         let out = {
             let m = self.map.borrow();
             if m.cluster.removed_pools.contains(&rec.id) {

@@ -1280,6 +1280,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         h: &Header,
         data: Option<AlignedBuf>,
     ) -> (Status, u64) {
+        // Client 0 names a peering's rollback in a PG log (ec.rs
+        // `same_op`), and a request id of 0 is one a connection replaces
+        // with its own: a client's op has neither.
+        if h.client == 0 || h.request_id == 0 {
+            return (Status::Invalid, 0);
+        }
         if let Err(s) = self.wait_active(h.pg_id(), h.epoch).await {
             return (s, 0);
         }
@@ -1547,20 +1553,34 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// The objects this OSD holds per volume, and those of them in PGs it
-    /// is the primary of (one count per object across the cluster).
+    /// The objects this OSD holds per volume, and those of them it counts
+    /// for the cluster (one count per object): in a replicated pool those
+    /// of the PGs it is the primary of, in an erasure-coded one its shards
+    /// at the first parity slot, if it holds that slot (every object has
+    /// its parity shards; a data shard may be absent).
     pub fn volume_usage(&self) -> VolumeUsage {
         let m = self.map.borrow();
         let mut per: BTreeMap<u64, [u64; 4]> = BTreeMap::new();
         for (oid, _) in self.store.list() {
             let e = per.entry(oid.volume.0).or_insert([oid.volume.0, 0, 0, 0]);
             e[1] += 1;
-            // The highest block among the objects it leads: a stray copy
+            let Some(pg) = m.pg_of(oid) else {
+                continue;
+            };
+            let ec = (m.pools.get(&pg.pool)).and_then(|p| p.record.ec);
+            let counted = match ec {
+                Some(e) => {
+                    oid.shard_index() == Some(e.k)
+                        && m.placement(pg).get(usize::from(e.k)) == Some(&self.id)
+                }
+                None => m.primary(pg) == Some(self.id),
+            };
+            // The highest block among the objects it counts: a stray copy
             // (not listed by a primary, so no cut would take it) is not
             // counted.
-            if m.pg_of(oid).and_then(|pg| m.primary(pg)) == Some(self.id) {
+            if counted {
                 e[2] += 1;
-                e[3] = e[3].max(oid.block.saturating_add(1));
+                e[3] = e[3].max(oid.whole().block.saturating_add(1));
             }
         }
         VolumeUsage {

@@ -596,14 +596,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             request: h.request_id,
         });
         if h.oid.shard_index().is_some() {
-            // A shard rebuilt (ec.rs): the version it replaces rides in
-            // the request id.
+            // A shard rebuilt (ec.rs `push_shard`): the version it
+            // replaces rides in the range.
             if entry.is_some() {
                 return Status::Invalid;
             }
-            return self
-                .rebuild_shard_here(h.oid, h.obj_version, h.request_id, data)
-                .await;
+            let expect = u64::from(h.offset) | u64::from(h.length) << 32;
+            return (self.rebuild_shard_here(h.oid, h.obj_version, expect, data)).await;
         }
         self.apply_push(h.pg_id(), h.oid, h.obj_version, entry, data)
             .await

@@ -79,7 +79,7 @@ const SCHEDULE_TICK: Duration = Duration::from_millis(500);
 const SCHEDULE_RETRY: Duration = Duration::from_secs(60);
 /// The longest a scrub waits for a member's answer (it holds the chunk's
 /// object locks meanwhile).
-const SCRUB_CALL_MAX: Duration = Duration::from_secs(5);
+pub(crate) const SCRUB_CALL_MAX: Duration = Duration::from_secs(5);
 
 pub const SCRUB_INTERVAL_DEFAULT: Duration = Duration::from_secs(24 * 3600);
 pub const DEEP_SCRUB_INTERVAL_DEFAULT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -424,7 +424,10 @@ impl<D: BlockDev + 'static, T: Transport> Drop for Running<'_, D, T> {
 }
 
 /// Holds the locks of a chunk's objects while held.
-struct Locked<'a, D: BlockDev + 'static, T: Transport>(&'a Osd<D, T>, Vec<ObjectId>);
+pub(crate) struct Locked<'a, D: BlockDev + 'static, T: Transport>(
+    pub &'a Osd<D, T>,
+    pub Vec<ObjectId>,
+);
 
 impl<D: BlockDev + 'static, T: Transport> Drop for Locked<'_, D, T> {
     fn drop(&mut self) {
@@ -595,7 +598,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Why PG `pg` cannot be scrubbed (on) in `epoch`, if it cannot.
-    fn scrub_blocked(&self, pg: PgId, epoch: u64) -> Result<(), String> {
+    pub(crate) fn scrub_blocked(&self, pg: PgId, epoch: u64) -> Result<(), String> {
         if self.halted.get() {
             return Err("the OSD is stopping".into());
         }
@@ -618,13 +621,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if !self.pgs.borrow().contains_key(&pg) {
             return Err(format!("osd.{} is not PG {pg}'s primary", self.id));
         }
-        // Its copies are shards, not copies to compare (ec.rs).
-        if self.scheme(pg.pool).is_some() {
-            return Err(format!(
-                "PG {pg} is erasure-coded: its scrub is not built yet"
-            ));
-        }
         self.scrub_blocked(pg, epoch)?;
+        // Its copies are shards, not copies to compare (ec/scrub.rs).
+        if self.scheme(pg.pool).is_some() {
+            return self.ec_scrub_walk(pg, epoch, deep, r).await;
+        }
         let acting = self.map.borrow().acting(pg);
         r.osds = acting.clone();
         let chunk = if deep { CHUNK_DEEP } else { CHUNK_LIGHT };
@@ -734,23 +735,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     (why, fixed)
                 }
             };
-            r.inconsistent += 1;
-            let what = match &fixed {
-                Ok(()) => {
-                    r.repaired += 1;
-                    "repaired".to_string()
-                }
-                Err(e) => {
-                    r.unrepaired += 1;
-                    format!("not repaired: {e}")
-                }
-            };
-            let line = clip(format!("{oid}: {why}; {what}"), 400);
-            tracing::warn!("osd.{}: PG {pg} scrub: {line}", self.id);
-            self.stats.scrub_found(format!("PG {pg}: {line}"));
-            if r.findings.len() < FINDINGS_MAX {
-                r.findings.push(line);
-            }
+            self.scrub_found(pg, oid, &why, &fixed, r);
             if fixed.is_err() {
                 // A failed rewrite ended the interval.
                 self.scrub_blocked(pg, epoch)?;
@@ -758,6 +743,35 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         r.bytes += bytes;
         Ok(bytes)
+    }
+
+    /// Counts and reports object `oid` of PG `pg` found inconsistent
+    /// (`why`), and whether it was repaired.
+    pub(crate) fn scrub_found(
+        &self,
+        pg: PgId,
+        oid: ObjectId,
+        why: &str,
+        fixed: &Result<(), String>,
+        r: &mut ScrubReport,
+    ) {
+        r.inconsistent += 1;
+        let what = match fixed {
+            Ok(()) => {
+                r.repaired += 1;
+                "repaired".to_string()
+            }
+            Err(e) => {
+                r.unrepaired += 1;
+                format!("not repaired: {e}")
+            }
+        };
+        let line = clip(format!("{oid}: {why}; {what}"), 400);
+        tracing::warn!("osd.{}: PG {pg} scrub: {line}", self.id);
+        self.stats.scrub_found(format!("PG {pg}: {line}"));
+        if r.findings.len() < FINDINGS_MAX {
+            r.findings.push(line);
+        }
     }
 
     /// Makes every copy of `oid` the authority `(version, digest,
@@ -814,7 +828,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Waits for the scrub budget to cover `bytes`.
-    async fn scrub_pace(&self, bytes: u64) {
+    pub(crate) async fn scrub_pace(&self, bytes: u64) {
         if bytes != 0 {
             let rate = self.scrub_cfg.get().bytes_per_s;
             crate::recovery::pace(&self.scrub_next, rate, bytes).await;
@@ -823,7 +837,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// Rewrites OSD `o`'s damaged copy of `oid` at `version` in place
     /// with `data`, that version's bytes.
-    async fn scrub_mend_on(
+    pub(crate) async fn scrub_mend_on(
         &self,
         o: u32,
         pg: PgId,
@@ -874,7 +888,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// A page of member `m`'s objects of PG `pg` after `after`, and
     /// whether more follow.
-    async fn scrub_list_on(
+    pub(crate) async fn scrub_list_on(
         &self,
         m: u32,
         pg: PgId,

@@ -229,7 +229,8 @@ fn one() -> f64 {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct VolumeUsage {
     pub block_bytes: u32,
-    /// `[volume id, objects here, of them in PGs this OSD is primary of,
+    /// `[volume id, objects here (copies or shards), of them those it
+    /// counts for the cluster (`Osd::volume_usage`: one count per object),
     /// the highest block of those + 1]`, by volume id.
     pub volumes: Vec<[u64; 4]>,
 }

@@ -207,6 +207,7 @@ impl Transport for Net {
         Ok(Rc::new(SimConn {
             net: self.clone(),
             to: addr.to_string(),
+            next_id: Cell::new(1),
         }))
     }
 }
@@ -215,6 +216,9 @@ impl Transport for Net {
 pub struct SimConn {
     net: Net,
     to: String,
+    /// The request ids it gives requests sent with none, as a real
+    /// connection does (`nacre_net::OWN_ID_BIT`).
+    next_id: Cell<u64>,
 }
 
 impl SimConn {
@@ -256,7 +260,11 @@ impl SimConn {
 }
 
 impl Rpc for SimConn {
-    async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+    async fn call(&self, mut h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        if h.request_id == 0 {
+            h.request_id = self.next_id.get() | nacre_net::OWN_ID_BIT;
+            self.next_id.set(self.next_id.get() + 1);
+        }
         let r = self.call_inner(h, payload).await;
         if self.net.0.trace {
             eprintln!(

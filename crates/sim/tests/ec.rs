@@ -892,3 +892,132 @@ fn an_ec_pg_lists_its_objects_and_takes_conditional_deletes() {
         check(c.clone(), live).await;
     });
 }
+
+/// Scrubs PG `pg` on its primary, which must cover the whole PG; the
+/// report.
+async fn scrubbed(c: &Cluster, pg: nacre_types::PgId, deep: bool) -> nacre_osd::ScrubReport {
+    let primary = c.leader.map().primary(pg).unwrap();
+    let r = c.osd(primary).unwrap().scrub_pg(pg, deep).await;
+    assert_eq!(r.error, None, "{r:?}");
+    r
+}
+
+/// Scrub of an EC PG. A light scrub (the shards' versions) finds an
+/// object a parity shard lost, one both parity shards lost (its data
+/// kept, the parity rebuilt), and a shard a delete left behind; a
+/// deep scrub (every shard read, the parity checked against the data)
+/// finds a shard whose checksum fails and a parity shard silently
+/// rewritten with other bytes, and names the shard to blame from the
+/// others, which agree without it. Each is rewritten (in place, rebuilt,
+/// or deleted), after which a deep scrub finds every stripe coded and
+/// every object reads back. Two shards silently wrong: no single shard
+/// explains it, and the object is reported and left alone.
+#[test]
+fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(24, 6).await;
+        let ob = 4 * OBJECT_BYTES;
+        let pg = c.route(nacre_sim::object(1, 1, 0)).0;
+        let oids: Vec<ObjectId> = (0..200)
+            .map(|b| nacre_sim::object(1, 1, b))
+            .filter(|&o| c.route(o).0 == pg)
+            .take(6)
+            .collect();
+        assert_eq!(oids.len(), 6);
+        let mut r = Rng(24);
+        let mut model = HashMap::new();
+        for (i, &oid) in oids.iter().enumerate() {
+            let data: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
+            assert_eq!(write(&c, oid, i as u64 + 1, 0, &data).await, Status::Ok);
+            model.insert(oid, data);
+        }
+        let row = c.placement(oids[0]);
+        let osd = |slot: usize| c.osd(row[slot]).unwrap();
+        // A: a bit of data shard 1 flips on the disk.
+        let a = oids[0].shard(1);
+        let block = osd(1)
+            .store()
+            .block_of(a)
+            .expect("a whole shard has a block");
+        let at = osd(1).store().geometry().block_offset(block) + 8192 + 17;
+        c.nodes.borrow()[row[1] as usize].dev.flip(at, 0x10);
+        assert!(osd(1).store().read(a, 0, OBJECT_BYTES).await.is_err());
+        // B: parity shard 4 holds other bytes, at its version, checksums
+        // to match.
+        let b = oids[1].shard(4);
+        let v = osd(4).store().version(b).unwrap();
+        let other = AlignedBuf::from_slice(&vec![0x5a; OBJECT_BYTES as usize]);
+        osd(4).store().repair(b, v, other).await.unwrap();
+        // C: parity shard 5 lost its shard.
+        let cc = oids[2].shard(5);
+        let v = osd(5).store().version(cc).unwrap();
+        osd(5).store().delete(cc, v + 1).await.unwrap();
+        // D: data shard 0 of an object deleted since (what a delete that
+        // missed it would leave).
+        let d = oids[4];
+        delete(&c, d, 50).await;
+        model.remove(&d);
+        let junk = AlignedBuf::from_slice(&vec![0x77; OBJECT_BYTES as usize]);
+        osd(0).store().write(d.shard(0), 1, 0, junk).await.unwrap();
+        // G: both parity shards lost theirs: the data shards hold it
+        // whole, and it must survive.
+        let g = oids[5];
+        for slot in [4, 5] {
+            let name = g.shard(slot as u8);
+            let v = osd(slot).store().version(name).unwrap();
+            osd(slot).store().delete(name, v + 1).await.unwrap();
+        }
+
+        let light = scrubbed(&c, pg, false).await;
+        assert_eq!(light.objects, 6, "{light:?}");
+        assert_eq!(
+            (light.inconsistent, light.repaired, light.unrepaired),
+            (3, 3, 0),
+            "{light:?}"
+        );
+        assert!(
+            osd(4).store().version(g.shard(4)).is_some(),
+            "G's parity rebuilt"
+        );
+        assert!(
+            osd(5).store().version(cc).is_some(),
+            "C's parity shard rebuilt"
+        );
+        assert_eq!(
+            osd(0).store().version(d.shard(0)),
+            None,
+            "D's leftover deleted"
+        );
+        let deep = scrubbed(&c, pg, true).await;
+        assert_eq!(
+            (deep.inconsistent, deep.repaired, deep.unrepaired),
+            (2, 2, 0),
+            "{deep:?}"
+        );
+        let said = deep.findings.join("\n");
+        assert!(said.contains("shard 1: its checksums failed"), "{said}");
+        assert!(said.contains("shard 4 disagrees with the others"), "{said}");
+        let again = scrubbed(&c, pg, true).await;
+        assert_eq!((again.objects, again.inconsistent), (5, 0), "{again:?}");
+        check_all(&c, &model, "after the scrub's repairs").await;
+        // E: two shards silently wrong.
+        let e = oids[3];
+        for slot in [0, 5] {
+            let name = e.shard(slot as u8);
+            let v = osd(slot).store().version(name).unwrap();
+            let other = AlignedBuf::from_slice(&vec![slot as u8 + 1; OBJECT_BYTES as usize]);
+            osd(slot).store().repair(name, v, other).await.unwrap();
+        }
+        let deep = scrubbed(&c, pg, true).await;
+        assert_eq!(
+            (deep.inconsistent, deep.repaired, deep.unrepaired),
+            (1, 0, 1),
+            "{deep:?}"
+        );
+        assert!(
+            deep.findings[0].contains("no single shard explains it"),
+            "{:?}",
+            deep.findings
+        );
+    });
+}

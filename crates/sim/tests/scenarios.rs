@@ -1148,20 +1148,6 @@ fn a_pool_resized_keeps_its_data_and_a_removed_one_leaves_nothing() {
             let got = read(&c, oid).await.expect("written");
             assert_eq!(&got[..4096], &[byte; 4096][..], "{oid}");
         }
-        // An erasure-coded pool is refused (its data path is not built):
-        // no OSD would serve it as such.
-        let ec = nacre_meta::map::PoolRecord {
-            id: 3,
-            name: "ec".into(),
-            size: 3,
-            min_size: 3,
-            pg_count: 8,
-            failure_domain: "osd".into(),
-            object_bytes: 2 * nacre_sim::OBJECT_BYTES,
-            ec: Some(nacre_meta::map::EcScheme { k: 2, m: 1 }),
-        };
-        let e = c.leader.pool_change(PoolChange::Create(ec)).unwrap_err();
-        assert!(e.contains("not served yet"), "{e}");
         // Removed: nothing of pool 2 stays on any OSD.
         c.leader.pool_change(PoolChange::Remove { id: 2 }).unwrap();
         let held = |c: &Cluster| -> usize {

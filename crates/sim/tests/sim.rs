@@ -339,8 +339,8 @@ fn run_with(seed: u64, osds: u32, paged: bool, pools: Pools) {
             0,
             "seed {seed}: copies differed where their PG logs said nothing"
         );
-        // (Scrub does not check EC PGs yet.)
-        if c.scrubs().is_some() && !ec {
+        // (An EC PG's scrub checks that its shards make one stripe.)
+        if c.scrubs().is_some() {
             // The healed PGs are scrubbed too.
             let until = rt::monotonic() + Duration::from_secs(10);
             while c.scrubs().unwrap().0 == 0 && rt::monotonic() < until {

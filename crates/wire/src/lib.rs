@@ -20,7 +20,11 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// "NACR" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
-pub const VERSION: u8 = 5;
+/// Every frame carries it and a peer of another version is refused: it
+/// rises whenever a binary of the last one would misread a cluster of this
+/// one (version 6: erasure-coded pools are served, which a binary of 5
+/// would take for replicated pools, primary at slot 0).
+pub const VERSION: u8 = 6;
 pub const HEADER_BYTES: usize = 96;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
@@ -117,7 +121,9 @@ pub enum Op {
     /// Primary → replica: recovery; make object `oid` the payload (the
     /// whole object; no payload: absent) at `obj_version`, logging the
     /// entry the header describes (`offset`/`length` its range, `client`
-    /// and `request_id` its request) unless [`FLAG_UNLOGGED`] is set.
+    /// and `request_id` its request) unless [`FLAG_UNLOGGED`] is set. A
+    /// shard's (an EC rebuild, unlogged) lands only if the shard holds the
+    /// version `offset | length << 32` (0: nothing) there.
     Push = 15,
     /// Primary → replica, at the end of its recovery: make its log of PG
     /// `pg` the authoritative one. Payload: forget count and adopt count
