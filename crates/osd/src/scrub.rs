@@ -631,21 +631,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let chunk = if deep { CHUNK_DEEP } else { CHUNK_LIGHT };
         let mut after = None;
         loop {
-            // A page of the union of the members' objects: up to the
-            // first end of a member's page that has more after it.
-            let mut oids = BTreeSet::new();
-            let mut end: Option<ObjectId> = None;
-            for &m in &acting {
-                let (page, more) = self.scrub_list_on(m, pg, epoch, after).await?;
-                if more {
-                    let last = *page.last().expect("a page with more is not empty");
-                    end = Some(end.map_or(last, |e| e.min(last)));
-                }
-                oids.extend(page);
-            }
-            if let Some(e) = end {
-                oids.retain(|o| *o <= e);
-            }
+            let (oids, end) = self.scrub_page(pg, epoch, &acting, after).await?;
             let oids: Vec<ObjectId> = oids.into_iter().collect();
             for c in oids.chunks(chunk) {
                 self.scrub_blocked(pg, epoch)?;
@@ -663,6 +649,32 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 None => return Ok(()),
             }
         }
+    }
+
+    /// A page of the union of `members`' objects of PG `pg` after
+    /// `after`: up to the first end of a member's page that has more after
+    /// it (the page's end, where the next starts; `None`: the last page).
+    pub(crate) async fn scrub_page(
+        &self,
+        pg: PgId,
+        epoch: u64,
+        members: &[u32],
+        after: Option<ObjectId>,
+    ) -> Result<(BTreeSet<ObjectId>, Option<ObjectId>), String> {
+        let mut oids = BTreeSet::new();
+        let mut end: Option<ObjectId> = None;
+        for &m in members {
+            let (page, more) = self.scrub_list_on(m, pg, epoch, after).await?;
+            if more {
+                let last = *page.last().expect("a page with more is not empty");
+                end = Some(end.map_or(last, |e| e.min(last)));
+            }
+            oids.extend(page);
+        }
+        if let Some(e) = end {
+            oids.retain(|o| *o <= e);
+        }
+        Ok((oids, end))
     }
 
     /// Compares the copies of the objects `oids` (their locks held) and
@@ -888,7 +900,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 
     /// A page of member `m`'s objects of PG `pg` after `after`, and
     /// whether more follow.
-    pub(crate) async fn scrub_list_on(
+    async fn scrub_list_on(
         &self,
         m: u32,
         pg: PgId,

@@ -66,7 +66,7 @@ enum Verdict {
 
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// Scrubs erasure-coded PG `pg` (this OSD its primary, active+clean
-    /// in `epoch`): its objects, a chunk at a time under their locks.
+    /// in `epoch`): its objects, one at a time under its lock.
     pub(crate) async fn ec_scrub_walk(
         self: &Rc<Self>,
         pg: PgId,
@@ -84,19 +84,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let mut after = None;
         loop {
             self.scrub_blocked(pg, epoch)?;
-            let mut names = BTreeSet::new();
-            let mut end: Option<ObjectId> = None;
-            for &m in &row {
-                let (page, more) = self.scrub_list_on(m, pg, epoch, after).await?;
-                if more {
-                    let last = *page.last().expect("a page with more is not empty");
-                    end = Some(end.map_or(last, |e| e.min(last)));
-                }
-                names.extend(page);
-            }
-            if let Some(e) = end {
-                names.retain(|o| *o <= e);
-            }
+            let (names, end) = self.scrub_page(pg, epoch, &row, after).await?;
             let objects: BTreeSet<ObjectId> = (names.iter())
                 .map(|o| o.whole())
                 .filter(|o| !done.contains(o))
