@@ -1,6 +1,6 @@
 //! Erasure-coded PGs (docs/internals/ec.md): the shards' side of the shard
-//! ops, the primary's reads and writes, and the peering of a PG whose
-//! shards are all up.
+//! ops, the primary's reads and writes, peering, and the plan of the
+//! shards rebuilt in the background.
 //!
 //! The OSD at slot `s` of a PG's row holds shard `s` of each of its
 //! objects, stored as `oid.shard(s)`. A read gathers the ranges
@@ -11,7 +11,8 @@
 //! log entry alone; it is acknowledged once every shard has it, and then
 //! the shards release their undos (`Op::ShardCommit`). A delete deletes
 //! every shard, logged. A shard that is down misses ops (degraded: a read
-//! rebuilds its ranges from `k` others, the parity carries its writes).
+//! rebuilds its ranges from `k` others, the parity carries its writes); so
+//! does one whose read fails (damaged bytes).
 //!
 //! Peering counts the shards that *hold*: up in the slots, and with the
 //! stores, they had as complete members of the last active interval —
@@ -19,14 +20,16 @@
 //! acknowledged: a write is rolled back from the undos of the holders
 //! that prepared it, a delete rolled forward. With `min_size` shards up
 //! and `k` holders (or holders placement moved out of the row, as
-//! sources), every other shard up is rebuilt from `k` holders — the
-//! objects its log says it missed, or every object (backfill) — and takes
-//! their log; then the PG goes active with every shard up complete, and
-//! only then are the undos of the writes every shard holds released.
-//! Otherwise the PG stays inactive and says why. A listing (a shrink's) is
-//! the union of the shards' (`Op::ShardList`); an object's version, for a
-//! conditional op, its shards' newest. Scrub: `scrub` (below). Not built
-//! yet: rebuilding in the background while the PG serves.
+//! sources), every other shard up (stale) is rebuilt from `k` holders —
+//! the objects its log says it missed, or every object (backfill) — and
+//! takes their log: before the PG goes active until `k + 1` shards are
+//! complete, the rest marked recovering and rebuilt in the background
+//! (`recovery::ShardRebuild`: reads go around a stale shard's planned
+//! objects, writes rebuild them first). Only once the PG is active are
+//! the undos of the writes every shard holds released. Otherwise the PG
+//! stays inactive and says why. A listing (a shrink's) is the union of the
+//! complete shards' (`Op::ShardList`); an object's version, for a
+//! conditional op, its shards' newest. Scrub: `scrub` (below).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -158,14 +161,23 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// `Op::ShardRead`: the range of this shard, and its version.
-    pub(crate) async fn answer_shard_read(&self, h: &Header) -> (Header, Option<AlignedBuf>) {
+    /// Damaged bytes are counted (`Osd::note_damage`) and answered
+    /// `Corrupt`: the primary reads around this shard, and a scrub
+    /// rewrites it.
+    pub(crate) async fn answer_shard_read(
+        self: &Rc<Self>,
+        h: &Header,
+    ) -> (Header, Option<AlignedBuf>) {
         match self.store.read(h.oid, h.offset, h.length).await {
             Ok(buf) => {
                 let mut r = h.reply(Status::Ok).with_payload(&buf);
                 r.obj_version = self.store.version(h.oid).unwrap_or(0);
                 (r, Some(buf))
             }
-            Err(e) => (h.reply(status_of(&e)), None),
+            Err(e) => {
+                self.note_damage(h.oid, &e);
+                (h.reply(status_of(&e)), None)
+            }
         }
     }
 
@@ -324,8 +336,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// (`min_size` is at least `k`), so a shard up lists it; an object
     /// among the first `length` of the union is among the first `length`
     /// of every shard that holds it.
+    ///
+    /// Shards still rebuilt in the background are not asked (they may
+    /// hold objects deleted while they were away); `k + 1` or more are
+    /// complete, so every object has a shard on one of those.
     pub(crate) async fn ec_list(self: &Rc<Self>, h: &Header) -> Result<Vec<u8>, Status> {
-        let up = self.up_shards(h.pg_id());
+        let stale = self.rebuilding(h.pg_id(), h.epoch, None);
+        let mut up = self.up_shards(h.pg_id());
+        up.retain(|(_, o)| !stale.contains(o));
         let lists: Vec<_> = (up.iter())
             .map(|&(s, o)| {
                 let mut sub = self.shard_header(h, Op::ShardList, s, 0);
@@ -354,9 +372,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// (`Op::ShardVersion`, from each shard up), or `None` if no shard up
     /// holds it. A write since any listing raises it: it reaches every
     /// parity shard up and a data shard, and a shard rebuilt since is at
-    /// least at the holders' newest entry for the object.
+    /// least at the holders' newest entry for the object. (A shard whose
+    /// rebuild of the object is still to come is not asked.)
     pub(crate) async fn ec_version(self: &Rc<Self>, h: &Header) -> Result<Option<u64>, Status> {
+        let stale = self.rebuilding(h.pg_id(), h.epoch, Some(h.oid.whole()));
         let reads: Vec<_> = (self.up_shards(h.pg_id()).into_iter())
+            .filter(|(_, o)| !stale.contains(o))
             .map(|(s, o)| {
                 let sub = self.shard_header(h, Op::ShardVersion, s, 0);
                 rt::spawn(self.clone().shard_call(o, sub, None))
@@ -411,14 +432,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
             let s = match h.op {
                 Op::ShardRead => {
-                    let (r, v) = (self.store.read(h.oid, h.offset, h.length).await).map_or_else(
-                        |e| (Err(e), 0),
-                        |b| (Ok(b), self.store.version(h.oid).unwrap_or(0)),
-                    );
-                    return match r {
-                        Ok(b) => (Status::Ok, Some(b), v),
-                        Err(e) => (status_of(&e), None, 0),
-                    };
+                    let (r, b) = self.answer_shard_read(&h).await;
+                    return (r.status, b, r.obj_version);
                 }
                 Op::ShardCommit => self.answer_shard_commit(&h, data.as_deref().unwrap_or(&[])),
                 Op::ShardList => {
@@ -462,17 +477,50 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// The primary's read of an EC PG's object: the ranges of the data
     /// shards, gathered (zeros where a shard does not hold the object); a
     /// range of a shard that is down is rebuilt from the same range of
-    /// `k` shards that are up (a degraded read).
+    /// `k` shards that are up (a degraded read). A shard the background
+    /// rebuild has yet to bring the object to counts as down, and so does
+    /// one that fails to read (damaged bytes, an I/O error, no answer):
+    /// the read is made again around it, while `k` shards are left.
     pub(crate) async fn ec_read(self: &Rc<Self>, h: &Header) -> Result<AlignedBuf, Status> {
         let scheme = self.scheme(h.pool).ok_or(Status::Invalid)?;
-        let (k, n) = (scheme.layout.k, scheme.layout.k + scheme.layout.m);
+        let n = scheme.layout.k + scheme.layout.m;
         let (row, acting) = {
             let m = self.map.borrow();
             (m.placement(h.pg_id()).to_vec(), m.acting(h.pg_id()))
         };
-        let up: Vec<usize> = (0..n).filter(|&s| acting.contains(&row[s])).collect();
+        let stale = self.rebuilding(h.pg_id(), h.epoch, Some(h.oid.whole()));
+        let mut up: Vec<usize> = (0..n)
+            .filter(|&s| acting.contains(&row[s]) && !stale.contains(&row[s]))
+            .collect();
+        loop {
+            match self.ec_read_from(h, &scheme, &row, &up).await {
+                Ok(b) => return Ok(b),
+                Err((s, Some(bad))) if matches!(s, Status::Corrupt | Status::Unavailable) => {
+                    tracing::warn!(
+                        "osd.{}: reading {}: shard {bad} on osd.{}: {s:?}; reading around it",
+                        self.id,
+                        h.oid,
+                        row[bad]
+                    );
+                    up.retain(|&x| x != bad);
+                }
+                Err((s, _)) => return Err(s),
+            }
+        }
+    }
+
+    /// [`Osd::ec_read`] from the shards `up` (slots of `row`); what fails,
+    /// with the shard that failed, if one did.
+    async fn ec_read_from(
+        self: &Rc<Self>,
+        h: &Header,
+        scheme: &Scheme,
+        row: &[u32],
+        up: &[usize],
+    ) -> Result<AlignedBuf, (Status, Option<usize>)> {
+        let (k, n) = (scheme.layout.k, scheme.layout.k + scheme.layout.m);
         let ranges =
-            (scheme.layout.data_ranges(h.offset, h.length)).map_err(|_| Status::Invalid)?;
+            (scheme.layout.data_ranges(h.offset, h.length)).map_err(|_| (Status::Invalid, None))?;
         // Every read at once: a range of each data shard that is up, the
         // same range of the first `k` shards up for one that is down.
         let mut reads: Vec<(usize, u32, u32)> = Vec::new();
@@ -480,7 +528,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             if up.contains(&r.shard) {
                 reads.push((r.shard, r.offset, r.len));
             } else if up.len() < k {
-                return Err(Status::Unavailable);
+                return Err((Status::Unavailable, None));
             } else {
                 reads.extend(up[..k].iter().map(|&s| (s, r.offset, r.len)));
             }
@@ -494,24 +542,19 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .collect();
         let mut got: Vec<AlignedBuf> = Vec::with_capacity(reads.len());
         let mut found = false;
-        for (&(_, _, len), t) in reads.iter().zip(tasks) {
+        for (&(s, _, len), t) in reads.iter().zip(tasks) {
             match t.await {
                 (Status::Ok, Some(b), _) if b.len() == len as usize => {
                     found = true;
                     got.push(b);
                 }
                 (Status::NotFound, _, _) => got.push(AlignedBuf::zeroed(len as usize)),
-                (s, _, _) => {
-                    return Err(if s == Status::Ok {
-                        Status::Unavailable
-                    } else {
-                        s
-                    })
-                }
+                (Status::Ok, _, _) => return Err((Status::Unavailable, Some(s))),
+                (st, _, _) => return Err((st, Some(s))),
             }
         }
         if !found {
-            return Err(Status::NotFound);
+            return Err((Status::NotFound, None));
         }
         let mut got = got.into_iter();
         let mut bufs: Vec<AlignedBuf> = Vec::with_capacity(ranges.len());
@@ -529,14 +572,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             (scheme
                 .codec
                 .reconstruct(&chunks, &[r.shard], &mut [&mut out[..]]))
-            .map_err(|_| Status::Invalid)?;
+            .map_err(|_| (Status::Invalid, None))?;
             bufs.push(out);
         }
         let parts: Vec<_> = (ranges.iter().copied())
             .zip(bufs.iter().map(|b| &b[..]))
             .collect();
         let mut out = AlignedBuf::zeroed(h.length as usize);
-        (scheme.layout.gather(h.offset, &parts, &mut out)).map_err(|_| Status::Invalid)?;
+        (scheme.layout.gather(h.offset, &parts, &mut out)).map_err(|_| (Status::Invalid, None))?;
         Ok(out)
     }
 
@@ -778,8 +821,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// least `min_size` shards up and `k` of them holding, ops some
     /// holders lack are settled (none was acknowledged), every other
     /// shard up is rebuilt from `k` holders (the objects its log says it
-    /// missed, or all of them), takes the holders' log, and the PG goes
-    /// active with every shard up complete; otherwise it stays inactive,
+    /// missed, or all of them) and takes the holders' log — now until
+    /// `k + 1` shards (or `min_size`) are complete, the rest in the
+    /// background — and the PG goes active; otherwise it stays inactive,
     /// saying why.
     pub(crate) async fn try_peer_ec(
         self: &Rc<Self>,
@@ -923,9 +967,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let delta = crate::peering::log_delta(&stripe_log(&x.log), &auth);
             !x.foreign() && delta.is_some_and(|d| d.is_empty())
         });
-        // (One slot, one source: a source moved out of a slot and the one
-        // rebuilt in it hold the same shard, and `k` sources must be `k`
-        // shards to decode.)
+        // The shards complete in their slots: the holders up and those
+        // rebuilt for their slots. (One slot, one source: a source moved
+        // out of a slot and the one rebuilt in it hold the same shard,
+        // and `k` sources must be `k` shards to decode.)
+        let mut complete: Vec<(usize, u32)> = (sources.iter())
+            .filter(|m| row.get(m.slot) == Some(&m.osd))
+            .chain(&rebuilt)
+            .map(|m| (m.slot, m.osd))
+            .collect();
         for x in rebuilt {
             if !sources.iter().any(|s| s.slot == x.slot) {
                 sources.push(x);
@@ -934,14 +984,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if sources.len() < k {
             return Err(short(sources.len()));
         }
-        // Every other shard up is rebuilt from `k` sources: first the
-        // objects of each (and what it holds of its slot that no source
-        // has, deleted: the history deleted it), then its log becomes the
-        // holders', then what it holds of another slot goes. In that
-        // order: a shard that moved to another slot of the PG may be a
-        // source for the slot it held until its log names the new one.
+        // What every other shard up lacks: the objects its log says it
+        // missed (or every object, listed) and what it holds of its slot
+        // that no source has (deleted: the history deleted it), each with
+        // the version it holds there; and what it holds of another slot.
         let mut listing: Option<std::collections::BTreeSet<ObjectId>> = None;
-        let mut later = Vec::with_capacity(stale.len());
+        let mut plans = Vec::with_capacity(stale.len());
         for x in &stale {
             let mine = stripe_log(&x.log);
             let delta = match x.foreign() {
@@ -950,7 +998,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             };
             let slot = Some(x.slot as u8);
             let backfill = delta.is_none();
-            let (objects, held_there) = match delta {
+            let (mut objects, held_there) = match delta {
                 Some(objects) => {
                     let names: Vec<ObjectId> =
                         objects.iter().map(|o| o.shard(x.slot as u8)).collect();
@@ -971,73 +1019,128 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     (all, theirs)
                 }
             };
-            // Listed whole (a backfill), what it holds that no source has:
-            // of its slot, deleted now; of another slot, once its log names
-            // its own.
-            let (mut gone, mut other) = (Vec::new(), Vec::new());
-            if let Some(all) = listing.as_ref().filter(|_| backfill) {
+            let mut other = Vec::new();
+            if backfill {
                 for (&o, &v) in &held_there {
                     if o.shard_index() != slot {
                         other.push((o, v));
-                    } else if !all.contains(&o.whole()) {
-                        gone.push((o, v));
+                    } else {
+                        // Rebuilt as the history left it: absent.
+                        objects.insert(o.whole());
                     }
                 }
             }
+            let expect: BTreeMap<ObjectId, u64> = (objects.iter())
+                .map(|&o| {
+                    (
+                        o,
+                        held_there.get(&o.shard(x.slot as u8)).copied().unwrap_or(0),
+                    )
+                })
+                .collect();
+            plans.push((x, mine, expect, other));
+        }
+        // Rebuilt now, before the PG serves, until `k + 1` shards (or
+        // `min_size`, if more) are complete in their slots: an
+        // acknowledged write must survive one more loss while the others
+        // are rebuilt. Those that lack least first.
+        let target = (k + 1).max(min_size).min(up.len());
+        plans.sort_by_key(|(x, _, expect, _)| (expect.len(), x.slot));
+        let now_count = target.saturating_sub(complete.len()).min(plans.len());
+        let later_plans = plans.split_off(now_count);
+        let from: Vec<(usize, u32)> = sources.iter().map(|m| (m.slot, m.osd)).collect();
+        for (x, _, expect, _) in &plans {
             tracing::info!(
                 "osd.{}: PG {pg}: rebuilding {} objects of shard {} on osd.{}",
                 self.id,
-                objects.len() + gone.len(),
+                expect.len(),
                 x.slot,
                 x.osd
             );
-            for oid in objects {
-                let name = oid.shard(x.slot as u8);
-                let expect = held_there.get(&name).copied().unwrap_or(0);
+            for (&oid, &v) in expect {
                 let newest = (auth.entries.values().rev()).find(|e| e.oid == oid);
-                (self.rebuild_shard(pg, epoch, &scheme, oid, x, &sources, newest, expect)).await?;
+                let to = (x.slot, x.osd);
+                (self.rebuild_shard(pg, epoch, &scheme, oid, to, &from, newest, v)).await?;
             }
-            for (o, v) in gone {
-                self.push_shard(x.osd, pg, epoch, o, v, v, None).await?;
-            }
-            later.push((x, mine, other));
         }
-        for (x, mine, other) in later {
-            // Its log becomes the holders', each entry naming its shard:
-            // what it lacks adopted and what they lack forgotten — or,
-            // from a log of another slot, every entry.
-            let mut sync = match x.foreign() {
-                false => crate::peering::LogSync::between(&mine, &auth),
-                true => crate::peering::LogSync {
-                    forget: mine.entries.keys().copied().collect(),
-                    adopt: auth.entries.values().copied().collect(),
-                    tail: if auth.tail > mine.tail { auth.tail } else { 0 },
-                    ..Default::default()
-                },
-            };
-            for e in &mut sync.adopt {
-                e.oid = e.oid.whole().shard(x.slot as u8);
-            }
-            sync.unmark = true;
+        // Then each takes the holders' log, and what it holds of another
+        // slot goes. In that order: a shard that moved to another slot of
+        // the PG may be a source for the slot it held until its log names
+        // the new one.
+        for (x, mine, _, other) in plans {
+            let sync = shard_log_sync(x, &mine, &auth);
             self.log_sync_in_parts(x.osd, pg, epoch, sync).await?;
             for (o, v) in other {
                 self.push_shard(x.osd, pg, epoch, o, v, v, None).await?;
             }
+            complete.push((x.slot, x.osd));
+        }
+        complete.sort_unstable();
+        assert!(
+            !nacre_blockstore::strict() || complete.len() >= target,
+            "PG {pg} goes active with {} complete shards, {target} wanted",
+            complete.len()
+        );
+        // The others are rebuilt in the background, from the complete
+        // shards up (`recover_pg`): marked recovering first, they take the
+        // interval's ops but are no holders at a later peering.
+        let mut wants: BTreeMap<ObjectId, crate::recovery::Want> = BTreeMap::new();
+        let mut rebuild = crate::recovery::ShardRebuild {
+            sources: complete,
+            slots: BTreeMap::new(),
+            expect: std::collections::HashMap::new(),
+            other: BTreeMap::new(),
+        };
+        let mut left: BTreeMap<u32, (usize, crate::peering::LogSync)> = BTreeMap::new();
+        for (x, mine, expect, other) in later_plans {
+            self.log_sync(x.osd, pg, epoch, &crate::peering::LogSync::mark())
+                .await?;
+            for (&oid, &v) in &expect {
+                let w = wants.entry(oid).or_insert_with(|| {
+                    let newest = (auth.entries.values().rev()).find(|e| e.oid == oid);
+                    crate::recovery::Want {
+                        version: newest.map_or(0, |e| e.version),
+                        entry: newest.copied(),
+                        delete: newest.is_some_and(|e| e.op == LogOp::Delete),
+                        to: Vec::new(),
+                    }
+                });
+                w.to.push(x.osd);
+                rebuild.expect.insert((oid, x.osd), v);
+            }
+            rebuild.slots.insert(x.osd, x.slot);
+            rebuild.other.insert(x.osd, other);
+            left.insert(x.osd, (expect.len(), shard_log_sync(x, &mine, &auth)));
         }
         if self.epoch() != epoch {
             return Err(PeerError::Retry("the epoch moved".into()));
         }
-        let clean = self.map.borrow().whole(pg);
-        self.report(
-            pg,
-            epoch,
-            &PgEvent::Active {
-                clean,
-                incomplete: Vec::new(),
-            },
-        )
-        .await
-        .map_err(PeerError::Retry)?;
+        let incomplete: Vec<u32> = left.keys().copied().collect();
+        let clean = self.map.borrow().whole(pg) && incomplete.is_empty();
+        self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
+            .await
+            .map_err(PeerError::Retry)?;
+        // A peering of a later epoch may have run while the report was
+        // out: its plan and request cache are the ones that count.
+        if self.epoch() != epoch {
+            return Err(PeerError::Retry("the epoch moved".into()));
+        }
+        self.done.borrow_mut().insert(pg, ReqCache::of_log(&auth));
+        if !left.is_empty() {
+            let total = left.values().map(|(n, _)| n).sum();
+            self.keep_plan(
+                pg,
+                crate::recovery::Recovery {
+                    epoch,
+                    source: self.id,
+                    wants,
+                    left,
+                    total,
+                    stalled: false,
+                    ec: Some(rebuild),
+                },
+            );
+        }
         // Every write any shard holds is on every shard up: every undo the
         // shards keep is of a committed write (also those whose entries a
         // capped log dropped, after a lost commit): release them all. Only
@@ -1050,8 +1153,98 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 .commit_shards(pg, to, undos.into_iter().collect())
                 .await;
         }
-        self.done.borrow_mut().insert(pg, ReqCache::of_log(&auth));
         Ok(())
+    }
+
+    /// Whether PG `pg`'s recovery in `epoch` rebuilds shards.
+    pub(crate) fn ec_recovery(&self, pg: PgId, epoch: u64) -> bool {
+        (self.recovery.borrow().get(&pg)).is_some_and(|r| r.epoch == epoch && r.ec.is_some())
+    }
+
+    /// The OSDs of PG `pg` whose shard of `oid` (whole) the background
+    /// rebuild of `epoch` has yet to bring; for `None`, every shard it
+    /// still rebuilds. They are read as if down.
+    fn rebuilding(&self, pg: PgId, epoch: u64, oid: Option<ObjectId>) -> Vec<u32> {
+        let r = self.recovery.borrow();
+        let Some(r) = r.get(&pg).filter(|r| r.epoch == epoch) else {
+            return Vec::new();
+        };
+        match oid {
+            Some(o) => r.wants.get(&o).map_or_else(Vec::new, |w| w.to.clone()),
+            None => r.left.keys().copied().collect(),
+        }
+    }
+
+    /// Rebuilds `oid` (whole) of PG `pg`'s plan on the shard of OSD `to`
+    /// (the caller holds the object's lock); the bytes written there.
+    /// A push whose outcome is not known (no answer, or refused: the plan
+    /// no longer matches the shard) ends the interval, as a scrub's does
+    /// (`ec_scrub_push`): it may still land after the unlock, and bring
+    /// back what a delete since took; the next peering waits for one
+    /// already taken in, and the epoch fences the rest. One refused for
+    /// room (`NoSpace`) waits for the next try.
+    pub(crate) async fn rebuild_planned(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        oid: ObjectId,
+        want: &crate::recovery::Want,
+        to: u32,
+    ) -> Result<u64, PeerError> {
+        let scheme = (self.scheme(pg.pool))
+            .ok_or_else(|| PeerError::Retry("the pool's code cannot be made".into()))?;
+        let (slot, expect, from) = {
+            let r = self.recovery.borrow();
+            let Some(e) = (r.get(&pg).filter(|r| r.epoch == epoch)).and_then(|r| r.ec.as_ref())
+            else {
+                return Err(PeerError::Retry("the rebuild ended".into()));
+            };
+            let slot = *e.slots.get(&to).expect("a stale shard");
+            let expect = e.expect.get(&(oid, to)).copied().unwrap_or(0);
+            (slot, expect, e.sources.clone())
+        };
+        let newest = want.entry.as_ref();
+        let (version, data) =
+            (self.decode_shard(pg, epoch, &scheme, oid, slot, &from, newest)).await?;
+        let bytes = data.as_ref().map_or(0, |d| d.len() as u64);
+        let shard = oid.whole().shard(slot as u8);
+        match self
+            .push_shard(to, pg, epoch, shard, version, expect, data)
+            .await
+        {
+            Ok(()) => Ok(bytes),
+            Err(PeerError::Full(why)) => Err(PeerError::Full(why)),
+            Err(e) => {
+                self.fail_pg(pg, epoch, format!("rebuilding {shard} on osd.{to}: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Ends the rebuild of OSD `to`'s shard of PG `pg`, which holds every
+    /// object now: what it holds of another slot goes, then its log
+    /// becomes the holders' (`sync`, which clears its recovering mark).
+    pub(crate) async fn finish_shard(
+        self: &Rc<Self>,
+        to: u32,
+        pg: PgId,
+        epoch: u64,
+        sync: crate::peering::LogSync,
+    ) -> Result<(), PeerError> {
+        let other = (self.recovery.borrow().get(&pg))
+            .filter(|r| r.epoch == epoch)
+            .and_then(|r| r.ec.as_ref()?.other.get(&to).cloned())
+            .unwrap_or_default();
+        for (o, v) in other {
+            self.push_shard(to, pg, epoch, o, v, v, None).await?;
+        }
+        if let Some(e) = (self.recovery.borrow_mut().get_mut(&pg))
+            .filter(|r| r.epoch == epoch)
+            .and_then(|r| r.ec.as_mut())
+        {
+            e.other.remove(&to);
+        }
+        self.log_sync_in_parts(to, pg, epoch, sync).await
     }
 
     /// [`Osd::log_sync`] of `sync` to `to` in parts that each fit a
@@ -1162,10 +1355,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         Ok(all)
     }
 
-    /// Rebuilds shard `x.slot` of `oid` on `x.osd` from `k` of the `held`
-    /// shards (or deletes it there, if the object's newest op, `newest`, is
-    /// a delete, or no holder has it), at the newest version of the shards
-    /// read and of `newest`.
+    /// Rebuilds shard `x.0` of `oid` on OSD `x.1` ([`Osd::decode_shard`]),
+    /// the push fenced by `expect`, the version it holds there.
     #[allow(clippy::too_many_arguments)]
     async fn rebuild_shard(
         self: &Rc<Self>,
@@ -1173,57 +1364,92 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         epoch: u64,
         scheme: &Scheme,
         oid: ObjectId,
-        x: &Member,
-        held: &[Member],
+        x: (usize, u32),
+        held: &[(usize, u32)],
         newest: Option<&LogEntry>,
         expect: u64,
     ) -> Result<(), PeerError> {
+        let (version, data) =
+            (self.decode_shard(pg, epoch, scheme, oid, x.0, held, newest)).await?;
+        let shard = oid.whole().shard(x.0 as u8);
+        (self.push_shard(x.1, pg, epoch, shard, version, expect, data)).await
+    }
+
+    /// Shard `slot` of `oid` as the first `k` of the `held` shards,
+    /// (slot, OSD), make it — or absent, if the object's newest op,
+    /// `newest`, is a delete, or no holder has it — at the newest version
+    /// of the shards read and of `newest`.
+    #[allow(clippy::too_many_arguments)]
+    async fn decode_shard(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        scheme: &Scheme,
+        oid: ObjectId,
+        slot: usize,
+        held: &[(usize, u32)],
+        newest: Option<&LogEntry>,
+    ) -> Result<(u64, Option<AlignedBuf>), PeerError> {
         let (k, n) = (scheme.layout.k, scheme.layout.k + scheme.layout.m);
-        let shard = oid.whole().shard(x.slot as u8);
         if let Some(e) = newest.filter(|e| e.op == LogOp::Delete) {
-            return (self.push_shard(x.osd, pg, epoch, shard, e.version, expect, None)).await;
+            return Ok((e.version, None));
         }
         let len = scheme.layout.shard_bytes;
-        let reads: Vec<_> = (held[..k].iter())
-            .map(|m| {
-                let mut h =
-                    Header::request(Op::ShardRead, 0, oid.whole().shard(m.slot as u8)).with_pg(pg);
-                (h.epoch, h.sender, h.length) = (epoch, self.id, len);
-                rt::spawn(self.clone().shard_call(m.osd, h, None))
-            })
-            .collect();
-        let mut version = newest.map_or(0, |e| e.version);
-        let mut bufs: Vec<AlignedBuf> = Vec::with_capacity(k);
-        let mut found = false;
-        for (m, r) in held[..k].iter().zip(rt::join_all(reads).await) {
-            match r {
-                (Status::Ok, Some(b), v) if b.len() == len as usize => {
-                    found = true;
-                    version = version.max(v);
-                    bufs.push(b);
-                }
-                (Status::NotFound, _, _) => bufs.push(AlignedBuf::zeroed(len as usize)),
-                (s, _, _) => {
-                    return Err(PeerError::Retry(format!(
-                        "reading shard {} of {oid} from osd.{}: {s:?}",
-                        m.slot, m.osd
-                    )))
+        // The first `k` sources, but one whose shard fails to read
+        // (damaged, an I/O error, no answer) is left for the next.
+        let mut from: Vec<(usize, u32)> = held.to_vec();
+        let (bufs, version, found) = 'read: loop {
+            if from.len() < k {
+                return Err(PeerError::Retry(format!(
+                    "rebuilding {oid}: fewer than {k} of its shards read"
+                )));
+            }
+            let reads: Vec<_> = (from[..k].iter())
+                .map(|m| {
+                    let mut h =
+                        Header::request(Op::ShardRead, 0, oid.whole().shard(m.0 as u8)).with_pg(pg);
+                    (h.epoch, h.sender, h.length) = (epoch, self.id, len);
+                    rt::spawn(self.clone().shard_call(m.1, h, None))
+                })
+                .collect();
+            let mut version = newest.map_or(0, |e| e.version);
+            let mut bufs: Vec<AlignedBuf> = Vec::with_capacity(k);
+            let mut found = false;
+            for (&m, r) in from[..k].iter().zip(rt::join_all(reads).await) {
+                match r {
+                    (Status::Ok, Some(b), v) if b.len() == len as usize => {
+                        found = true;
+                        version = version.max(v);
+                        bufs.push(b);
+                    }
+                    (Status::NotFound, _, _) => bufs.push(AlignedBuf::zeroed(len as usize)),
+                    (Status::Corrupt | Status::Unavailable | Status::Ok, _, _) => {
+                        from.retain(|&f| f != m);
+                        continue 'read;
+                    }
+                    (s, _, _) => {
+                        return Err(PeerError::Retry(format!(
+                            "reading shard {} of {oid} from osd.{}: {s:?}",
+                            m.0, m.1
+                        )))
+                    }
                 }
             }
-        }
+            break (bufs, version, found);
+        };
         if !found {
-            return (self.push_shard(x.osd, pg, epoch, shard, version.max(1), expect, None)).await;
+            return Ok((version.max(1), None));
         }
         let mut chunks: Vec<Option<&[u8]>> = vec![None; n];
-        for (m, b) in held[..k].iter().zip(&bufs) {
-            chunks[m.slot] = Some(&b[..]);
+        for (m, b) in from[..k].iter().zip(&bufs) {
+            chunks[m.0] = Some(&b[..]);
         }
         let mut out = AlignedBuf::zeroed(len as usize);
         (scheme
             .codec
-            .reconstruct(&chunks, &[x.slot], &mut [&mut out[..]]))
+            .reconstruct(&chunks, &[slot], &mut [&mut out[..]]))
         .map_err(|e| PeerError::Inactive(format!("rebuilding {oid}: {e}")))?;
-        (self.push_shard(x.osd, pg, epoch, shard, version, expect, Some(out))).await
+        Ok((version, Some(out)))
     }
 }
 
@@ -1247,6 +1473,28 @@ impl Member {
     fn foreign(&self) -> bool {
         (self.log.entries.values()).any(|e| e.oid.shard_index() != Some(self.slot as u8))
     }
+}
+
+/// What makes stale shard `x`'s log, `mine` (its [`stripe_log`]), the
+/// holders' `auth`, each entry naming its shard, and clears its
+/// recovering mark: what it lacks adopted and what they lack forgotten —
+/// or, from a log of another slot, every entry. Entries of ops that reach
+/// it after `mine` was read (an interval's) are neither.
+fn shard_log_sync(x: &Member, mine: &PgLog, auth: &PgLog) -> crate::peering::LogSync {
+    let mut sync = match x.foreign() {
+        false => crate::peering::LogSync::between(mine, auth),
+        true => crate::peering::LogSync {
+            forget: mine.entries.keys().copied().collect(),
+            adopt: auth.entries.values().copied().collect(),
+            tail: if auth.tail > mine.tail { auth.tail } else { 0 },
+            ..Default::default()
+        },
+    };
+    for e in &mut sync.adopt {
+        e.oid = e.oid.whole().shard(x.slot as u8);
+    }
+    sync.unmark = true;
+    sync
 }
 
 /// A shard's log with its entries comparable across shards: each names

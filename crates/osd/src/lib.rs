@@ -1317,8 +1317,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         // A copy that lacks the object must have it whole before a write
         // changes part of it (or a delete, before its recovery could
-        // bring it back).
-        if self.must_recover(h.pg_id(), epoch, oid, false) {
+        // bring it back). An EC PG's delete needs no rebuild: it leaves
+        // every shard as it must be, and takes the object from the plan.
+        let ec = self.scheme(h.pool).is_some();
+        let planned = self.must_recover(h.pg_id(), epoch, oid, false);
+        if planned && !(ec && h.op == Op::Delete) {
             if let Err(s) = self.recover_for_op(h.pg_id(), epoch, oid).await {
                 return (s, 0);
             }
@@ -1404,6 +1407,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         };
         if status == Status::Ok {
             (self.done.borrow_mut().entry(h.pg_id()).or_default()).insert(key, version);
+            if planned && ec && h.op == Op::Delete {
+                self.deleted_while_planned(h.pg_id(), epoch, oid).await;
+            }
         } else {
             // Some copies may have it and some not: the interval ends.
             self.fail_pg(h.pg_id(), epoch, format!("{oid} v{version:#x}: {status:?}"));

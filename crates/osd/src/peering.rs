@@ -613,10 +613,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// (a write the PG's history does not hold may be here, at a higher
     /// one) — but only if it holds `expect` there now (0: nothing), the
     /// version the primary saw when it decided the rebuild: a push
-    /// delayed past the rebuild (a frame held up, a retry) finds the
-    /// rebuilt shard, or what writes put there since, and is refused
-    /// (`Stale`). No recovering mark: a shard being rebuilt is no holder
-    /// of its PG until an interval with it goes active, after its rebuild.
+    /// delayed past the rebuild (a frame held up) finds what writes put
+    /// there since, and is refused (`Stale`); one that finds what it
+    /// would leave (a retry after a lost reply) does nothing. No
+    /// recovering mark here: a shard rebuilt before its PG serves is no
+    /// holder until an interval with it goes active, and one rebuilt in
+    /// the background was marked before (ec.rs).
     pub(crate) async fn rebuild_shard_here(
         &self,
         oid: ObjectId,
@@ -625,16 +627,17 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         data: Option<AlignedBuf>,
     ) -> Status {
         let cur = self.store.version(oid);
+        // What the push would leave is here already (its retry after a
+        // lost reply: one version of a shard is one content).
+        if (cur == Some(version) && data.is_some()) || (cur.is_none() && data.is_none()) {
+            return Status::Ok;
+        }
         if cur.unwrap_or(0) != expect {
             tracing::warn!(
                 "osd.{}: a rebuild of {oid} v{version:#x} expected v{expect:#x}, found {cur:x?}: refused",
                 self.id
             );
             return Status::Stale;
-        }
-        if cur == Some(version) && data.is_some() {
-            // That version's write is here already.
-            return Status::Ok;
         }
         let mut r = match cur {
             Some(c) => match self.store.delete(oid, c).await {
@@ -1078,20 +1081,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
             .await
             .map_err(Retry)?;
+        // A peering of a later epoch may have run while the report was
+        // out: its plan and request cache are the ones that count.
+        if self.epoch() != epoch {
+            return Err(Retry("the epoch moved".into()));
+        }
         // Retries of requests the authoritative history holds are
         // answered from it, whichever primary took them; no other request
         // is (a request of a divergent op must be applied again).
         self.done.borrow_mut().insert(pg, ReqCache::of_log(&a.log));
         if !wants.is_empty() {
             let total = left.values().map(|(n, _)| n).sum();
-            tracing::info!(
-                "osd.{}: PG {pg} active in epoch {epoch}, recovering {total} object copies on {} from osd.{source}",
-                self.id,
-                (left.keys().map(|o| format!("osd.{o}")))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            self.recovery.borrow_mut().insert(
+            self.keep_plan(
                 pg,
                 Recovery {
                     epoch,
@@ -1100,6 +1101,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     left,
                     total,
                     stalled: false,
+                    ec: None,
                 },
             );
         }

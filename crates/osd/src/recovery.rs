@@ -26,6 +26,11 @@
 //!   full, else `Unavailable`, which the client retries). Every push is a
 //!   whole object at its authoritative version and leaves the plan once
 //!   applied, so none lands twice and the copies never hold a mix.
+//! - An erasure-coded PG's plan names the stale *shards* that lack each
+//!   object (`ShardRebuild`): a step reads `k` complete shards, decodes
+//!   the stale one's and pushes it, fenced by the version it held; a
+//!   client's delete takes the object from the plan instead (ec.rs,
+//!   docs/internals/ec.md *Rebuilding in the background*).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -78,9 +83,43 @@ pub(crate) struct Recovery {
     /// back PGs with more complete copies meanwhile (a degraded PG whose
     /// target is full must not stop every other PG's recovery).
     pub stalled: bool,
+    /// An erasure-coded PG's: how its stale shards are rebuilt (each
+    /// want's `entry` is then the object's newest in the holders' log,
+    /// named whole, and `to` the OSDs whose shard lacks it).
+    pub ec: Option<ShardRebuild>,
+}
+
+/// The background rebuild of an erasure-coded PG's stale shards
+/// (docs/internals/ec.md, *Rebuilding in the background*).
+pub(crate) struct ShardRebuild {
+    /// The shards complete in their slots, (slot, OSD): the first `k`
+    /// are read to rebuild an object.
+    pub sources: Vec<(usize, u32)>,
+    /// Each stale shard's slot, by OSD.
+    pub slots: BTreeMap<u32, usize>,
+    /// The version each stale shard held of each planned object when the
+    /// plan was made (0: none): its rebuild is fenced by it.
+    pub expect: std::collections::HashMap<(ObjectId, u32), u64>,
+    /// What each stale shard holds of another slot of the PG, deleted
+    /// once it holds every object of its own.
+    pub other: BTreeMap<u32, Vec<(ObjectId, u64)>>,
 }
 
 impl Recovery {
+    /// Takes `oid` from the plan: no copy lacks it any more. Whether it
+    /// was there.
+    fn drop_object(&mut self, oid: &ObjectId) -> bool {
+        let Some(w) = self.wants.remove(oid) else {
+            return false;
+        };
+        for c in w.to {
+            if let Some((n, _)) = self.left.get_mut(&c) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        true
+    }
+
     /// Object copies still to recover.
     pub fn remaining(&self) -> usize {
         self.left.values().map(|(n, _)| n).sum()
@@ -242,6 +281,30 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .map(|r| (r.remaining(), r.total))
     }
 
+    /// Keeps `r`, PG `pg`'s plan of recovery in its epoch (the PG went
+    /// active), and says what it brings to which members.
+    pub(crate) fn keep_plan(&self, pg: PgId, r: Recovery) {
+        let to = (r.left.keys().map(|o| format!("osd.{o}")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        match r.ec {
+            Some(_) => tracing::info!(
+                "osd.{}: PG {pg} active in epoch {}, rebuilding {} shard objects on {to} in the background",
+                self.id,
+                r.epoch,
+                r.total
+            ),
+            None => tracing::info!(
+                "osd.{}: PG {pg} active in epoch {}, recovering {} object copies on {to} from osd.{}",
+                self.id,
+                r.epoch,
+                r.total,
+                r.source
+            ),
+        }
+        self.recovery.borrow_mut().insert(pg, r);
+    }
+
     /// Sets how fast this OSD recovers its PGs' copies, in bytes per
     /// second (at least 1).
     pub fn set_recovery_rate(&self, bytes_per_s: u64) {
@@ -271,12 +334,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     .copied()
                     .collect();
                 for oid in &gone {
-                    let w = r.wants.remove(oid).expect("listed");
-                    for c in w.to {
-                        if let Some((n, _)) = r.left.get_mut(&c) {
-                            *n = n.saturating_sub(1);
-                        }
-                    }
+                    r.drop_object(oid);
                 }
                 if !gone.is_empty() {
                     touched.push((pg, r.epoch));
@@ -287,6 +345,26 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         for (pg, epoch) in pgs {
             if let Err(e) = self.sync_recovered(pg, epoch).await {
                 tracing::warn!("osd.{}: PG {pg}: after a purge: {e}", self.id);
+            }
+        }
+    }
+
+    /// Takes `oid` from PG `pg`'s plan of `epoch` once a client's delete
+    /// of it reached every shard (an EC PG's: a delete leaves a stale
+    /// shard as it must be, so it needs no rebuild first), then finishes
+    /// the shards that lack nothing more. The caller holds its lock.
+    pub(crate) async fn deleted_while_planned(
+        self: &Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        oid: ObjectId,
+    ) {
+        let dropped = (self.recovery.borrow_mut().get_mut(&pg))
+            .filter(|r| r.epoch == epoch)
+            .is_some_and(|r| r.drop_object(&oid));
+        if dropped {
+            if let Err(e) = self.sync_recovered(pg, epoch).await {
+                tracing::warn!("osd.{}: PG {pg}: after a delete of {oid}: {e}", self.id);
             }
         }
     }
@@ -324,23 +402,29 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         epoch: u64,
         oid: ObjectId,
     ) -> Result<(), PeerError> {
-        let (want, source) = {
+        let (want, source, ec) = {
             let r = self.recovery.borrow();
             let Some(r) = r.get(&pg).filter(|r| r.epoch == epoch) else {
                 return Ok(());
             };
             match r.wants.get(&oid) {
-                Some(w) => (w.clone(), r.source),
+                Some(w) => (w.clone(), r.source, r.ec.is_some()),
                 None => return Ok(()),
             }
         };
-        let data = match want.delete {
+        let data = match want.delete || ec {
             true => None,
             false => Some(self.fetch(source, pg, epoch, oid, want.version).await?),
         };
         for &to in &want.to {
-            (self.push(to, pg, epoch, oid, want.version, want.entry, data.as_ref())).await?;
-            let bytes = data.as_ref().map_or(0, |d| d.len() as u64);
+            let bytes = match ec {
+                true => self.rebuild_planned(pg, epoch, oid, &want, to).await?,
+                false => {
+                    let d = data.as_ref();
+                    (self.push(to, pg, epoch, oid, want.version, want.entry, d)).await?;
+                    d.map_or(0, |d| d.len() as u64)
+                }
+            };
             (self.stats).recovered(bytes, 1, !self.pg_degraded(pg));
             let mut r = self.recovery.borrow_mut();
             let Some(r) = r.get_mut(&pg).filter(|r| r.epoch == epoch) else {
@@ -381,7 +465,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 return Ok(());
             };
             // Never empty: it clears the recovering mark.
-            self.log_sync(to, pg, epoch, &sync).await?;
+            if self.ec_recovery(pg, epoch) {
+                self.finish_shard(to, pg, epoch, sync).await?;
+            } else {
+                self.log_sync(to, pg, epoch, &sync).await?;
+            }
             let removed = (self.recovery.borrow_mut().get_mut(&pg))
                 .filter(|r| r.epoch == epoch)
                 .and_then(|r| r.left.remove(&to));
@@ -436,10 +524,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .await
     }
 
-    /// Complete copies of PG `pg` in `r`'s plan: its acting members but
-    /// those still being recovered.
+    /// Complete copies of PG `pg` in `r`'s plan beyond the fewest its
+    /// data needs (one copy; `k` shards of an EC PG): its acting members
+    /// but those still being recovered, less that.
     fn complete_copies(&self, pg: PgId, r: &Recovery) -> usize {
-        (self.map.borrow().acting(pg).len()).saturating_sub(r.left.len())
+        let needed = self.scheme(pg.pool).map_or(1, |s| s.layout.k);
+        (self.map.borrow().acting(pg).len())
+            .saturating_sub(r.left.len())
+            .saturating_sub(needed)
     }
 
     /// Whether PG `pg`'s background recovery must wait: another PG of
@@ -484,10 +576,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             {
                 return;
             }
+            // What a step moves: a block per copy; an EC rebuild reads
+            // `k` shards too.
+            let reads = self.scheme(pg.pool).map_or(0, |s| s.layout.k);
             let next = {
                 let r = self.recovery.borrow();
                 (r.get(&pg).filter(|r| r.epoch == epoch))
-                    .and_then(|r| r.wants.iter().next().map(|(o, w)| (*o, w.to.len())))
+                    .and_then(|r| r.wants.iter().next().map(|(o, w)| (*o, reads + w.to.len())))
             };
             let r = match next {
                 // Every object is there: the logs of copies whose sync

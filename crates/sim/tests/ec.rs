@@ -58,15 +58,49 @@ async fn write(c: &Cluster, oid: ObjectId, req: u64, offset: u32, data: &[u8]) -
         .map_or(Status::Unavailable, |f| f.h.status)
 }
 
+/// Reads `len` bytes of `oid` at `offset`; as a client would, again
+/// (a few times) where no answer came in time or the PG was peering.
 async fn read(c: &Cluster, oid: ObjectId, offset: u32, len: u32) -> Vec<u8> {
     let mut h = Header::request(Op::Read, 0, oid);
     (h.offset, h.length) = (offset, len);
-    let f = c.call(h, None).await.unwrap();
-    match f.h.status {
-        Status::Ok => f.payload.expect("data").to_vec(),
-        Status::NotFound => vec![0; len as usize],
-        s => panic!("read of {oid} {offset}+{len}: {s:?}"),
+    let mut last = None;
+    for _ in 0..RETRIES {
+        match c.call(h, None).await.map(|f| (f.h.status, f.payload)) {
+            Ok((Status::Ok, data)) => return data.expect("data").to_vec(),
+            Ok((Status::NotFound, _)) => return vec![0; len as usize],
+            Ok((s @ (Status::Unavailable | Status::StaleEpoch), _)) => {
+                last = Some(format!("{s:?}"))
+            }
+            Ok((s, _)) => panic!("read of {oid} {offset}+{len}: {s:?}"),
+            Err(e) => last = Some(e.to_string()),
+        }
+        rt::sleep(Duration::from_millis(100)).await;
     }
+    panic!("read of {oid} {offset}+{len}: {last:?}");
+}
+
+/// Attempts of a client op before a test gives up.
+const RETRIES: usize = 10;
+
+/// Writes `data` to `oid` at `offset` (client request `req`), as a
+/// client would: again, the same request, where no answer came in time
+/// or the PG was peering (the request applies once); the last answer.
+async fn write_acked(c: &Cluster, oid: ObjectId, req: u64, offset: u32, data: &[u8]) -> Status {
+    answered(|| write(c, oid, req, offset, data)).await
+}
+
+/// What `op` answers, tried again (a few times) while it answers
+/// `Unavailable` (or nothing in time) or `StaleEpoch`.
+async fn answered<F: std::future::Future<Output = Status>>(mut op: impl FnMut() -> F) -> Status {
+    let mut s = Status::Unavailable;
+    for _ in 0..RETRIES {
+        s = op().await;
+        if !matches!(s, Status::Unavailable | Status::StaleEpoch) {
+            break;
+        }
+        rt::sleep(Duration::from_millis(100)).await;
+    }
+    s
 }
 
 /// `osds` OSDs (on a network seeded with `seed`) with a 4+2 pool of 8
@@ -122,11 +156,14 @@ async fn waits_inactive(
     }
 }
 
-/// Deletes `oid` (client request `req`), acknowledged.
+/// Deletes `oid` (client request `req`), acknowledged (tried again as
+/// [`write_acked`] does).
 async fn delete(c: &Cluster, oid: ObjectId, req: u64) {
     let mut h = Header::request(Op::Delete, req, oid);
     h.client = CLIENT;
-    let s = c.call(h, None).await.unwrap().h.status;
+    let s =
+        answered(|| async { (c.call(h, None).await).map_or(Status::Unavailable, |f| f.h.status) })
+            .await;
     assert!(
         matches!(s, Status::Ok | Status::NotFound),
         "delete {req}: {s:?}"
@@ -156,7 +193,7 @@ async fn write_some(
         let (offset, len) = shape(r, ob);
         let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
         assert_eq!(
-            write(c, oid, req, offset, &data).await,
+            write_acked(c, oid, req, offset, &data).await,
             Status::Ok,
             "write {req}"
         );
@@ -172,9 +209,8 @@ async fn write_some(
 /// Every object of `model` reads back whole and its shards are the
 /// layout's split of it (`when`: the case).
 async fn check_all(c: &Cluster, model: &HashMap<ObjectId, Vec<u8>>, when: &str) {
-    let ob = 4 * OBJECT_BYTES;
+    check_all_reads(c, model, when).await;
     for (&oid, want) in model {
-        assert!(read(c, oid, 0, ob).await == *want, "{oid} {when}");
         check_stripe(c, oid, want).await;
     }
 }
@@ -934,14 +970,7 @@ fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
         let row = c.placement(oids[0]);
         let osd = |slot: usize| c.osd(row[slot]).unwrap();
         // A: a bit of data shard 1 flips on the disk.
-        let a = oids[0].shard(1);
-        let block = osd(1)
-            .store()
-            .block_of(a)
-            .expect("a whole shard has a block");
-        let at = osd(1).store().geometry().block_offset(block) + 8192 + 17;
-        c.nodes.borrow()[row[1] as usize].dev.flip(at, 0x10);
-        assert!(osd(1).store().read(a, 0, OBJECT_BYTES).await.is_err());
+        flip_shard(&c, row[1], oids[0].shard(1)).await;
         // B: parity shard 4 holds other bytes, at its version, checksums
         // to match.
         let b = oids[1].shard(4);
@@ -1019,5 +1048,184 @@ fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
             "{:?}",
             deep.findings
         );
+    });
+}
+
+/// Waits until every PG of `c` is active in the current epoch (rebuilt
+/// or not); how many of them are still rebuilding a shard.
+async fn all_active(c: &Cluster, when: &str) -> usize {
+    for _ in 0..600 {
+        let m = c.leader.map();
+        let states: Vec<_> = (m.pgs())
+            .map(|pg| {
+                let p = m.primary(pg).and_then(|p| c.osd(p));
+                let p = p.filter(|o| o.epoch() == m.epoch());
+                p.map(|o| (o.pg_state(pg), o.pg_recovering(pg)))
+            })
+            .collect();
+        let active = |s: &Option<(Option<nacre_osd::PgState>, bool)>| {
+            matches!(s, Some((Some(nacre_osd::PgState::Active), _)))
+        };
+        if states.iter().all(active) {
+            return states
+                .iter()
+                .filter(|s| matches!(s, Some((_, true))))
+                .count();
+        }
+        rt::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the PGs never went active {when}");
+}
+
+/// Sets every OSD's rebuild rate (bytes a second).
+fn rebuild_rate(c: &Cluster, bytes_per_s: u64) {
+    for id in 0..6 {
+        if let Some(o) = c.osd(id) {
+            o.set_recovery_rate(bytes_per_s);
+        }
+    }
+}
+
+/// An OSD back after missing writes and deletes of many objects: its PGs
+/// serve again before its shards are rebuilt (five complete shards, `k +
+/// 1`, are enough; the rebuild is slowed to an object a second), and
+/// while the rebuild walks: every object reads as written (a shard still
+/// to rebuild is read around), writes of every shape and deletes land (an
+/// object still to rebuild is rebuilt first), the stale OSD loses power
+/// and comes back (its mark makes it rebuilt whole again, never a holder),
+/// and a complete shard loses power (one loss more than `k + 1` complete
+/// shards can take without the stale one: the next peering rebuilds that
+/// one before it serves). Then every stripe is coded and no undo is left.
+#[test]
+fn a_stale_shard_is_rebuilt_in_the_background_while_its_pgs_serve() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(19, 6).await;
+        let oids: Vec<ObjectId> = (0..32).map(|b| nacre_sim::object(1, 1, b)).collect();
+        let mut model = HashMap::new();
+        let mut r = Rng(41);
+        write_some(&c, &mut r, &oids, &mut model, 1, 64).await;
+        let victim = 2;
+        crash_until_down(&c, victim, 91).await;
+        c.settle(SETTLE).await.unwrap();
+        write_some(&c, &mut r, &oids, &mut model, 100, 96).await;
+        rebuild_rate(&c, u64::from(OBJECT_BYTES));
+        c.start(victim).await;
+        let rebuilding = all_active(&c, "with osd.2 back").await;
+        assert!(rebuilding > 0, "no PG served before its rebuild ended");
+        check_all_reads(&c, &model, "while rebuilding").await;
+        check_listed(&c, &model, "while rebuilding").await;
+        // Deletes of objects still to rebuild: taken from the plan.
+        for (i, &oid) in oids[..6].iter().enumerate() {
+            delete(&c, oid, 250 + i as u64).await;
+            model.insert(oid, vec![0; 4 * OBJECT_BYTES as usize]);
+        }
+        write_some(&c, &mut r, &oids, &mut model, 300, 48).await;
+        check_listed(&c, &model, "after deletes while rebuilding").await;
+        check_all_reads(&c, &model, "after writes while rebuilding").await;
+        // The stale OSD again, mid-rebuild.
+        crash_until_down(&c, victim, 92).await;
+        write_some(&c, &mut r, &oids, &mut model, 400, 24).await;
+        c.start(victim).await;
+        rebuild_rate(&c, u64::from(OBJECT_BYTES));
+        all_active(&c, "with osd.2 back again").await;
+        check_all_reads(&c, &model, "after the stale OSD's restart").await;
+        // A complete shard of a PG still rebuilding (not its primary).
+        let m = c.leader.map();
+        let pg = (m.pgs())
+            .find(|&pg| (m.primary(pg).and_then(|p| c.osd(p))).is_some_and(|o| o.pg_recovering(pg)))
+            .expect("a PG still rebuilding");
+        let source = (m.placement(pg).iter().copied())
+            .find(|&o| o != victim && Some(o) != m.primary(pg))
+            .unwrap();
+        crash_until_down(&c, source, 93).await;
+        all_active(&c, "with a source down").await;
+        check_all_reads(&c, &model, "with a source down").await;
+        write_some(&c, &mut r, &oids, &mut model, 500, 24).await;
+        c.start(source).await;
+        rebuild_rate(&c, 100 << 20);
+        c.settle(SETTLE).await.unwrap();
+        check_all(&c, &model, "after the rebuild").await;
+        no_undos_left(&c, "after the rebuild").await;
+    });
+}
+
+/// Every PG of pool 1 lists exactly the objects of `model` that hold
+/// data (random bytes are never all zeros; a deleted object is zeros).
+async fn check_listed(c: &Cluster, model: &HashMap<ObjectId, Vec<u8>>, when: &str) {
+    let m = c.leader.map();
+    let mut listed: Vec<u64> = Vec::new();
+    for pg in m.pgs() {
+        listed.extend(c.list(pg, 0, 5).await.into_iter().map(|(b, _)| b));
+    }
+    listed.sort_unstable();
+    let mut want: Vec<u64> = (model.iter())
+        .filter(|(_, d)| d.iter().any(|&b| b != 0))
+        .map(|(o, _)| o.block)
+        .collect();
+    want.sort_unstable();
+    assert_eq!(listed, want, "listing {when}");
+}
+
+/// Every object of `model` reads back whole (`when`: the case).
+async fn check_all_reads(c: &Cluster, model: &HashMap<ObjectId, Vec<u8>>, when: &str) {
+    for (&oid, want) in model {
+        assert!(
+            read(c, oid, 0, want.len() as u32).await == *want,
+            "{oid} {when}"
+        );
+    }
+}
+
+/// Flips a bit of shard object `name` on OSD `osd`'s disk (its first
+/// block, past the first two units); its reads then fail their checksum.
+async fn flip_shard(c: &Cluster, osd: u32, name: ObjectId) {
+    let o = c.osd(osd).unwrap();
+    let block = o.store().block_of(name).expect("a whole shard has a block");
+    let at = o.store().geometry().block_offset(block) + 8192 + 17;
+    c.nodes.borrow()[osd as usize].dev.flip(at, 0x10);
+    assert!(o.store().read(name, 0, OBJECT_BYTES).await.is_err());
+}
+
+/// A data shard whose bytes are damaged on its disk (its checksum fails)
+/// is read around: a read of the object, whole or within that shard's
+/// units, is rebuilt from `k` others, never failed; a shard rebuilt after
+/// its OSD was away reads its sources around the damaged one; a deep
+/// scrub then rewrites the damaged shard, and every stripe is coded.
+/// Seen failing with the read failing on the damaged shard (`Corrupt`),
+/// and with the rebuild stuck retrying the same sources.
+#[test]
+fn a_damaged_shard_is_read_around() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(25, 6).await;
+        let ob = 4 * OBJECT_BYTES;
+        let a = nacre_sim::object(1, 1, 0);
+        let (pg, _) = c.route(a);
+        let row = c.placement(a);
+        let mut r = Rng(25);
+        let mut model = HashMap::new();
+        let data: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
+        assert_eq!(write(&c, a, 1, 0, &data).await, Status::Ok);
+        model.insert(a, data.clone());
+        flip_shard(&c, row[1], a.shard(1)).await;
+        assert!(read(&c, a, 0, ob).await == data, "the whole object");
+        // Unit 1 of the object is shard 1's first unit.
+        let unit = 4096usize;
+        assert!(
+            read(&c, a, unit as u32, unit as u32).await == data[unit..2 * unit],
+            "a unit of the damaged shard"
+        );
+        // Shard 3's OSD misses a write of the object; back, its rebuild
+        // reads the first four sources (slots 0, 1, 2, 4) but shard 1.
+        crash_until_down(&c, row[3], 26).await;
+        c.settle(SETTLE).await.unwrap();
+        let newer: Vec<u8> = (0..unit).map(|_| r.next() as u8).collect();
+        assert_eq!(write_acked(&c, a, 2, 0, &newer).await, Status::Ok);
+        model.get_mut(&a).unwrap()[..unit].copy_from_slice(&newer);
+        c.start(row[3]).await;
+        c.settle(SETTLE).await.unwrap();
+        assert!(read(&c, a, 0, ob).await == model[&a], "after the rebuild");
+        let deep = scrubbed(&c, pg, true).await;
+        assert_eq!((deep.inconsistent, deep.repaired), (1, 1), "{deep:?}");
+        check_all(&c, &model, "after the scrub").await;
     });
 }
