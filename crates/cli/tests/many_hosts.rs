@@ -21,6 +21,30 @@ use hosts::Net;
 
 const OSD_HOSTS: usize = 4;
 const OSDS_PER_HOST: usize = 2;
+
+/// How a scenario's cluster is laid out: OSD hosts o0.. with OSDs each,
+/// and the pool the volume lives in (`pool create` arguments after the
+/// name).
+struct Shape {
+    hosts: usize,
+    per_host: usize,
+    pool: &'static [&'static str],
+}
+
+/// Issue 10's: four hosts of two OSDs, 3 copies (min_size 2) by host.
+const REPLICATED: Shape = Shape {
+    hosts: OSD_HOSTS,
+    per_host: OSDS_PER_HOST,
+    pool: &["--pgs", "64", "--failure-domain", "host"],
+};
+
+/// Issue 11's: seven hosts of one OSD, erasure coding 4+2 (min_size 5)
+/// by host, so that a shard has a host to move to.
+const EC: Shape = Shape {
+    hosts: 7,
+    per_host: 1,
+    pool: &["--ec", "4+2", "--pgs", "32", "--failure-domain", "host"],
+};
 const NBD_PORT: u16 = 10809;
 /// The elected monitor's lease TTL (`MON_LEASE_TTL_S`, crates/cli/src/mon.rs).
 const MON_LEASE_TTL: Duration = Duration::from_secs(3);
@@ -38,6 +62,7 @@ struct Cluster {
     acks: usize,
     /// fio with `verify=crc32c` through the gateway, beside the writer.
     fio: Option<std::process::Child>,
+    shape: &'static Shape,
 }
 
 fn osd_name(h: usize, j: usize) -> String {
@@ -47,8 +72,13 @@ fn osd_name(h: usize, j: usize) -> String {
 impl Cluster {
     /// Starts the whole cluster, makes volume `v` and starts the writer.
     fn start() -> Cluster {
-        let mut c = Cluster::start_daemons();
-        c.ok(&["volume", "create", "v", "--size", "256M"]);
+        Cluster::start_shaped(&REPLICATED)
+    }
+
+    /// [`Cluster::start`] laid out as `shape` says.
+    fn start_shaped(shape: &'static Shape) -> Cluster {
+        let mut c = Cluster::start_daemons(shape);
+        c.ok(&["volume", "create", "v", "--size", "256M", "--pool", "rbd"]);
         c.uri = format!("nbd://{}:{NBD_PORT}/v", c.net.ip("g"));
         let (uri, stop, log) = (c.uri.clone(), c.stop.clone(), c.log.clone());
         c.writer = Some(std::thread::spawn(move || {
@@ -95,9 +125,11 @@ impl Cluster {
 
     /// Starts etcd, the monitors, the OSDs and gateway `g`; returns once
     /// the cluster is healthy and the gateway listens.
-    fn start_daemons() -> Cluster {
-        // o4 stays empty until a scenario adds it.
-        let names = ["m0", "m1", "m2", "o0", "o1", "o2", "o3", "o4", "g", "g2"];
+    fn start_daemons(shape: &'static Shape) -> Cluster {
+        // The last OSD host stays empty until a scenario adds it.
+        let mut names: Vec<String> = ["m0", "m1", "m2", "g", "g2"].map(String::from).to_vec();
+        names.extend((0..=shape.hosts).map(|h| format!("o{h}")));
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let mut net = Net::new(&names);
         let etcd: Vec<String> = (0..3)
             .map(|i| format!("http://{}:2379", net.ip(&format!("m{i}"))))
@@ -125,6 +157,7 @@ impl Cluster {
             uri: String::new(),
             acks: 0,
             fio: None,
+            shape,
         };
         // etcd elects a leader; then the cluster is made.
         let t0 = Instant::now();
@@ -135,23 +168,17 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        for h in 0..OSD_HOSTS {
+        for h in 0..shape.hosts {
             c.init_host(h);
         }
-        c.ok(&[
-            "pool",
-            "create",
-            "rbd",
-            "--pgs",
-            "64",
-            "--failure-domain",
-            "host",
-        ]);
+        let mut pool = vec!["pool", "create", "rbd"];
+        pool.extend(shape.pool);
+        c.ok(&pool);
         for i in 0..3 {
             c.start_mon(i);
         }
-        for h in 0..OSD_HOSTS {
-            for j in 0..OSDS_PER_HOST {
+        for h in 0..shape.hosts {
+            for j in 0..shape.per_host {
                 c.start_osd(h, j);
             }
         }
@@ -174,7 +201,7 @@ impl Cluster {
 
     /// `nacre osd init` for the OSDs of host oH.
     fn init_host(&self, h: usize) {
-        for j in 0..OSDS_PER_HOST {
+        for j in 0..self.shape.per_host {
             let host = format!("o{h}");
             let addr = format!("{}:{}", self.net.ip(&host), 6800 + j);
             let dev = self.dev(h, j);
@@ -266,7 +293,10 @@ impl Cluster {
         let w = self.writer.take().unwrap();
         stop_and_verify(w, &self.stop, &self.log, &self.uri, what);
         let mut names: Vec<String> = vec!["gw".into(), "gw2".into(), "gwo".into()];
-        names.extend((0..=OSD_HOSTS).flat_map(|h| (0..OSDS_PER_HOST).map(move |j| osd_name(h, j))));
+        let per_host = self.shape.per_host;
+        names.extend(
+            (0..=self.shape.hosts).flat_map(|h| (0..per_host).map(move |j| osd_name(h, j))),
+        );
         names.extend((0..3).map(|i| format!("mon{i}")));
         for n in &names {
             if self.net.runs(n) {
@@ -322,7 +352,7 @@ fn healthy_suite() {
     let _one = hosts::ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    let c = Cluster::start_daemons();
+    let c = Cluster::start_daemons(&REPLICATED);
     c.ok(&["volume", "create", "bench", "--size", "1G"]);
     let uri = format!("nbd://{}:{NBD_PORT}/bench", c.net.ip("g"));
     let runtime = std::env::var("NACRE_SUITE_RUNTIME").unwrap_or_else(|_| "20".into());
@@ -772,45 +802,7 @@ fn bytes_flipped_in_an_osd_data_file() {
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     let mut c = Cluster::start();
-    c.net.kill9(&osd_name(0, 0));
-    let dev = c.dev(0, 0);
-    let info = std::process::Command::new(env!("CARGO_BIN_EXE_nacre"))
-        .args([
-            "store",
-            "info",
-            "--path",
-            &dev,
-            "--objects",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(info.status.success(), "{info:?}");
-    let info: serde_json::Value = serde_json::from_slice(&info.stdout).expect("store info");
-    let at: Vec<u64> = (info["objects_listed"].as_array().unwrap().iter())
-        .filter_map(|o| o["data_at"].as_u64())
-        // Fewer than `nacre status` takes for a failing disk (10 repairs).
-        .take(8)
-        .collect();
-    assert_eq!(at.len(), 8, "few objects in blocks: {at:?}");
-    {
-        use std::io::{Read, Seek, SeekFrom, Write};
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&dev)
-            .unwrap();
-        for &a in &at {
-            let mut b = [0u8; 1];
-            f.seek(SeekFrom::Start(a + 5000)).unwrap();
-            f.read_exact(&mut b).unwrap();
-            f.seek(SeekFrom::Start(a + 5000)).unwrap();
-            f.write_all(&[b[0] ^ 0x5a]).unwrap();
-        }
-        f.sync_all().unwrap();
-    }
-    c.start_osd(0, 0);
+    let (info, at) = flip_on_disk(&mut c, 0, 0, 8);
     c.status_until("HEALTH_OK with the OSD back", healthy);
     c.more_acks(100);
     // Before any scrub: reads of the damaged pieces (and of every
@@ -967,4 +959,119 @@ fn host_pauses() {
         println!("{r}");
     }
     c.finish("hosts were killed and cut off");
+}
+
+/// Flips a byte in each of the first `n` objects of OSD `(h, j)`'s data
+/// file (while it is stopped, so that the flips land under it) and
+/// starts it again; what `nacre store info --objects` said of its store,
+/// and where the flipped objects' data is.
+fn flip_on_disk(c: &mut Cluster, h: usize, j: usize, n: usize) -> (serde_json::Value, Vec<u64>) {
+    c.net.kill9(&osd_name(h, j));
+    let dev = c.dev(h, j);
+    let info = std::process::Command::new(env!("CARGO_BIN_EXE_nacre"))
+        .args([
+            "store",
+            "info",
+            "--path",
+            &dev,
+            "--objects",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(info.status.success(), "{info:?}");
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).expect("store info");
+    let at: Vec<u64> = (info["objects_listed"].as_array().unwrap().iter())
+        .filter_map(|o| o["data_at"].as_u64())
+        .take(n)
+        .collect();
+    assert_eq!(at.len(), n, "few objects in blocks: {at:?}");
+    {
+        use std::io::{Read, Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev)
+            .unwrap();
+        for &a in &at {
+            let mut b = [0u8; 1];
+            f.seek(SeekFrom::Start(a + 5000)).unwrap();
+            f.read_exact(&mut b).unwrap();
+            f.seek(SeekFrom::Start(a + 5000)).unwrap();
+            f.write_all(&[b[0] ^ 0x5a]).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    c.start_osd(h, j);
+    (info, at)
+}
+
+/// Issue 11's scenarios on an erasure-coded pool (4+2 by host, seven
+/// hosts of one OSD): the writer and fio's verifier run on a volume of
+/// the pool through every fault in turn — an OSD killed (`kill -9`) and
+/// back, a host cut off the network and back, an OSD marked out (its
+/// shards rebuilt on the seventh host, its old ones deleted) and in
+/// again, bytes flipped in an OSD's data file (reads go around the
+/// damaged shards; a deep scrub rewrites them and a second finds every
+/// stripe coded) — each healed to HEALTH_OK before the next; then
+/// fio's report is clean and every acknowledged byte reads back.
+#[test]
+fn an_ec_pool_through_kills_cuts_moves_and_flips() {
+    let _one = hosts::ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let mut c = Cluster::start_shaped(&EC);
+    let all = EC.hosts as u64;
+    let info: serde_json::Value =
+        serde_json::from_str(&c.ok(&["pool", "info", "rbd", "--format", "json"])).unwrap();
+    assert_eq!(
+        (
+            info["scheme"].as_str(),
+            info["size"].as_u64(),
+            info["min_size"].as_u64()
+        ),
+        (Some("EC 4+2"), Some(6), Some(5)),
+        "{info}"
+    );
+    // An OSD killed: its PGs serve with five shards, and it catches up.
+    c.net.kill9(&osd_name(1, 0));
+    c.status_until("osd down", |s| up(s) == all - 1);
+    c.more_acks(200);
+    c.start_osd(1, 0);
+    c.status_until("HEALTH_OK after the kill", healthy);
+    c.check_now(&[], "after an OSD was killed");
+    // A host cut off the network, then back.
+    c.net.cut("o2");
+    c.status_until("o2's OSD down", |s| up(s) == all - 1);
+    c.more_acks(200);
+    c.net.heal("o2");
+    c.status_until("HEALTH_OK after the cut", healthy);
+    // An OSD marked out: its shards are rebuilt on the others (the
+    // seventh host makes room), then it is marked in again.
+    c.ok(&["osd", "out", "3"]);
+    c.more_acks(200);
+    c.status_until("osd.3 out, every PG clean, its shards deleted", |s| {
+        s["osds"]["out"] == serde_json::json!([3]) && healthy(s) && objects_on(s, 3) == Some(0)
+    });
+    let r = c.deep_scrub_all();
+    assert_eq!(r.inconsistent, 0, "stripes differ after the move: {r:?}");
+    c.ok(&["osd", "in", "3"]);
+    c.status_until("osd.3 in, holding shards, every PG clean", |s| {
+        healthy(s) && objects_on(s, 3).is_some_and(|n| n > 0)
+    });
+    // Bytes flipped in an OSD's data file (fewer than `nacre status`
+    // takes for a failing disk): every acknowledged piece reads back
+    // (shards whose checksum fails are read around), and a deep scrub
+    // rewrites them.
+    flip_on_disk(&mut c, 0, 0, 8);
+    c.status_until("HEALTH_OK with the OSD back", healthy);
+    c.more_acks(100);
+    c.check_now(&[], "reads with damaged shards");
+    let r = c.deep_scrub_all();
+    assert!(r.repaired >= 1, "no damage found: {r:?}");
+    assert_eq!(r.inconsistent, r.repaired, "{r:?}");
+    assert_eq!(c.deep_scrub_all().inconsistent, 0);
+    c.more_acks(100);
+    c.finish("an EC pool through kills, cuts, moves and flips");
 }
