@@ -149,6 +149,14 @@ impl Layout {
         Ok((s1 * UNIT, (s2 - s1 + 1) * UNIT))
     }
 
+    /// Whether `offset..offset + len` covers whole stripes only (each row
+    /// of `k` units it touches, all of it): the parity of those stripes is
+    /// then the code of the new bytes alone, with nothing to read.
+    pub fn whole_stripes(&self, offset: u32, len: u32) -> bool {
+        let row = self.k as u32 * UNIT;
+        len > 0 && offset.is_multiple_of(row) && len.is_multiple_of(row)
+    }
+
     /// The data shards' buffers of a write: for each range of
     /// [`Layout::data_ranges`], the bytes of `data` (written at `offset`
     /// of the object) that go there.
@@ -273,6 +281,29 @@ mod tests {
     /// The codec tests' generator (xorshift).
     fn bytes(seed: u64, n: usize) -> Vec<u8> {
         crate::tests::chunk(0, n, seed)
+    }
+
+    /// A write of whole stripes: its parity range is the stripes it
+    /// writes, and the delta over zeros is the parity the code gives the
+    /// new bytes (what a shard must hold there, whatever was before).
+    #[test]
+    fn a_write_of_whole_stripes_needs_no_old_bytes() {
+        let l = Layout::new(4, 2, 32 << 10).unwrap();
+        let codec = Codec::new(4, 2).unwrap();
+        assert!(l.whole_stripes(0, 16384) && l.whole_stripes(16384, 32768));
+        assert!(!l.whole_stripes(4096, 16384) && !l.whole_stripes(0, 12288));
+        assert!(!l.whole_stripes(0, 0));
+        let object = bytes(3, l.object_bytes() as usize);
+        let shards = l.split(&codec, &object).unwrap();
+        let (off, len) = (16384u32, 32768u32);
+        assert_eq!(l.parity_range(off, len).unwrap(), (4096, 8192));
+        let new = &object[off as usize..(off + len) as usize];
+        let parity = l
+            .parity_delta(&codec, off, &vec![0; len as usize], new)
+            .unwrap();
+        for (j, p) in parity.iter().enumerate() {
+            assert_eq!(&p[..], &shards[4 + j][4096..4096 + 8192], "parity {j}");
+        }
     }
 
     /// Units go round the data shards; a shard's units are consecutive

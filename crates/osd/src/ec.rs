@@ -61,6 +61,17 @@ pub(crate) struct Scheme {
     pub codec: Codec,
 }
 
+/// A PG's committed writes whose shards are still to be told
+/// ([`Osd::queue_commit`]).
+#[derive(Default)]
+pub(crate) struct Commits {
+    epoch: u64,
+    to: Vec<u32>,
+    writes: Vec<(ObjectId, u64)>,
+    /// A task is sending them.
+    sending: bool,
+}
+
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// The code and layout of pool `pool`, if it is erasure-coded (made
     /// once per pool).
@@ -620,13 +631,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 else {
                     return Status::Invalid;
                 };
-                // What the range holds now: the parity delta needs it.
-                let mut read = *h;
-                (read.op, read.length, read.payload_len, read.payload_crc) = (Op::Read, len, 0, 0);
-                let old = match self.ec_read(&read).await {
-                    Ok(b) => b,
-                    Err(Status::NotFound) => AlignedBuf::zeroed(len as usize),
-                    Err(s) => return s,
+                // What the range holds now: the parity delta needs it —
+                // but for whole stripes, whose parity is the new bytes'
+                // code alone (a delta over zeros, written over the old
+                // parity rather than XORed into it).
+                let whole = l.whole_stripes(offset, len);
+                let old = if whole {
+                    AlignedBuf::zeroed(len as usize)
+                } else {
+                    let mut read = *h;
+                    (read.op, read.length, read.payload_len, read.payload_crc) =
+                        (Op::Read, len, 0, 0);
+                    match self.ec_read(&read).await {
+                        Ok(b) => b,
+                        Err(Status::NotFound) => AlignedBuf::zeroed(len as usize),
+                        Err(s) => return s,
+                    }
                 };
                 let Ok(delta) = l.parity_delta(&scheme.codec, offset, &old, &new) else {
                     return Status::Invalid;
@@ -647,7 +667,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                             AlignedBuf::from_slice(b)
                         })
                     } else {
-                        (sub.offset, sub.length, sub.xor) = (p0, plen, true);
+                        (sub.offset, sub.length, sub.xor) = (p0, plen, !whole);
                         Some(AlignedBuf::from_slice(&delta[s - k]))
                     };
                     if let Some(p) = &payload {
@@ -681,17 +701,54 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             // replaced (sent now, not with the next write: a shard's room
             // for undos waits for releases).
             let to = up.iter().map(|&(_, o)| o).collect();
-            rt::spawn(
-                self.clone()
-                    .commit_shards(h.pg_id(), to, vec![(h.oid, version)]),
-            );
+            self.queue_commit(h.pg_id(), h.epoch, to, (h.oid, version));
         }
         status
     }
 
-    /// Tells the shards on OSDs `to` that `writes` committed.
-    async fn commit_shards(self: Rc<Self>, pg: PgId, to: Vec<u32>, writes: Vec<(ObjectId, u64)>) {
-        let epoch = self.epoch();
+    /// Queues the commit of write `w` of PG `pg` in `epoch` for its
+    /// shards (on OSDs `to`): sent at once, or, while a commit of the PG
+    /// is on its way, with the others that queue meanwhile (one message
+    /// per shard for many writes under load, none waiting at QD1).
+    fn queue_commit(self: &Rc<Self>, pg: PgId, epoch: u64, to: Vec<u32>, w: (ObjectId, u64)) {
+        let mut all = self.commits.borrow_mut();
+        let c = all.entry(pg).or_default();
+        if c.epoch != epoch {
+            // Those of an earlier epoch: its peering released them.
+            (c.epoch, c.to) = (epoch, to);
+            c.writes.clear();
+        }
+        c.writes.push(w);
+        if !c.sending {
+            c.sending = true;
+            rt::spawn(self.clone().send_commits(pg));
+        }
+    }
+
+    /// Sends PG `pg`'s queued commits until none is left.
+    async fn send_commits(self: Rc<Self>, pg: PgId) {
+        loop {
+            let (epoch, to, writes) = {
+                let mut all = self.commits.borrow_mut();
+                let c = all.get_mut(&pg).expect("queued");
+                if c.writes.is_empty() {
+                    c.sending = false;
+                    return;
+                }
+                (c.epoch, c.to.clone(), std::mem::take(&mut c.writes))
+            };
+            self.clone().commit_shards(pg, epoch, to, writes).await;
+        }
+    }
+
+    /// Tells the shards on OSDs `to` that `writes` of `epoch` committed.
+    async fn commit_shards(
+        self: Rc<Self>,
+        pg: PgId,
+        epoch: u64,
+        to: Vec<u32>,
+        writes: Vec<(ObjectId, u64)>,
+    ) {
         for chunk in
             writes.chunks(nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize / SHARD_COMMIT_ENTRY_BYTES)
         {
@@ -706,10 +763,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let mut h = Header::request(Op::ShardCommit, 0, chunk[0].0.whole()).with_pg(pg);
             (h.epoch, h.sender) = (epoch, self.id);
             let h = h.with_payload(&body);
-            for &o in &to {
-                let (s, _, _) = (self.clone())
-                    .shard_call(o, h, Some(AlignedBuf::from_slice(&body)))
-                    .await;
+            let calls: Vec<_> = (to.iter())
+                .map(|&o| {
+                    let body = Some(AlignedBuf::from_slice(&body));
+                    (o, rt::spawn(self.clone().shard_call(o, h, body)))
+                })
+                .collect();
+            for (o, call) in calls {
+                let (s, _, _) = call.await;
                 if s != Status::Ok {
                     // The next peering releases what is left.
                     tracing::debug!("osd.{}: commit to osd.{o} of PG {pg}: {s:?}", self.id);
@@ -1150,7 +1211,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let to: Vec<u32> = up.iter().map(|&(_, o)| o).collect();
         if !undos.is_empty() {
             (self.clone())
-                .commit_shards(pg, to, undos.into_iter().collect())
+                .commit_shards(pg, epoch, to, undos.into_iter().collect())
                 .await;
         }
         Ok(())

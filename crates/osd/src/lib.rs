@@ -235,6 +235,8 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     scrub_reports: RefCell<BTreeMap<u64, ScrubReport>>,
     /// Per erasure-coded pool, its code and layout (`ec.rs`).
     schemes: RefCell<HashMap<u32, Rc<ec::Scheme>>>,
+    /// Per erasure-coded PG, the commits its shards are still to hear.
+    commits: RefCell<HashMap<PgId, ec::Commits>>,
     pub stats: OsdStats,
 }
 
@@ -522,6 +524,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             scrub_asked: RefCell::new(Vec::new()),
             scrub_reports: RefCell::new(BTreeMap::new()),
             schemes: RefCell::new(HashMap::new()),
+            commits: RefCell::new(HashMap::new()),
             stats,
         })
     }
