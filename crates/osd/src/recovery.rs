@@ -71,7 +71,8 @@ pub(crate) struct Want {
 /// The recovery of one PG this OSD is primary of, in one epoch.
 pub(crate) struct Recovery {
     pub epoch: u64,
-    /// The complete member objects are read from.
+    /// The complete member objects are read from (an EC PG's plan reads
+    /// `k` of `ec`'s sources instead; this OSD there).
     pub source: u32,
     pub wants: BTreeMap<ObjectId, Want>,
     /// Per incomplete copy: the objects it still lacks, and the log sync

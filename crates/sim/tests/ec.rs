@@ -1112,6 +1112,16 @@ fn a_stale_shard_is_rebuilt_in_the_background_while_its_pgs_serve() {
         c.start(victim).await;
         let rebuilding = all_active(&c, "with osd.2 back").await;
         assert!(rebuilding > 0, "no PG served before its rebuild ended");
+        // The leader records the stale shard as an incomplete member of
+        // each interval still rebuilding it.
+        let m = c.leader.map();
+        for pg in m.pgs() {
+            let p = m.primary(pg).and_then(|p| c.osd(p)).unwrap();
+            if p.pg_recovering(pg) {
+                let i = m.last_active(pg).expect("active");
+                assert_eq!(i.incomplete, vec![victim], "PG {pg}: {i:?}");
+            }
+        }
         check_all_reads(&c, &model, "while rebuilding").await;
         check_listed(&c, &model, "while rebuilding").await;
         // Deletes of objects still to rebuild: taken from the plan.
