@@ -739,6 +739,15 @@ impl Cluster {
         m.placement(pg).to_vec()
     }
 
+    /// A scrub of PG `pg` by its primary (`deep`: every copy read), which
+    /// must run to its end; what it found.
+    pub async fn scrubbed(&self, pg: PgId, deep: bool) -> nacre_osd::ScrubReport {
+        let primary = self.leader.map().primary(pg).expect("a primary");
+        let r = self.osd(primary).expect("up").scrub_pg(pg, deep).await;
+        assert_eq!(r.error, None, "{r:?}");
+        r
+    }
+
     /// Whether the shards of `oid` (of an erasure-coded pool) on the OSDs
     /// of its row are the layout's split of `want`, the whole object, with
     /// the parity its code (an absent shard reads as zeros); where not,

@@ -929,15 +929,6 @@ fn an_ec_pg_lists_its_objects_and_takes_conditional_deletes() {
     });
 }
 
-/// Scrubs PG `pg` on its primary, which must cover the whole PG; the
-/// report.
-async fn scrubbed(c: &Cluster, pg: nacre_types::PgId, deep: bool) -> nacre_osd::ScrubReport {
-    let primary = c.leader.map().primary(pg).unwrap();
-    let r = c.osd(primary).unwrap().scrub_pg(pg, deep).await;
-    assert_eq!(r.error, None, "{r:?}");
-    r
-}
-
 /// Scrub of an EC PG. A light scrub (the shards' versions) finds an
 /// object a parity shard lost, one both parity shards lost (its data
 /// kept, the parity rebuilt), and a shard a delete left behind; a
@@ -997,7 +988,7 @@ fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
             osd(slot).store().delete(name, v + 1).await.unwrap();
         }
 
-        let light = scrubbed(&c, pg, false).await;
+        let light = c.scrubbed(pg, false).await;
         assert_eq!(light.objects, 6, "{light:?}");
         assert_eq!(
             (light.inconsistent, light.repaired, light.unrepaired),
@@ -1017,7 +1008,7 @@ fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
             None,
             "D's leftover deleted"
         );
-        let deep = scrubbed(&c, pg, true).await;
+        let deep = c.scrubbed(pg, true).await;
         assert_eq!(
             (deep.inconsistent, deep.repaired, deep.unrepaired),
             (2, 2, 0),
@@ -1026,7 +1017,7 @@ fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
         let said = deep.findings.join("\n");
         assert!(said.contains("shard 1: its checksums failed"), "{said}");
         assert!(said.contains("shard 4 disagrees with the others"), "{said}");
-        let again = scrubbed(&c, pg, true).await;
+        let again = c.scrubbed(pg, true).await;
         assert_eq!((again.objects, again.inconsistent), (5, 0), "{again:?}");
         check_all(&c, &model, "after the scrub's repairs").await;
         // E: two shards silently wrong.
@@ -1037,7 +1028,7 @@ fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
             let other = AlignedBuf::from_slice(&vec![slot as u8 + 1; OBJECT_BYTES as usize]);
             osd(slot).store().repair(name, v, other).await.unwrap();
         }
-        let deep = scrubbed(&c, pg, true).await;
+        let deep = c.scrubbed(pg, true).await;
         assert_eq!(
             (deep.inconsistent, deep.repaired, deep.unrepaired),
             (1, 0, 1),
@@ -1234,7 +1225,7 @@ fn a_damaged_shard_is_read_around() {
         c.start(row[3]).await;
         c.settle(SETTLE).await.unwrap();
         assert!(read(&c, a, 0, ob).await == model[&a], "after the rebuild");
-        let deep = scrubbed(&c, pg, true).await;
+        let deep = c.scrubbed(pg, true).await;
         assert_eq!((deep.inconsistent, deep.repaired), (1, 1), "{deep:?}");
         check_all(&c, &model, "after the scrub").await;
     });

@@ -942,15 +942,6 @@ fn a_damaged_primary_copy_is_read_from_another_and_repaired() {
     });
 }
 
-/// Scrubs PG `pg` on its primary and checks that it covered the whole
-/// PG; the report.
-async fn scrubbed(c: &Cluster, pg: PgId, deep: bool) -> nacre_osd::ScrubReport {
-    let primary = c.leader.map().primary(pg).unwrap();
-    let r = c.osd(primary).unwrap().scrub_pg(pg, deep).await;
-    assert_eq!(r.error, None, "{r:?}");
-    r
-}
-
 /// A deep scrub reads every copy: a replica's copy with a flipped bit is
 /// found and rewritten in place from another copy at the same version
 /// (the replica counts it damaged and repaired, so no health check stays
@@ -968,8 +959,8 @@ fn deep_scrub_finds_a_damaged_replica_copy_and_repairs_it() {
         let oid = oids[3];
         let (pg, acting) = c.route(oid);
         damage(&c, acting[1], oid).await;
-        assert_eq!(scrubbed(&c, pg, false).await.inconsistent, 0);
-        let r = scrubbed(&c, pg, true).await;
+        assert_eq!(c.scrubbed(pg, false).await.inconsistent, 0);
+        let r = c.scrubbed(pg, true).await;
         let in_pg = oids.iter().filter(|&&o| c.route(o).0 == pg).count() as u64;
         assert_eq!(r.objects, in_pg);
         assert_eq!(
@@ -985,7 +976,7 @@ fn deep_scrub_finds_a_damaged_replica_copy_and_repairs_it() {
             let got = s.store().read(oid, 0, OBJECT_BYTES).await.unwrap();
             assert_eq!(&got[..], &data[3][..], "osd.{id}");
         }
-        assert_eq!(scrubbed(&c, pg, true).await.inconsistent, 0);
+        assert_eq!(c.scrubbed(pg, true).await.inconsistent, 0);
         for (k, &oid) in oids.iter().enumerate() {
             assert_eq!(read(&c, oid).await.as_ref(), Some(&data[k]), "{oid}");
         }
@@ -1034,12 +1025,12 @@ fn scrub_makes_copies_that_differ_silently_agree_with_the_majority() {
         let junk = AlignedBuf::from_slice(&vec![0x77; OBJECT_BYTES as usize]);
         b.store().write(stray, 1, 0, junk).await.unwrap();
 
-        let light = scrubbed(&c, pg, false).await;
+        let light = c.scrubbed(pg, false).await;
         assert_eq!((light.inconsistent, light.repaired), (2, 2), "{light:?}");
         assert_eq!(b.store().version(stray), None);
-        let deep = scrubbed(&c, pg, true).await;
+        let deep = c.scrubbed(pg, true).await;
         assert_eq!((deep.inconsistent, deep.repaired), (1, 1), "{deep:?}");
-        assert_eq!(scrubbed(&c, pg, true).await.inconsistent, 0);
+        assert_eq!(c.scrubbed(pg, true).await.inconsistent, 0);
         for &id in &acting {
             let s = c.osd(id).unwrap();
             for &k in &mine {
@@ -1288,5 +1279,35 @@ fn a_cut_lists_what_every_pg_holds_and_spares_what_was_written_since() {
         }
         c.settle(SETTLE).await.unwrap();
         c.stop();
+    });
+}
+
+/// A client op naming client 0 — the mark of the OSDs' own rewrites and
+/// of a peering's rollbacks in the PG logs — is refused (`Invalid`) and
+/// changes nothing: a write creates no object, a delete leaves one
+/// standing.
+#[test]
+fn a_client_op_as_client_zero_is_refused() {
+    rt::block_on_virtual(async {
+        let c = cluster(31).await;
+        let oid = c.object(1);
+        let as_zero = |op: Op, request: u64| {
+            let data = [0x42u8; 4096];
+            let mut h = Header::request(op, request, oid);
+            if op == Op::Write {
+                h = h.with_payload(&data);
+                h.length = data.len() as u32;
+            }
+            h.client = 0;
+            (h, (op == Op::Write).then(|| AlignedBuf::from_slice(&data)))
+        };
+        let (h, d) = as_zero(Op::Write, 1);
+        assert_eq!(c.call(h, d).await.unwrap().h.status, Status::Invalid);
+        assert_eq!(read(&c, oid).await, None, "a write as client 0 landed");
+        put(&c, oid, 2, 7).await;
+        let (h, d) = as_zero(Op::Delete, 3);
+        assert_eq!(c.call(h, d).await.unwrap().h.status, Status::Invalid);
+        let got = read(&c, oid).await.expect("a delete as client 0 landed");
+        assert!(got[..4096].iter().all(|&b| b == 7));
     });
 }
