@@ -1110,6 +1110,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let now_count = target.saturating_sub(complete.len()).min(plans.len());
         let later_plans = plans.split_off(now_count);
         let from: Vec<(usize, u32)> = sources.iter().map(|m| (m.slot, m.osd)).collect();
+        // Each object's newest entry in the holders' log (entries in
+        // version order: the last one kept).
+        let newest: BTreeMap<ObjectId, LogEntry> =
+            auth.entries.values().map(|e| (e.oid, *e)).collect();
         for (x, _, expect, _) in &plans {
             tracing::info!(
                 "osd.{}: PG {pg}: rebuilding {} objects of shard {} on osd.{}",
@@ -1119,8 +1123,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 x.osd
             );
             for (&oid, &v) in expect {
-                let newest = (auth.entries.values().rev()).find(|e| e.oid == oid);
-                let to = (x.slot, x.osd);
+                let (to, newest) = ((x.slot, x.osd), newest.get(&oid));
                 (self.rebuild_shard(pg, epoch, &scheme, oid, to, &from, newest, v)).await?;
             }
         }
@@ -1158,7 +1161,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 .await?;
             for (&oid, &v) in &expect {
                 let w = wants.entry(oid).or_insert_with(|| {
-                    let newest = (auth.entries.values().rev()).find(|e| e.oid == oid);
+                    let newest = newest.get(&oid);
                     crate::recovery::Want {
                         version: newest.map_or(0, |e| e.version),
                         entry: newest.copied(),

@@ -1333,8 +1333,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // object written since alone, and creates none. (An EC PG's
         // object's version is its shards' newest: ec.rs.)
         if h.obj_version != 0 {
-            let cur = match self.scheme(h.pool) {
-                Some(_) => {
+            let cur = match ec {
+                true => {
                     let v = match self.ec_version(h).await {
                         Ok(v) => v,
                         Err(s) => return (s, 0),
@@ -1346,7 +1346,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     }
                     v
                 }
-                None => self.store.version(oid),
+                false => self.store.version(oid),
             };
             match cur {
                 None => return (Status::NotFound, 0),
@@ -1393,7 +1393,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             tracing::error!("osd.{}: {why}", self.id);
             return (Status::Unavailable, 0);
         }
-        let status = if self.scheme(h.pool).is_some() {
+        let status = if ec {
             self.ec_update(h, version, data).await
         } else {
             let acting = self.map.borrow().acting(h.pg_id());
