@@ -316,6 +316,13 @@ impl<D: BlockDev + 'static> Store<D> {
         Err(Error::Busy(format!("the undo of {oid} kept moving")))
     }
 
+    /// Whether `oid` is settled: no op on it in flight and no undo held
+    /// (every write of it that landed here committed).
+    pub fn settled(&self, oid: ObjectId) -> bool {
+        let st = self.0.st.borrow();
+        !st.inflight.contains_key(&oid) && !st.undos.held.contains_key(&oid)
+    }
+
     /// The objects holding an undo, with its version, sorted.
     pub fn undos(&self) -> Vec<(ObjectId, u64)> {
         let st = self.0.st.borrow();

@@ -35,6 +35,11 @@ use nacre_wire::{Header, Op, Status};
 /// How long `Cluster::osd_stats` waits for one OSD's answer.
 pub const STAT_TIMEOUT_MS: u64 = 2_000;
 
+/// How long a read sent straight to the OSD of an EC data shard waits
+/// before the primary is asked instead (an OSD the map does not yet show
+/// down may not answer at all).
+const DIRECT_READ_TIMEOUT_MS: u64 = 1_000;
+
 /// Pause before the second attempt of an op; it doubles up to the next,
 /// or for an op carrying at most `RETRY_SMALL_BYTES` (a read, a small
 /// write: cheap to send again) up to `RETRY_DELAY_MAX_SMALL`, so that
@@ -101,6 +106,9 @@ pub struct Cluster {
     /// Why the feed's last load failed, until an op reports it.
     map_error: RefCell<Option<String>>,
     conns: RefCell<HashMap<u32, Rc<Conn>>>,
+    /// Those of reads sent straight to EC data shards
+    /// ([`Cluster::direct_read`]), with a short deadline.
+    direct_conns: RefCell<HashMap<u32, Rc<Conn>>>,
     client_id: u64,
     next_request: Cell<u64>,
 }
@@ -136,6 +144,7 @@ impl Cluster {
             feed,
             map_error: RefCell::new(None),
             conns: RefCell::new(HashMap::new()),
+            direct_conns: RefCell::new(HashMap::new()),
             // Not 0: the OSDs' own rewrites log as client 0.
             client_id: (random_u64() & !(1 << 63)).max(1),
             next_request: Cell::new(1),
@@ -207,7 +216,18 @@ impl Cluster {
     }
 
     fn conn(&self, osd: u32) -> Result<Rc<Conn>> {
-        if let Some(c) = self.conns.borrow().get(&osd) {
+        self.conn_in(&self.conns, osd, None)
+    }
+
+    /// The connection to OSD `osd` in `conns`, made if there is none (or
+    /// it closed), its requests' deadline `timeout` (`None`: the default).
+    fn conn_in(
+        &self,
+        conns: &RefCell<HashMap<u32, Rc<Conn>>>,
+        osd: u32,
+        timeout: Option<Duration>,
+    ) -> Result<Rc<Conn>> {
+        if let Some(c) = conns.borrow().get(&osd) {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
@@ -221,10 +241,67 @@ impl Cluster {
                 .parse()
                 .map_err(|e| ClientError::Unavailable(format!("osd.{osd} address: {e}")))?
         };
-        let c = Conn::connect(&addr)
-            .map_err(|e| ClientError::Unavailable(format!("osd.{osd}: {e}")))?;
-        self.conns.borrow_mut().insert(osd, c.clone());
+        let c = match timeout {
+            Some(t) => Conn::connect_with_timeout(&addr, t),
+            None => Conn::connect(&addr),
+        };
+        let c = c.map_err(|e| ClientError::Unavailable(format!("osd.{osd}: {e}")))?;
+        conns.borrow_mut().insert(osd, c.clone());
         Ok(c)
+    }
+
+    /// A read of `len` bytes at `offset` of `oid` sent straight to the OSD
+    /// holding the one data shard of an erasure-coded pool's object the
+    /// range lies in (`Op::DirectRead`), saving the primary's hop: the
+    /// bytes (`None`: the range was never written), or, where that does
+    /// not apply (a replicated pool, a range over several shards, the
+    /// shard's OSD down or the primary itself) or the OSD refused or did
+    /// not answer in time, nothing, and the caller asks the primary. One
+    /// attempt, no retry.
+    async fn direct_read(
+        &self,
+        oid: ObjectId,
+        offset: u32,
+        len: u32,
+    ) -> Option<Option<AlignedBuf>> {
+        self.adopt_map();
+        let (osd, h) = {
+            let m = self.map.borrow();
+            let pool = m.pool(oid.pool())?;
+            let ec = pool.ec?;
+            let layout =
+                nacre_ec::Layout::new(ec.k.into(), ec.m.into(), pool.shard_bytes()).ok()?;
+            let ranges = layout.data_ranges(offset, len).ok()?;
+            let [r] = ranges[..] else {
+                return None;
+            };
+            let t = m.table(oid.pool())?;
+            let pg = PgId::of(oid, t.pg_count());
+            let osd = *t.placement(pg.pg).get(r.shard)?;
+            let down = &m.state.down;
+            if down.contains(&osd) || t.primary(pg.pg, down) == Some(osd) {
+                return None;
+            }
+            let mut h = Header::request(Op::DirectRead, 0, oid).with_pg(pg);
+            (h.offset, h.length, h.epoch, h.client) = (offset, len, m.epoch(), self.client_id);
+            (osd, h)
+        };
+        // Connections of their own, with a short deadline (a timer per
+        // read would cost more than the hop saved).
+        let d = Duration::from_millis(DIRECT_READ_TIMEOUT_MS);
+        let conn = self.conn_in(&self.direct_conns, osd, Some(d)).ok()?;
+        match conn.call(h, None).await {
+            Ok(f) if f.h.status == Status::Ok => match f.payload {
+                Some(b) if b.len() == len as usize => Some(Some(b)),
+                _ => None,
+            },
+            Ok(f) if f.h.status == Status::NotFound => Some(None),
+            Ok(_) => None,
+            Err(_) => {
+                self.direct_conns.borrow_mut().remove(&osd);
+                None
+            }
+        }
     }
 
     /// Sends `h` (for an object of `pool`) to the primary, with retries;
@@ -509,6 +586,9 @@ impl Volume {
     }
 
     async fn read_piece(&self, p: Piece) -> Result<Option<AlignedBuf>> {
+        if let Some(got) = (self.cluster.direct_read(self.oid(p.block), p.offset, p.len)).await {
+            return Ok(got);
+        }
         let mut h = Header::request(Op::Read, 0, self.oid(p.block));
         h.offset = p.offset;
         h.length = p.len;

@@ -192,6 +192,113 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
+    /// `Op::DirectRead`: a client's read of a range of one data shard,
+    /// answered by this shard alone only where the primary's read would
+    /// return the same bytes (docs/internals/ec.md *Reading a shard
+    /// directly*): in this OSD's epoch, at this OSD's slot, named complete
+    /// by the primary in this epoch, under the read lease (the leader
+    /// records no later interval before a lease given in an older epoch
+    /// ended), the PG's log not marked recovering, and the object settled
+    /// before and after the read (a write that landed here and is not
+    /// committed on every shard could still be rolled back). Anything
+    /// else is refused, and the client asks the primary.
+    pub(crate) async fn answer_direct_read(
+        self: &Rc<Self>,
+        h: &Header,
+    ) -> Result<AlignedBuf, Status> {
+        let scheme = self.scheme(h.pool).ok_or(Status::Invalid)?;
+        let pg = h.pg_id();
+        {
+            let m = self.map.borrow();
+            if m.pg_of(h.oid) != Some(pg) || h.oid.shard_index().is_some() {
+                return Err(Status::Invalid);
+            }
+            if h.epoch != m.epoch() {
+                return Err(Status::StaleEpoch);
+            }
+        }
+        let ranges =
+            (scheme.layout.data_ranges(h.offset, h.length)).map_err(|_| Status::Invalid)?;
+        let [r] = ranges[..] else {
+            return Err(Status::Invalid);
+        };
+        if self.slot(pg) != Some(r.shard as u8) || !self.map.borrow().is_acting(pg, self.id) {
+            return Err(Status::Invalid);
+        }
+        let soid = h.oid.shard(r.shard as u8);
+        let may = || {
+            self.epoch() == h.epoch
+                && self.serving.borrow().get(&pg) == Some(&h.epoch)
+                && self.holds_read_lease()
+                && !self.store.pg_recovering(pg.key())
+                && self.store.settled(soid)
+        };
+        if !may() {
+            return Err(Status::Unavailable);
+        }
+        let read = self.store.read(soid, r.offset, r.len).await;
+        if !may() {
+            return Err(Status::Unavailable);
+        }
+        read.map_err(|e| {
+            // The primary reads around a damaged shard; a scrub rewrites it.
+            self.note_damage(soid, &e);
+            status_of(&e)
+        })
+    }
+
+    /// `Op::ShardActive`: the primary names this shard complete in its
+    /// epoch, which must be this OSD's; direct reads of it are answered
+    /// until the epoch moves.
+    pub(crate) async fn answer_shard_active(self: &Rc<Self>, h: &Header) -> Status {
+        if let Some(s) = self.check_peer_op(h).await {
+            return s;
+        }
+        let pg = h.pg_id();
+        if self.scheme(pg.pool).is_none()
+            || self.slot(pg).is_none()
+            || !self.map.borrow().is_acting(pg, self.id)
+        {
+            return Status::Invalid;
+        }
+        if self.store.pg_recovering(pg.key()) {
+            // Not complete after all (the primary's view is older).
+            return Status::Unavailable;
+        }
+        self.serving.borrow_mut().insert(pg, h.epoch);
+        Status::Ok
+    }
+
+    /// Names the complete shards of active EC PG `pg` (every member of the
+    /// acting set but `incomplete` and this primary) to themselves, so
+    /// that they answer direct reads in `epoch`; in the background, once
+    /// each (one not told serves none: its clients ask the primary).
+    pub(crate) fn grant_direct_reads(self: &Rc<Self>, pg: PgId, epoch: u64, incomplete: &[u32]) {
+        if self.scheme(pg.pool).is_none() {
+            return;
+        }
+        let to: Vec<u32> = (self.map.borrow().acting(pg).into_iter())
+            .filter(|o| *o != self.id && !incomplete.contains(o))
+            .collect();
+        for o in to {
+            let mut h = Header::request(Op::ShardActive, 0, ObjectId::default());
+            h = h.with_pg(pg);
+            (h.epoch, h.sender) = (epoch, self.id);
+            let me = self.clone();
+            rt::spawn(async move {
+                if let Ok(f) = me.call_osd(o, h, None).await {
+                    if f.h.status != Status::Ok {
+                        tracing::debug!(
+                            "osd.{}: PG {pg}: osd.{o} takes no direct reads in epoch {epoch}: {:?}",
+                            me.id,
+                            f.h.status
+                        );
+                    }
+                }
+            });
+        }
+    }
+
     /// The log entry of shard op `h` (at its `obj_version`).
     fn shard_entry(h: &Header) -> LogEntry {
         LogEntry {
@@ -944,6 +1051,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let mut moved: Vec<Member> = Vec::with_capacity(away.len());
         // Every shard's undos, by object (whole), the newest version.
         let mut undos: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        // Those that answered, in this epoch (for the leader: they serve
+        // no read of an older one).
+        let mut heard: Vec<u32> = Vec::new();
         for (id, _, r) in self.query_each(pg, epoch, asks).await {
             let i = match r {
                 Ok(i) => i,
@@ -951,6 +1061,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 Err(_) if !row.contains(&id) => continue,
                 Err(why) => return Err(PeerError::Retry(why)),
             };
+            heard.push(id);
             if let Some(&(slot, _)) = away.iter().find(|&&(_, o)| o == id) {
                 moved.push(Member {
                     slot,
@@ -1181,7 +1292,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let incomplete: Vec<u32> = left.keys().copied().collect();
         let clean = self.map.borrow().whole(pg) && incomplete.is_empty();
-        self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
+        let ev = PgEvent::Active {
+            clean,
+            incomplete: incomplete.clone(),
+            heard,
+        };
+        self.report(pg, epoch, &ev)
             .await
             .map_err(PeerError::Retry)?;
         // A peering of a later epoch may have run while the report was
@@ -1190,6 +1306,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Err(PeerError::Retry("the epoch moved".into()));
         }
         self.done.borrow_mut().insert(pg, ReqCache::of_log(&auth));
+        self.grant_direct_reads(pg, epoch, &incomplete);
         if !left.is_empty() {
             let total = left.values().map(|(n, _)| n).sum();
             self.keep_plan(

@@ -19,6 +19,12 @@
 //!   durably, before the primary takes a write; the primary reports again
 //!   as members finish. The next peering needs an answer from one of its
 //!   complete members.
+//! - Read leases are tied to epochs: a heartbeat naming an epoch older
+//!   than the newest a PG went active in gets no lease, and the first
+//!   record of a PG's interval waits until every member of its last active
+//!   interval that did not answer the new peering (it may not have heard
+//!   of the new epoch, and could serve reads in the old one: a primary, or
+//!   an EC shard read directly) holds no lease granted in an older epoch.
 //!
 //! Every change is persisted (`persist`, the meta store in `nacre up`)
 //! before anyone hears of it, then pushed to every up OSD; an OSD that
@@ -42,6 +48,10 @@ use crate::map::{OsdMap, PgEvent, PoolChange};
 /// members are complete, all in one epoch.
 pub const TEMP_SETTLE_MS: u64 = 2_000;
 
+/// Added to the end of a lease the leader waits out (`leases_end`): the
+/// OSD measures it on its own clock, whose rate may differ a little.
+const LEASE_MARGIN_MS: u64 = 100;
+
 /// Stores a map durably; an error refuses the change.
 pub type Persist = Box<dyn Fn(&OsdMap) -> Result<(), String>>;
 /// Computes a pool's PG table (OSD ids, `size` per PG, and an
@@ -56,6 +66,15 @@ pub struct Leader<T: Transport> {
     persist: Persist,
     /// When each up OSD last answered a heartbeat (or booted).
     heard: RefCell<HashMap<u32, Duration>>,
+    /// The read lease last granted to each OSD: the epoch its heartbeat
+    /// (or boot) named, and when the lease ends on this leader's clock —
+    /// counted from the heartbeat's arrival, which is after its sending,
+    /// so never before the OSD's own end.
+    leases: RefCell<HashMap<u32, (u64, Duration)>>,
+    /// A heartbeat naming an epoch below this gets no lease: some PG went
+    /// active in it (or is being recorded active), and an OSD still in an
+    /// older epoch might serve reads of an interval that ended.
+    fence: Cell<u64>,
     conns: RefCell<HashMap<u32, Rc<T::Conn>>>,
     stopped: Cell<bool>,
     /// How PG tables are recomputed when an OSD is marked out or in (none:
@@ -152,11 +171,16 @@ impl<T: Transport> Leader<T> {
         map.stores.clear();
         map.cluster.epoch += 1;
         persist(&map)?;
+        let fence = map.cluster.epoch;
         Ok(Rc::new(Leader {
             transport,
             map: RefCell::new(map),
             persist,
             heard: RefCell::new(HashMap::new()),
+            // Leases granted in earlier epochs are the predecessor's
+            // (`hold_events_until`); this one grants none below its own.
+            leases: RefCell::new(HashMap::new()),
+            fence: Cell::new(fence),
             conns: RefCell::new(HashMap::new()),
             stopped: Cell::new(false),
             placer: RefCell::new(None),
@@ -623,6 +647,37 @@ impl<T: Transport> Leader<T> {
         left.unwrap_or(0).min(full) as u32
     }
 
+    /// The lease (milliseconds, [`Leader::read_lease_ms`]) for OSD `id`'s
+    /// heartbeat or boot that named epoch `named`, noted: none below the
+    /// fence (the OSD learns the newer epoch from the answer and asks
+    /// again with it).
+    fn grant_lease(&self, id: u32, named: u64) -> u32 {
+        if named < self.fence.get() {
+            return 0;
+        }
+        let ms = self.read_lease_ms();
+        if ms > 0 {
+            let until = rt::monotonic() + Duration::from_millis(u64::from(ms));
+            self.leases.borrow_mut().insert(id, (named, until));
+        }
+        ms
+    }
+
+    /// When every lease that may let one of `osds` serve reads in an epoch
+    /// before `epoch` has ended (with a margin for clock rates): each
+    /// one's last lease, if it was granted for an older epoch (an OSD's
+    /// epochs only rise, so one granted in `epoch` or later means it
+    /// serves no older epoch again). From now on no such lease is granted.
+    fn leases_end(&self, epoch: u64, osds: impl Iterator<Item = u32>) -> Duration {
+        self.fence.set(self.fence.get().max(epoch));
+        let leases = self.leases.borrow();
+        (osds.filter_map(|o| leases.get(&o)))
+            .filter(|(named, _)| *named < epoch)
+            .map(|(_, until)| *until + Duration::from_millis(LEASE_MARGIN_MS))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    }
+
     /// Stores the intervals of the PGs that went active since the last
     /// call, in one `persist` (a PG event each would be a meta-store
     /// write each: a thousand PGs peering at once held this thread for
@@ -842,7 +897,11 @@ impl<T: Transport> Leader<T> {
             return Status::Ok;
         }
         match self.mark_down(&format!("osd.{id} marked down (its process exited)"), &[id]) {
-            Ok(_) => Status::Ok,
+            Ok(_) => {
+                // A process that exited serves nothing.
+                self.leases.borrow_mut().remove(&id);
+                Status::Ok
+            }
             Err(s) => s,
         }
     }
@@ -911,11 +970,43 @@ impl<T: Transport> Leader<T> {
             return Status::NotPrimary;
         }
         match ev {
-            PgEvent::Active { clean, incomplete } => {
+            PgEvent::Active {
+                clean,
+                incomplete,
+                heard,
+            } => {
                 if incomplete.iter().any(|o| !acting.contains(o))
                     || (clean && !incomplete.is_empty())
                 {
                     return Status::Invalid;
+                }
+                // The first record in this epoch: the last active
+                // interval's members that did not answer this peering may
+                // still serve reads of it (not having heard of this
+                // epoch) until their leases end.
+                let prior = self.map.borrow().last_active(h.pg_id()).cloned();
+                if let Some(p) = prior.filter(|p| p.epoch != epoch) {
+                    let unheard =
+                        (p.acting.iter().copied()).filter(|o| *o != h.sender && !heard.contains(o));
+                    let wait = self
+                        .leases_end(epoch, unheard)
+                        .saturating_sub(rt::monotonic());
+                    if !wait.is_zero() {
+                        tracing::info!(
+                            "leader: PG {} waits {} ms for the read leases of its last interval's members (epoch {}) to end",
+                            h.pg_id(),
+                            wait.as_millis(),
+                            p.epoch
+                        );
+                        rt::sleep(wait).await;
+                        let m = self.map.borrow();
+                        if m.epoch() != epoch {
+                            return Status::StaleEpoch;
+                        }
+                        if m.primary(h.pg_id()) != Some(h.sender) {
+                            return Status::NotPrimary;
+                        }
+                    }
                 }
                 let stores = {
                     let m = self.map.borrow();
@@ -986,7 +1077,8 @@ impl<T: Transport> Handler for Leader<T> {
             Op::Boot => match self.boot(h.sender, f.payload.as_deref().unwrap_or(&[])) {
                 Ok(()) => {
                     let (mut r, body) = json_reply(&h, self.map.borrow().to_json());
-                    r.length = self.read_lease_ms();
+                    // The OSD takes this map: the lease is for its epoch.
+                    r.length = self.grant_lease(h.sender, self.map.borrow().epoch());
                     (r, body)
                 }
                 Err(s) => (h.reply(s), None),
@@ -996,7 +1088,7 @@ impl<T: Transport> Handler for Leader<T> {
                 let mut r = self.heartbeat(&h);
                 if r.status == Status::Ok {
                     self.note_full(h.sender, h.offset != 0);
-                    r.length = self.read_lease_ms();
+                    r.length = self.grant_lease(h.sender, h.epoch);
                 }
                 (r, None)
             }

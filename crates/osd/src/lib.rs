@@ -237,6 +237,10 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     schemes: RefCell<HashMap<u32, Rc<ec::Scheme>>>,
     /// Per erasure-coded PG, the commits its shards are still to hear.
     commits: RefCell<HashMap<PgId, ec::Commits>>,
+    /// Per erasure-coded PG, the epoch its primary named this OSD's shard
+    /// complete in (`Op::ShardActive`): it answers clients' direct reads
+    /// of its slot while that is its epoch.
+    serving: RefCell<HashMap<PgId, u64>>,
     pub stats: OsdStats,
 }
 
@@ -525,6 +529,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             scrub_reports: RefCell::new(BTreeMap::new()),
             schemes: RefCell::new(HashMap::new()),
             commits: RefCell::new(HashMap::new()),
+            serving: RefCell::new(HashMap::new()),
             stats,
         })
     }
@@ -864,6 +869,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .collect();
         *self.map.borrow_mut() = m;
         self.recovery.borrow_mut().clear();
+        self.serving.borrow_mut().clear();
         {
             let mut pgs = self.pgs.borrow_mut();
             pgs.clear();
@@ -1687,7 +1693,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
 impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
     fn reply_bytes_max(&self, h: &Header) -> usize {
         match h.op {
-            Op::Read | Op::ShardRead => h.length as usize,
+            Op::Read | Op::ShardRead | Op::DirectRead => h.length as usize,
             Op::Pull => self.store.block_bytes() as usize,
             Op::Stat | Op::Scrub => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
             Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
@@ -1827,6 +1833,23 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 (h.reply(s), None)
             }
             Op::ShardRead => self.answer_shard_read(&h).await,
+            Op::DirectRead => {
+                let t = self.stats.start();
+                let r = self.answer_direct_read(&h).await;
+                self.stats.direct_read(r.as_ref().err().copied());
+                match r {
+                    Ok(buf) => {
+                        self.stats.read_done(t, buf.len());
+                        (h.reply(Status::Ok).with_payload(&buf), Some(buf))
+                    }
+                    Err(s) => {
+                        let mut r = h.reply(s);
+                        r.epoch = self.epoch();
+                        (r, None)
+                    }
+                }
+            }
+            Op::ShardActive => (h.reply(self.answer_shard_active(&h).await), None),
             Op::ShardWrite | Op::ShardDelete => {
                 let s = self.apply_shard_op(&h, f.payload).await;
                 (h.reply(s), None)

@@ -220,6 +220,10 @@ pub enum PgEvent {
         clean: bool,
         #[serde(default)]
         incomplete: Vec<u32>,
+        /// The OSDs that answered this epoch's peering (in this epoch, so
+        /// they serve no read of an older one); empty when reporting again.
+        #[serde(default)]
+        heard: Vec<u32>,
     },
     /// A write failed on some copy: the copies may differ, so the interval
     /// must end (a new epoch) and the PG peer again.

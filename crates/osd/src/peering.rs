@@ -1078,9 +1078,13 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
         let incomplete: Vec<u32> = left.keys().copied().collect();
         let clean = self.map.borrow().whole(pg) && incomplete.is_empty();
-        self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
-            .await
-            .map_err(Retry)?;
+        let heard = infos.keys().copied().collect();
+        let ev = PgEvent::Active {
+            clean,
+            incomplete,
+            heard,
+        };
+        self.report(pg, epoch, &ev).await.map_err(Retry)?;
         // A peering of a later epoch may have run while the report was
         // out: its plan and request cache are the ones that count.
         if self.epoch() != epoch {

@@ -512,7 +512,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         });
     }
 
-    async fn try_report_recovered(&self, pg: PgId, epoch: u64) -> Result<(), String> {
+    async fn try_report_recovered(self: &Rc<Self>, pg: PgId, epoch: u64) -> Result<(), String> {
         let incomplete: Vec<u32> = {
             let r = self.recovery.borrow();
             match r.get(&pg).filter(|r| r.epoch == epoch) {
@@ -521,8 +521,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
         };
         let clean = incomplete.is_empty() && self.map.borrow().whole(pg);
-        self.report(pg, epoch, &PgEvent::Active { clean, incomplete })
-            .await
+        let ev = PgEvent::Active {
+            clean,
+            incomplete: incomplete.clone(),
+            heard: Vec::new(),
+        };
+        self.report(pg, epoch, &ev).await?;
+        // A shard whose rebuild ended answers direct reads from now on.
+        self.grant_direct_reads(pg, epoch, &incomplete);
+        Ok(())
     }
 
     /// Complete copies of PG `pg` in `r`'s plan beyond the fewest its

@@ -33,6 +33,10 @@ pub struct OsdStats {
     /// rates of the last complete one.
     window: Cell<Option<(Instant, [u64; RATES])>>,
     rates: Cell<[f64; RATES]>,
+    /// Clients' direct reads of this OSD's shards, answered and refused
+    /// (the client then asks the primary).
+    direct_reads: Cell<u64>,
+    direct_refused: Cell<u64>,
     /// Reads that found this OSD's copy damaged, and what the last one
     /// said.
     damaged_reads: Cell<u64>,
@@ -86,6 +90,12 @@ pub struct OsdReport {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub replica_ops: u64,
+    /// Clients' reads of one of this OSD's EC shards sent to it directly
+    /// (not through the PG's primary), answered; and those refused.
+    #[serde(default)]
+    pub direct_reads: u64,
+    #[serde(default)]
+    pub direct_reads_refused: u64,
     pub read_latency_us_avg: f64,
     pub write_latency_us_avg: f64,
     pub read_iops: f64,
@@ -279,6 +289,16 @@ impl OsdStats {
         self.tick();
     }
 
+    /// A client's direct read answered, or refused with the status given.
+    pub fn direct_read(&self, refused: Option<nacre_wire::Status>) {
+        match refused {
+            None => add(&self.direct_reads, 1),
+            // Not found is an answer (the range reads as zeros).
+            Some(nacre_wire::Status::NotFound) => add(&self.direct_reads, 1),
+            Some(_) => add(&self.direct_refused, 1),
+        }
+    }
+
     /// A read found this OSD's copy of `oid` damaged; the objects found
     /// damaged so far.
     pub fn damaged(&self, oid: ObjectId, what: String) -> u64 {
@@ -432,6 +452,8 @@ impl OsdStats {
             read_bytes: self.read_bytes.get(),
             write_bytes: self.write_bytes.get(),
             replica_ops: self.replica_ops.get(),
+            direct_reads: self.direct_reads.get(),
+            direct_reads_refused: self.direct_refused.get(),
             read_latency_us_avg: avg(self.read_us_sum.get(), self.reads.get()),
             write_latency_us_avg: avg(self.write_us_sum.get(), self.writes.get()),
             read_iops: r[0],

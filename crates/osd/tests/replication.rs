@@ -782,16 +782,23 @@ fn a_leader_without_authority_answers_nothing() {
         leader.set_authority(Box::new(move || l2.get()));
         let (osd, _serving) = start_osd(d.path(), &st, 0).await;
         let c = Conn::connect(&leader_addr(d.path())).unwrap();
-        let ask = |op: Op| {
+        let ask_in = |op: Op, epoch: u64| {
             let mut h = Header::request(op, 0, ObjectId::default());
             h.sender = 0;
             h.obj_version = osd.up_from();
+            h.epoch = epoch;
             let c = c.clone();
             async move { c.call(h, None).await.unwrap().h }
         };
+        let ask = |op: Op| ask_in(op, osd.epoch());
         let call = |op: Op| async move { ask(op).await.status };
         let r = ask(Op::Ping).await;
         assert_eq!((r.status, u64::from(r.length)), (Status::Ok, READ_LEASE_MS));
+        // A heartbeat naming an epoch older than this leader's first (or
+        // than one a PG went active in) gets no lease: the OSD might serve
+        // an interval that ended.
+        let r = ask_in(Op::Ping, 1).await;
+        assert_eq!((r.status, r.length), (Status::Ok, 0));
         left.set(Some(Duration::from_millis(700)));
         let r = ask(Op::Ping).await;
         assert_eq!((r.status, r.length), (Status::Ok, 700));

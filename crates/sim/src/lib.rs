@@ -49,7 +49,7 @@ type Handling = Pin<Box<dyn Future<Output = (Header, Option<AlignedBuf>)>>>;
 /// reference would be a cycle that leaks every simulated disk). `None`
 /// once the node is gone.
 type Serve = Rc<dyn Fn(Frame) -> Option<Handling>>;
-type Filter = Box<dyn Fn(&str, &Header) -> bool>;
+type Filter = Box<dyn Fn(&str, &str, &Header) -> bool>;
 
 struct NetState {
     /// What serves each address, with its incarnation (raised at every
@@ -61,7 +61,8 @@ struct NetState {
     changed: nacre_io::sync::Notify,
     rng: RefCell<SplitMix>,
     faults: Cell<Faults>,
-    /// Requests it matches (destination address, header) are lost.
+    /// Requests it matches (source address, empty for a client;
+    /// destination address; header) are lost.
     filter: RefCell<Option<Filter>>,
     /// Nodes cut off from every other node (not from clients): a call
     /// from or to one of them is lost.
@@ -155,9 +156,10 @@ impl Net {
         self.0.faults.set(f);
     }
 
-    /// Loses every request `f` matches (by destination address and
-    /// header), until [`Net::clear_filter`]: a scenario's targeted fault.
-    pub fn set_filter(&self, f: impl Fn(&str, &Header) -> bool + 'static) {
+    /// Loses every request `f` matches (by source address — empty for a
+    /// client —, destination address and header), until
+    /// [`Net::clear_filter`]: a scenario's targeted fault.
+    pub fn set_filter(&self, f: impl Fn(&str, &str, &Header) -> bool + 'static) {
         *self.0.filter.borrow_mut() = Some(Box::new(f));
     }
 
@@ -293,7 +295,9 @@ impl SimConn {
             }
         }
         let f = self.net.0.faults.get();
-        let filtered = (self.net.0.filter.borrow().as_ref()).is_some_and(|lose| lose(&self.to, &h));
+        let from = self.net.1.as_ref().map_or("", |(me, _)| me.as_str());
+        let filtered =
+            (self.net.0.filter.borrow().as_ref()).is_some_and(|lose| lose(from, &self.to, &h));
         let cut = self.net.1.as_ref().is_some_and(|(me, _)| {
             let i = self.net.0.isolated.borrow();
             i.contains(me) || i.contains(&self.to)
@@ -379,7 +383,8 @@ pub struct Cluster {
     scrubs: Cell<u64>,
 }
 
-fn leader_addr() -> Addr {
+/// The leader's address on the simulated network.
+pub fn leader_addr() -> Addr {
     Addr::Tcp("leader:6789".into())
 }
 
@@ -812,6 +817,77 @@ impl Cluster {
                 _ => return out,
             }
         }
+    }
+
+    /// A client's direct read (`Op::DirectRead`) of `len` bytes at
+    /// `offset` of `oid` (of an EC pool), sent to OSD `osd` in epoch
+    /// `epoch`: the status and the bytes (no answer in time:
+    /// `Unavailable`).
+    pub async fn direct_read(
+        &self,
+        osd: u32,
+        oid: ObjectId,
+        offset: u32,
+        len: u32,
+        epoch: u64,
+    ) -> (nacre_wire::Status, Option<Vec<u8>>) {
+        let pg = self.route(oid).0;
+        let mut h = Header::request(nacre_wire::Op::DirectRead, 0, oid).with_pg(pg);
+        (h.offset, h.length, h.epoch) = (offset, len, epoch);
+        let addr = self.nodes.borrow()[osd as usize].addr.clone();
+        let r = match self.net.connect(&addr) {
+            Ok(conn) => conn.call(h, None).await,
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(f) => (f.h.status, f.payload.map(|p| p.to_vec())),
+            Err(_) => (nacre_wire::Status::Unavailable, None),
+        }
+    }
+
+    /// Reads each unit of `oid` (of an EC pool of `k` data shards)
+    /// directly from its data shard's OSD (up, and not the PG's primary),
+    /// in the leader's epoch: each must answer `want`'s bytes (`NotFound`
+    /// for zeros) or refuse (`Unavailable`, `StaleEpoch`: the client asks
+    /// the primary). The units answered and the OSDs that refused, or
+    /// what was wrong.
+    pub async fn direct_units(
+        &self,
+        oid: ObjectId,
+        k: usize,
+        want: &[u8],
+    ) -> Result<(usize, Vec<u32>), String> {
+        use nacre_wire::Status;
+        let m = self.leader.map();
+        let pg = m.pg_of(oid).expect("an object of a pool of the map");
+        let row = m.placement(pg).to_vec();
+        let (mut answered, mut refused) = (0, Vec::new());
+        for u in 0..want.len() / 4096 {
+            let osd = row[u % k];
+            if !m.is_up(osd) || m.primary(pg) == Some(osd) {
+                continue;
+            }
+            let unit = &want[u * 4096..(u + 1) * 4096];
+            match self
+                .direct_read(osd, oid, u as u32 * 4096, 4096, m.epoch())
+                .await
+            {
+                (Status::Ok, Some(got)) if got == unit => answered += 1,
+                (Status::NotFound, _) if unit.iter().all(|&b| b == 0) => answered += 1,
+                (Status::Unavailable | Status::StaleEpoch, _) => refused.push(osd),
+                (s, got) => {
+                    return Err(format!(
+                        "{oid} unit {u} read directly from osd.{osd}: {s:?}{}",
+                        if got.is_some() {
+                            " with other bytes"
+                        } else {
+                            ""
+                        }
+                    ))
+                }
+            }
+        }
+        Ok((answered, refused))
     }
 
     /// Sends a client request for `h.oid` to its primary over the

@@ -84,7 +84,7 @@ async fn only_on_primary(
         .map(|&id| c.nodes.borrow()[id as usize].addr.to_string())
         .collect();
     c.net
-        .set_filter(move |to, h| h.op == sub && replicas.iter().any(|r| r == to));
+        .set_filter(move |_, to, h| h.op == sub && replicas.iter().any(|r| r == to));
     let attempt = {
         let c = c.clone();
         rt::spawn(async move { c.call(h, data.as_deref().map(AlignedBuf::from_slice)).await })
@@ -643,7 +643,7 @@ fn a_copy_left_to_recover_is_marked_before_it_takes_writes() {
         // Nothing recovery sends reaches z before the new epoch.
         let to_z = c.nodes.borrow()[z as usize].addr.to_string();
         c.net
-            .set_filter(move |to, h| h.op == Op::Push && to == to_z);
+            .set_filter(move |_, to, h| h.op == Op::Push && to == to_z);
         c.start(z).await;
         let zo = c.osd(z).unwrap();
         let new = (0..)

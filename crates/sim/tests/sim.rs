@@ -261,7 +261,11 @@ fn run_on(seed: u64, osds: u32, paged: bool) {
 fn run_with(seed: u64, osds: u32, paged: bool, pools: Pools) {
     init_log();
     let chunks = pools.chunks();
-    let ec = matches!(pools, Pools::Ec(..));
+    let k = match pools {
+        Pools::Ec(k, _) => usize::from(k),
+        Pools::Replicated(_) => 0,
+    };
+    let ec = k > 0;
     rt::block_on_virtual(async move {
         let net = Net::new(seed, Duration::from_millis(500));
         let c = match pools {
@@ -319,6 +323,7 @@ fn run_with(seed: u64, osds: u32, paged: bool, pools: Pools) {
             acked * 2 > all,
             "seed {seed}: only {acked} of {all} ops acknowledged"
         );
+        let mut direct = 0;
         for (&obj, attempts) in &model {
             let got = read(&c, obj, chunks).await;
             check_read(seed, obj, attempts, got.as_deref(), chunks);
@@ -329,10 +334,22 @@ fn run_with(seed: u64, osds: u32, paged: bool, pools: Pools) {
                 if let Err(e) = c.check_stripe(c.object(obj), &want).await {
                     panic!("seed {seed}: {e}");
                 }
+                // Read directly from the data shards, each unit is what
+                // the primary read (or refused: its primary is the
+                // shard's OSD, or it is not yet named complete).
+                match c.direct_units(c.object(obj), k, &want).await {
+                    Ok((n, _)) => direct += n,
+                    Err(e) => panic!("seed {seed}: {e}"),
+                }
             }
         }
         if !ec {
             check_copies(&c, seed, &model).await;
+        } else {
+            assert!(
+                direct > 0,
+                "seed {seed}: no data shard answered a direct read"
+            );
         }
         assert_eq!(
             c.log_delta_misses(),

@@ -215,6 +215,20 @@ pub enum Op {
     /// Primary → member of an erasure-coded PG: the version of shard
     /// object `oid` (reply `obj_version`), or `NotFound`; no data read.
     ShardVersion = 32,
+    /// Client → the member of an erasure-coded PG holding the data shard
+    /// a range lies in: `length` bytes at `offset` of object `oid` (whole;
+    /// the object's offsets, as in a `Read`), read from that shard alone.
+    /// Answered only in the client's epoch by a member the PG's primary
+    /// named complete in it ([`Op::ShardActive`]), holding its read
+    /// lease, with no write of the object in flight or uncommitted there;
+    /// otherwise refused (`Unavailable`, `StaleEpoch`), and the client
+    /// asks the primary.
+    DirectRead = 33,
+    /// Primary → complete member of an erasure-coded PG, once the PG is
+    /// active in `epoch` (the leader recorded it): this member's shard
+    /// holds every acknowledged op of the PG, and may answer
+    /// [`Op::DirectRead`]s in this epoch.
+    ShardActive = 34,
 }
 
 /// [`Op::ShardSettle`] kinds, in `offset`.
@@ -256,6 +270,8 @@ impl Op {
             30 => Op::ShardSettle,
             31 => Op::ShardList,
             32 => Op::ShardVersion,
+            33 => Op::DirectRead,
+            34 => Op::ShardActive,
             _ => return None,
         })
     }
@@ -273,6 +289,7 @@ impl Op {
                 | Op::ShardRead
                 | Op::ShardWrite
                 | Op::ShardDelete
+                | Op::DirectRead
         )
     }
 }
@@ -548,8 +565,10 @@ impl Header {
         if len > PAYLOAD_MAX_BYTES {
             return bad("larger than an object");
         }
-        let ranged = matches!(op, Op::Read | Op::Write | Op::RepWrite | Op::ShardRead)
-            || (op == Op::ShardWrite && self.length != 0);
+        let ranged = matches!(
+            op,
+            Op::Read | Op::Write | Op::RepWrite | Op::ShardRead | Op::DirectRead
+        ) || (op == Op::ShardWrite && self.length != 0);
         if ranged
             && (self.length == 0
                 || !self.offset.is_multiple_of(SECTOR_BYTES)
@@ -565,7 +584,7 @@ impl Header {
         let carries_data = match (op, self.reply) {
             (Op::Write | Op::RepWrite, false) => true,
             (Op::ShardWrite, false) => self.length != 0,
-            (Op::Read | Op::ShardRead, true) => self.status == Status::Ok,
+            (Op::Read | Op::ShardRead | Op::DirectRead, true) => self.status == Status::Ok,
             (Op::ShardCommit, false) => {
                 if len > CONTROL_PAYLOAD_MAX_BYTES
                     || len == 0

@@ -193,6 +193,14 @@ fn payload_must_match_op() {
         Err(WireError::Range { .. })
     ));
     assert!(Header::decode(&raw_frame(Op::ShardSettle, 0, 0)).is_ok());
+    // A client's direct read names a range and carries nothing; the
+    // permission to answer them carries nothing either.
+    assert!(matches!(
+        Header::decode(&raw_frame(Op::DirectRead, 0, 0)),
+        Err(WireError::Range { .. })
+    ));
+    assert!(Header::decode(&raw_frame(Op::ShardActive, 0, 0)).is_ok());
+    assert!(Header::decode(&raw_frame(Op::ShardActive, 0, 512)).is_err());
     assert!(Header::decode(&raw_frame(Op::ShardVersion, 0, 0)).is_ok());
     assert!(Header::decode(&raw_frame(Op::ShardVersion, 0, 512)).is_err());
     assert!(Header::decode(&raw_frame(Op::ShardSettle, 0, 8)).is_err());
