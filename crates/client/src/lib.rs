@@ -39,6 +39,12 @@ pub const STAT_TIMEOUT_MS: u64 = 2_000;
 /// before the primary is asked instead (an OSD the map does not yet show
 /// down may not answer at all).
 const DIRECT_READ_TIMEOUT_MS: u64 = 1_000;
+/// After a direct read to an OSD failed (no connection, no answer), how
+/// long its shards are read through the primaries instead; after an OSD
+/// said it serves no direct reads of a PG now (`NotPrimary`: not yet
+/// named complete, being rebuilt), how long that PG's are.
+const DIRECT_OFF_OSD_MS: u64 = 5_000;
+const DIRECT_OFF_PG_MS: u64 = 2_000;
 
 /// Pause before the second attempt of an op; it doubles up to the next,
 /// or for an op carrying at most `RETRY_SMALL_BYTES` (a read, a small
@@ -109,6 +115,9 @@ pub struct Cluster {
     /// Those of reads sent straight to EC data shards
     /// ([`Cluster::direct_read`]), with a short deadline.
     direct_conns: RefCell<HashMap<u32, Rc<Conn>>>,
+    /// Until when direct reads skip an OSD, or an OSD's shard of a PG
+    /// (`None`): the OSD failed, or refused the PG.
+    direct_off: RefCell<HashMap<(u32, Option<PgId>), Duration>>,
     client_id: u64,
     next_request: Cell<u64>,
 }
@@ -145,6 +154,7 @@ impl Cluster {
             map_error: RefCell::new(None),
             conns: RefCell::new(HashMap::new()),
             direct_conns: RefCell::new(HashMap::new()),
+            direct_off: RefCell::new(HashMap::new()),
             // Not 0: the OSDs' own rewrites log as client 0.
             client_id: (random_u64() & !(1 << 63)).max(1),
             next_request: Cell::new(1),
@@ -255,15 +265,19 @@ impl Cluster {
     /// range lies in (`Op::DirectRead`), saving the primary's hop: the
     /// bytes (`None`: the range was never written), or, where that does
     /// not apply (a replicated pool, a range over several shards, the
-    /// shard's OSD down or the primary itself) or the OSD refused or did
-    /// not answer in time, nothing, and the caller asks the primary. One
-    /// attempt, no retry.
+    /// shard's OSD down or the primary itself, no timers to bound the
+    /// wait) or the OSD refused or did not answer in time, nothing, and the
+    /// caller asks the primary. One attempt, no retry; an OSD that failed
+    /// one, or refused its PG, is skipped for a while.
     async fn direct_read(
         &self,
         oid: ObjectId,
         offset: u32,
         len: u32,
     ) -> Option<Option<AlignedBuf>> {
+        if !rt::has_timers() {
+            return None;
+        }
         self.adopt_map();
         let (osd, h) = {
             let m = self.map.borrow();
@@ -282,6 +296,17 @@ impl Cluster {
             if down.contains(&osd) || t.primary(pg.pg, down) == Some(osd) {
                 return None;
             }
+            let now = rt::monotonic();
+            let mut off = self.direct_off.borrow_mut();
+            for key in [(osd, None), (osd, Some(pg))] {
+                match off.get(&key) {
+                    Some(&until) if until > now => return None,
+                    Some(_) => {
+                        off.remove(&key);
+                    }
+                    None => {}
+                }
+            }
             let mut h = Header::request(Op::DirectRead, 0, oid).with_pg(pg);
             (h.offset, h.length, h.epoch, h.client) = (offset, len, m.epoch(), self.client_id);
             (osd, h)
@@ -289,16 +314,28 @@ impl Cluster {
         // Connections of their own, with a short deadline (a timer per
         // read would cost more than the hop saved).
         let d = Duration::from_millis(DIRECT_READ_TIMEOUT_MS);
-        let conn = self.conn_in(&self.direct_conns, osd, Some(d)).ok()?;
+        let skip = |key, ms| {
+            let until = rt::monotonic() + Duration::from_millis(ms);
+            self.direct_off.borrow_mut().insert(key, until);
+        };
+        let Ok(conn) = self.conn_in(&self.direct_conns, osd, Some(d)) else {
+            skip((osd, None), DIRECT_OFF_OSD_MS);
+            return None;
+        };
         match conn.call(h, None).await {
             Ok(f) if f.h.status == Status::Ok => match f.payload {
                 Some(b) if b.len() == len as usize => Some(Some(b)),
                 _ => None,
             },
             Ok(f) if f.h.status == Status::NotFound => Some(None),
+            Ok(f) if f.h.status == Status::NotPrimary => {
+                skip((osd, Some(h.pg_id())), DIRECT_OFF_PG_MS);
+                None
+            }
             Ok(_) => None,
             Err(_) => {
                 self.direct_conns.borrow_mut().remove(&osd);
+                skip((osd, None), DIRECT_OFF_OSD_MS);
                 None
             }
         }

@@ -199,9 +199,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     /// by the primary in this epoch, under the read lease (the leader
     /// records no later interval before a lease given in an older epoch
     /// ended), the PG's log not marked recovering, and the object settled
-    /// before and after the read (a write that landed here and is not
-    /// committed on every shard could still be rolled back). Anything
-    /// else is refused, and the client asks the primary.
+    /// before and after the read (a write or delete that landed here and
+    /// is not known committed on every shard could still be undone by the
+    /// next peering). Anything else is refused, and the client asks the
+    /// primary: `NotPrimary` where this OSD does not serve the PG's direct
+    /// reads now (it skips the PG a while), `Unavailable` where the object
+    /// or the lease is the reason.
     pub(crate) async fn answer_direct_read(
         self: &Rc<Self>,
         h: &Header,
@@ -226,20 +229,27 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return Err(Status::Invalid);
         }
         let soid = h.oid.shard(r.shard as u8);
+        // Not this PG's now (the client skips it a while), or not this
+        // object's now.
         let may = || {
-            self.epoch() == h.epoch
-                && self.serving.borrow().get(&pg) == Some(&h.epoch)
-                && self.holds_read_lease()
-                && !self.store.pg_recovering(pg.key())
-                && self.store.settled(soid)
+            if self.epoch() != h.epoch {
+                Err(Status::StaleEpoch)
+            } else if self.serving.borrow().get(&pg) != Some(&h.epoch)
+                || self.store.pg_recovering(pg.key())
+            {
+                Err(Status::NotPrimary)
+            } else if !self.holds_read_lease()
+                || !self.store.settled(soid)
+                || self.deleting.borrow().contains_key(&soid)
+            {
+                Err(Status::Unavailable)
+            } else {
+                Ok(())
+            }
         };
-        if !may() {
-            return Err(Status::Unavailable);
-        }
+        may()?;
         let read = self.store.read(soid, r.offset, r.len).await;
-        if !may() {
-            return Err(Status::Unavailable);
-        }
+        may()?;
         read.map_err(|e| {
             // The primary reads around a damaged shard; a scrub rewrites it.
             self.note_damage(soid, &e);
@@ -321,6 +331,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub(crate) async fn apply_shard_op(&self, h: &Header, data: Option<AlignedBuf>) -> Status {
         let _inflight = self.track(h.pg_id(), h.epoch);
         let e = Self::shard_entry(h);
+        if h.op == Op::ShardDelete {
+            // Marked before it shows: no direct read sees it uncommitted.
+            self.deleting.borrow_mut().insert(h.oid, h.obj_version);
+        }
         let r = match (h.op, data) {
             (Op::ShardDelete, _) => self.store.delete_logged(e).await,
             (_, None) => self.store.log_only(e).await,
@@ -529,8 +543,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         };
         for e in body.chunks_exact(SHARD_COMMIT_ENTRY_BYTES) {
             let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
-            let oid = ObjectId::new(word(0), word(8));
-            self.store.release_undo(oid.shard(s), word(16));
+            let oid = ObjectId::new(word(0), word(8)).shard(s);
+            self.store.release_undo(oid, word(16));
+            let mut deleting = self.deleting.borrow_mut();
+            if deleting.get(&oid).is_some_and(|&v| v <= word(16)) {
+                deleting.remove(&oid);
+            }
         }
         Status::Ok
     }
@@ -803,10 +821,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 status = s;
             }
         }
-        if status == Status::Ok && h.op == Op::Write {
-            // Every shard has it: committed; the shards may drop what it
-            // replaced (sent now, not with the next write: a shard's room
-            // for undos waits for releases).
+        if status == Status::Ok && matches!(h.op, Op::Write | Op::Delete) {
+            // Every shard has it: committed; the shards may drop what a
+            // write replaced (sent now, not with the next write: a shard's
+            // room for undos waits for releases), and answer direct reads
+            // of what a delete removed.
             let to = up.iter().map(|&(_, o)| o).collect();
             self.queue_commit(h.pg_id(), h.epoch, to, (h.oid, version));
         }

@@ -945,7 +945,7 @@ impl<T: Transport> Leader<T> {
         let Ok(ev) = serde_json::from_slice::<PgEvent>(body) else {
             return Status::Invalid;
         };
-        let (epoch, primary, acting, size, row) = {
+        let (epoch, primary, acting, size, row, positional) = {
             let m = self.map.borrow();
             if !m.has(h.pg_id()) {
                 return Status::Invalid;
@@ -961,6 +961,7 @@ impl<T: Transport> Leader<T> {
                 } else {
                     Vec::new()
                 },
+                positional,
             )
         };
         if h.epoch != epoch {
@@ -981,24 +982,38 @@ impl<T: Transport> Leader<T> {
                     return Status::Invalid;
                 }
                 // The first record in this epoch: the last active
-                // interval's members that did not answer this peering may
-                // still serve reads of it (not having heard of this
-                // epoch) until their leases end.
+                // interval's members that could serve reads of it (its
+                // primary; any member of an EC PG, whose shards answer
+                // direct reads) and did not answer this peering may still
+                // serve them, not having heard of this epoch, until their
+                // leases end — or they heartbeat naming this epoch.
                 let prior = self.map.borrow().last_active(h.pg_id()).cloned();
                 if let Some(p) = prior.filter(|p| p.epoch != epoch) {
-                    let unheard =
-                        (p.acting.iter().copied()).filter(|o| *o != h.sender && !heard.contains(o));
-                    let wait = self
-                        .leases_end(epoch, unheard)
-                        .saturating_sub(rt::monotonic());
-                    if !wait.is_zero() {
-                        tracing::info!(
-                            "leader: PG {} waits {} ms for the read leases of its last interval's members (epoch {}) to end",
-                            h.pg_id(),
-                            wait.as_millis(),
-                            p.epoch
-                        );
-                        rt::sleep(wait).await;
+                    let readers = if positional {
+                        &p.acting[..]
+                    } else {
+                        &p.acting[..p.acting.len().min(1)]
+                    };
+                    let unheard: Vec<u32> = (readers.iter().copied())
+                        .filter(|o| *o != h.sender && !heard.contains(o))
+                        .collect();
+                    let mut said = false;
+                    loop {
+                        let now = rt::monotonic();
+                        let end = self.leases_end(epoch, unheard.iter().copied());
+                        if end <= now {
+                            break;
+                        }
+                        if !said {
+                            said = true;
+                            tracing::info!(
+                                "leader: PG {} waits up to {} ms for the read leases of {unheard:?} (its last interval's, epoch {}) to end",
+                                h.pg_id(),
+                                (end - now).as_millis(),
+                                p.epoch
+                            );
+                        }
+                        rt::sleep((end - now).min(Duration::from_millis(100))).await;
                         let m = self.map.borrow();
                         if m.epoch() != epoch {
                             return Status::StaleEpoch;

@@ -241,6 +241,13 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// complete in (`Op::ShardActive`): it answers clients' direct reads
     /// of its slot while that is its epoch.
     serving: RefCell<HashMap<PgId, u64>>,
+    /// Shard objects deleted here whose commit has not arrived (shard
+    /// object → the delete's version): a delete keeps no undo, so until
+    /// then it might be on this shard alone, never acknowledged, and
+    /// undone by the next peering; direct reads of them are refused. A
+    /// new map clears it (no direct read is answered before the next
+    /// peering settles every op).
+    deleting: RefCell<HashMap<ObjectId, u64>>,
     pub stats: OsdStats,
 }
 
@@ -530,6 +537,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             schemes: RefCell::new(HashMap::new()),
             commits: RefCell::new(HashMap::new()),
             serving: RefCell::new(HashMap::new()),
+            deleting: RefCell::new(HashMap::new()),
             stats,
         })
     }
@@ -870,6 +878,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         *self.map.borrow_mut() = m;
         self.recovery.borrow_mut().clear();
         self.serving.borrow_mut().clear();
+        self.deleting.borrow_mut().clear();
         {
             let mut pgs = self.pgs.borrow_mut();
             pgs.clear();

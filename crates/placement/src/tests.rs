@@ -153,7 +153,7 @@ proptest! {
         check_domains(&osds, &pool, &after)?;
         let (moved, min) = (moves(&before, &after), min_moves(&before, &after));
         prop_assert!(moved >= min);
-        prop_assert!(moved <= min + min / 2 + 3, "moved {} replicas, the minimum is {}", moved, min);
+        prop_assert!(moved <= move_bound(min), "moved {} replicas, the minimum is {}", moved, min);
     }
 
     /// After an OSD is added or lost, every OSD holds within one of its
@@ -209,7 +209,7 @@ proptest! {
             .sum::<u64>();
         prop_assert_eq!(rebuilt, moves(&before, &after));
         let min = min_moves(&before, &after);
-        prop_assert!(domain == FailureDomain::Host || rebuilt <= min + min / 2 + 3, "rebuilt {} shards, the minimum is {}", rebuilt, min);
+        prop_assert!(domain == FailureDomain::Host || rebuilt <= move_bound(min), "rebuilt {} shards, the minimum is {}", rebuilt, min);
         for pg in 0..pgs {
             prop_assert!(after.lead_of(pg) < size as usize);
             for (slot, o) in before.pg(pg).iter().enumerate() {
@@ -330,4 +330,60 @@ fn a_host_whose_osds_join_one_by_one_takes_its_share() {
     // What moved in all went to the new host, but for the first OSD's
     // surplus handed to its neighbour.
     assert!(moves(&t0, &t2) <= on_new + 2, "{} moves", moves(&t0, &t2));
+}
+
+/// The most replicas (or shards: a positional table's rebuilds) a table
+/// may move after a change whose count-based minimum is `min`. The
+/// minimum counts only what each OSD must gain; a replica that must enter
+/// a PG where no slot is free (an OSD whose share grew, one that must be
+/// in every PG) displaces another, which must then gain elsewhere, and a
+/// positional row is never reordered. Measured on 2026-11-27, 12 000 random
+/// cases each: up to 1.63× the minimum (positional) and 1.67×
+/// (replicated); the bound of `min + min / 2 + 3` the tests had before
+/// failed about one run in four at 3 000 cases.
+fn move_bound(min: u64) -> u64 {
+    2 * min + 3
+}
+
+/// Found by `positional_rows_keep_their_slots` in CI (2026-11-27): ten
+/// OSDs of weights 1–4 on seven hosts, 99 PGs of 5 shards placed by OSD,
+/// the first OSD (weight 1) lost: the three of weight 4 must then be in
+/// every PG, and 40 shards are rebuilt where the count-based minimum is
+/// 24 (which `min + min / 2 + 3` refused).
+#[test]
+fn an_osd_in_every_pg_forces_displacements() {
+    let hosts: Vec<(u32, Vec<u32>)> = vec![
+        (0, vec![1, 4, 4, 1]),
+        (0, vec![4]),
+        (0, vec![1]),
+        (0, vec![1]),
+        (0, vec![1]),
+        (0, vec![2]),
+        (0, vec![2]),
+    ];
+    let mut osds = cluster(&hosts);
+    let pool = Pool {
+        pgs: 99,
+        size: 5,
+        domain: FailureDomain::Osd,
+        positional: true,
+    };
+    let before = place(&osds, &pool, None).unwrap();
+    let after = add_or_lose(&mut osds, false, 99, 1, &pool, &before).unwrap();
+    let rebuilt = moves(&before, &after);
+    let min = min_moves(&before, &after);
+    assert!(
+        rebuilt >= min && rebuilt <= move_bound(min),
+        "rebuilt {rebuilt}, minimum {min}"
+    );
+    for id in [1, 2, 4] {
+        assert_eq!(after.counts()[&id], 99, "osd {id}");
+    }
+    for pg in 0..99 {
+        for (slot, o) in before.pg(pg).iter().enumerate() {
+            if let Some(now) = after.pg(pg).iter().position(|x| x == o) {
+                assert_eq!(now, slot, "PG {pg} moved osd {o}");
+            }
+        }
+    }
 }

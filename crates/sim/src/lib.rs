@@ -848,8 +848,8 @@ impl Cluster {
     /// Reads each unit of `oid` (of an EC pool of `k` data shards)
     /// directly from its data shard's OSD (up, and not the PG's primary),
     /// in the leader's epoch: each must answer `want`'s bytes (`NotFound`
-    /// for zeros) or refuse (`Unavailable`, `StaleEpoch`: the client asks
-    /// the primary). The units answered and the OSDs that refused, or
+    /// for zeros) or refuse (`Unavailable`, `StaleEpoch`, `NotPrimary`: the
+    /// client asks the primary). The units answered and the OSDs that refused, or
     /// what was wrong.
     pub async fn direct_units(
         &self,
@@ -874,7 +874,9 @@ impl Cluster {
             {
                 (Status::Ok, Some(got)) if got == unit => answered += 1,
                 (Status::NotFound, _) if unit.iter().all(|&b| b == 0) => answered += 1,
-                (Status::Unavailable | Status::StaleEpoch, _) => refused.push(osd),
+                (Status::Unavailable | Status::StaleEpoch | Status::NotPrimary, _) => {
+                    refused.push(osd)
+                }
                 (s, got) => {
                     return Err(format!(
                         "{oid} unit {u} read directly from osd.{osd}: {s:?}{}",

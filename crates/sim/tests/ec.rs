@@ -1383,8 +1383,8 @@ async fn check_direct(
 /// of its units itself (`Op::DirectRead`, saving the primary's hop), with
 /// the bytes the primary would return; it refuses a range over two units
 /// or of another slot (a client bug), an older epoch, and an object whose
-/// write landed on it but is not known committed (its undo held: the
-/// commit lost), until a later commit releases it.
+/// write or delete landed on it but is not known committed (the commit
+/// lost), until a later commit releases it.
 #[test]
 fn a_data_shard_answers_reads_of_its_units_directly() {
     rt::block_on_virtual(async {
@@ -1464,6 +1464,25 @@ fn a_data_shard_answers_reads_of_its_units_directly() {
             (got.0, got.1.as_deref()),
             (Status::Ok, Some(&newer[..])),
             "committed"
+        );
+        // A delete keeps no undo: until its commit, refused too.
+        let xa = c.nodes.borrow()[x as usize].addr.to_string();
+        c.net
+            .set_filter(move |_, to, h| h.op == Op::ShardCommit && to == xa);
+        delete(&c, a, 102).await;
+        model.insert(a, vec![0; 4 * OBJECT_BYTES as usize]);
+        rt::sleep(Duration::from_secs(1)).await;
+        let got = direct(&c, x, a, at, 4096, e).await.0;
+        assert_eq!(got, Status::Unavailable, "a delete not known committed");
+        c.net.clear_filter();
+        assert_eq!(write(&c, a, 103, at, &newer).await, Status::Ok);
+        model.get_mut(&a).unwrap()[at as usize..at as usize + 4096].copy_from_slice(&newer);
+        rt::sleep(Duration::from_secs(1)).await;
+        let got = direct(&c, x, a, at, 4096, e).await;
+        assert_eq!(
+            (got.0, got.1.as_deref()),
+            (Status::Ok, Some(&newer[..])),
+            "written again"
         );
         let (_, refused) = check_direct(&c, &model, "at the end").await;
         assert!(refused.is_empty(), "{refused:?}");

@@ -190,9 +190,10 @@ pub enum Op {
     /// Primary → member: delete shard object `oid` at `obj_version`,
     /// logged (a tombstone where it is absent).
     ShardDelete = 28,
-    /// Primary → member: the writes the payload names committed (every
-    /// shard has them; [`SHARD_COMMIT_ENTRY_BYTES`] each): release their
-    /// undos.
+    /// Primary → member: the writes and deletes the payload names
+    /// committed (every shard has them; [`SHARD_COMMIT_ENTRY_BYTES`]
+    /// each): release the writes' undos; what a delete removed may be
+    /// read directly again ([`Op::DirectRead`]).
     ShardCommit = 29,
     /// Primary (peering) → member: settle the write of shard object `oid`
     /// that not every shard holds. `offset` [`SETTLE_ROLL_BACK`]: the
@@ -221,8 +222,9 @@ pub enum Op {
     /// Answered only in the client's epoch by a member the PG's primary
     /// named complete in it ([`Op::ShardActive`]), holding its read
     /// lease, with no write of the object in flight or uncommitted there;
-    /// otherwise refused (`Unavailable`, `StaleEpoch`), and the client
-    /// asks the primary.
+    /// otherwise refused (`NotPrimary`: it serves no direct read of the PG
+    /// now; `Unavailable`: not of this object, or no lease; `StaleEpoch`),
+    /// and the client asks the primary.
     DirectRead = 33,
     /// Primary → complete member of an erasure-coded PG, once the PG is
     /// active in `epoch` (the leader recorded it): this member's shard
