@@ -1459,12 +1459,18 @@ fn a_data_shard_answers_reads_of_its_units_directly() {
         assert_eq!(write(&c, a, 101, at, &newer).await, Status::Ok);
         model.get_mut(&a).unwrap()[at as usize..at as usize + 4096].copy_from_slice(&newer);
         rt::sleep(Duration::from_secs(1)).await;
-        let got = direct(&c, x, a, at, 4096, e).await;
-        assert_eq!(
-            (got.0, got.1.as_deref()),
-            (Status::Ok, Some(&newer[..])),
-            "committed"
-        );
+        let answers = |what: &'static str| {
+            let c = &c;
+            async move {
+                let got = direct(c, x, a, at, 4096, e).await;
+                assert_eq!(
+                    (got.0, got.1.as_deref()),
+                    (Status::Ok, Some(&newer[..])),
+                    "{what}"
+                );
+            }
+        };
+        answers("committed").await;
         // A delete keeps no undo: until its commit, refused too.
         let xa = c.nodes.borrow()[x as usize].addr.to_string();
         c.net
@@ -1478,12 +1484,7 @@ fn a_data_shard_answers_reads_of_its_units_directly() {
         assert_eq!(write(&c, a, 103, at, &newer).await, Status::Ok);
         model.get_mut(&a).unwrap()[at as usize..at as usize + 4096].copy_from_slice(&newer);
         rt::sleep(Duration::from_secs(1)).await;
-        let got = direct(&c, x, a, at, 4096, e).await;
-        assert_eq!(
-            (got.0, got.1.as_deref()),
-            (Status::Ok, Some(&newer[..])),
-            "written again"
-        );
+        answers("written again").await;
         let (_, refused) = check_direct(&c, &model, "at the end").await;
         assert!(refused.is_empty(), "{refused:?}");
         c.stop();
