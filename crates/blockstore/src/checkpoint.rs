@@ -73,8 +73,12 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
     let mut next_look_at = 0u64;
     loop {
         let next = {
-            let st = inner.st.borrow();
+            let mut st = inner.st.borrow_mut();
             if st.closing {
+                // The writer waits for this before it stops.
+                st.checkpointer = false;
+                drop(st);
+                inner.journal_kick.notify();
                 return;
             }
             let used = st.head - st.tail;

@@ -458,6 +458,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         sync_waiters: Vec::new(),
         written: VecDeque::new(),
         writer_done: false,
+        checkpointer: false,
         ckpt_seq: ck.seq,
         lineage: ck.lineage,
         ckpt_slot: ck.slot,

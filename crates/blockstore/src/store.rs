@@ -242,6 +242,9 @@ pub(crate) struct State {
     pub written: VecDeque<crate::writer::Written>,
     /// The writer has stopped (the store is closing).
     pub writer_done: bool,
+    /// The checkpoint task runs: the writer, which journals its records,
+    /// stops only after it (a fold ahead may be under way at close).
+    pub checkpointer: bool,
     pub ckpt_seq: u64,
     /// What the checkpoints record as the store's lineage
     /// ([`Store::lineage`]).
@@ -358,6 +361,7 @@ impl<D: BlockDev + 'static> Store<D> {
         // otherwise fold the same blocks as the redo, from checksums the
         // redo has not patched yet.
         crate::strict_assert!(inner.st.borrow().folds.is_empty());
+        inner.st.borrow_mut().checkpointer = true;
         tasks.push(rt::spawn(crate::checkpoint::checkpoint_task(inner.clone())));
         let store = Store(inner, Rc::new(RefCell::new(tasks)));
         if report.replay_stopped.is_some() {
@@ -741,7 +745,11 @@ impl<D: BlockDev + 'static> Store<D> {
         for t in tasks {
             t.await;
         }
-        Ok(())
+        // Closed cleanly only if nothing failed on the way.
+        match &self.0.st.borrow().failed {
+            Some(why) => Err(Error::Failed(why.clone())),
+            None => Ok(()),
+        }
     }
 }
 
@@ -946,6 +954,11 @@ impl<D: BlockDev + 'static> Inner<D> {
             if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
                 f.preparing -= 1;
             }
+        }
+        if st.writer_done {
+            drop(st);
+            q.done.send(Err(Error::Failed("store closed".into())));
+            return;
         }
         if q.checkpoint {
             st.ckpt_queue.push_back(q);
@@ -1172,6 +1185,9 @@ impl<D: BlockDev + 'static> Inner<D> {
     pub(crate) async fn sync_barrier(&self, marker: bool) -> Result<()> {
         if let Some(why) = &self.st.borrow().failed {
             return Err(Error::Failed(why.clone()));
+        }
+        if self.st.borrow().writer_done {
+            return Err(Error::Failed("store closed".into()));
         }
         let (tx, rx) = oneshot();
         self.st.borrow_mut().sync_waiters.push((tx, marker));

@@ -223,7 +223,8 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                     let w = std::mem::take(&mut st.sync_waiters);
                     break (b, exempt, w);
                 }
-                if st.queue.is_empty() && st.ckpt_queue.is_empty() && st.closing {
+                if st.queue.is_empty() && st.ckpt_queue.is_empty() && st.closing && !st.checkpointer
+                {
                     st.writer_done = true;
                     drop(st);
                     inner.written_kick.notify();

@@ -61,7 +61,7 @@ struct Cluster {
     uri: String,
     acks: usize,
     /// fio with `verify=crc32c` through the gateway, beside the writer.
-    fio: Option<std::process::Child>,
+    fio: Option<Fio>,
     shape: &'static Shape,
 }
 

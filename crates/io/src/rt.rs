@@ -64,6 +64,8 @@ impl Wake for TaskWaker {
 struct Task {
     future: Option<Pin<Box<dyn Future<Output = ()>>>>,
     waker: Arc<TaskWaker>,
+    /// Where it was spawned: named when the runtime finds a deadlock.
+    spawned_at: &'static std::panic::Location<'static>,
 }
 
 /// What an op owns while the kernel uses it.
@@ -253,17 +255,37 @@ fn run<F: Future>(core: &Rc<Core>, f: F) -> F::Output {
         match &core.reactor {
             Some(r) if r.inflight.get() > 0 || idle => {
                 if idle && r.inflight.get() == 0 {
-                    panic!("nacre runtime: deadlock, no task ready and no I/O in flight");
+                    panic!(
+                        "nacre runtime: deadlock, no task ready and no I/O in flight; {}",
+                        waiting_tasks(core)
+                    );
                 }
                 r.submit_and_reap(idle);
                 if idle {
                     std::mem::swap(&mut batch, &mut core.ready.0.lock().expect("ready queue"));
                 }
             }
-            None if idle => panic!("nacre runtime: deadlock, no task ready"),
+            None if idle => panic!(
+                "nacre runtime: deadlock, no task ready; {}",
+                waiting_tasks(core)
+            ),
             _ => {}
         }
     }
+}
+
+/// What a deadlock leaves waiting: the main future and, counted by where
+/// they were spawned, the tasks.
+fn waiting_tasks(core: &Rc<Core>) -> String {
+    let mut at: std::collections::BTreeMap<String, usize> = Default::default();
+    for t in core.tasks.borrow().iter().flatten() {
+        *at.entry(t.spawned_at.to_string()).or_default() += 1;
+    }
+    let tasks: Vec<String> = at
+        .into_iter()
+        .map(|(l, n)| format!("{n} spawned at {l}"))
+        .collect();
+    format!("waiting: the main future and tasks [{}]", tasks.join(", "))
 }
 
 fn run_task(core: &Rc<Core>, id: usize) {
@@ -350,6 +372,7 @@ pub async fn join_all<T>(tasks: Vec<JoinHandle<T>>) -> Vec<T> {
 }
 
 /// Runs `f` as a task on this thread's runtime.
+#[track_caller]
 pub fn spawn<F: Future + 'static>(f: F) -> JoinHandle<F::Output> {
     let core = core();
     let state = Rc::new(RefCell::new(JoinState {
@@ -379,6 +402,7 @@ pub fn spawn<F: Future + 'static>(f: F) -> JoinHandle<F::Output> {
     tasks[id] = Some(Task {
         future: Some(Box::pin(wrapped)),
         waker,
+        spawned_at: std::panic::Location::caller(),
     });
     core.ready.0.lock().expect("ready queue").push(id);
     JoinHandle(state)

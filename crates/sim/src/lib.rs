@@ -834,12 +834,7 @@ impl Cluster {
         let pg = self.route(oid).0;
         let mut h = Header::request(nacre_wire::Op::DirectRead, 0, oid).with_pg(pg);
         (h.offset, h.length, h.epoch) = (offset, len, epoch);
-        let addr = self.nodes.borrow()[osd as usize].addr.clone();
-        let r = match self.net.connect(&addr) {
-            Ok(conn) => conn.call(h, None).await,
-            Err(e) => Err(e),
-        };
-        match r {
+        match self.call_osd(osd, h, None).await {
             Ok(f) => (f.h.status, f.payload.map(|p| p.to_vec())),
             Err(_) => (nacre_wire::Status::Unavailable, None),
         }
@@ -898,6 +893,18 @@ impl Cluster {
         let pg = (self.leader.map().pg_of(h.oid))
             .ok_or_else(|| NetError::Protocol(format!("{}: no such pool", h.oid)))?;
         self.call_pg(pg, h, payload).await
+    }
+
+    /// `h` sent as it is to OSD `osd` (up or not), as a client or another
+    /// OSD would.
+    pub async fn call_osd(
+        &self,
+        osd: u32,
+        h: Header,
+        payload: Option<AlignedBuf>,
+    ) -> Result<Frame, NetError> {
+        let addr = self.nodes.borrow()[osd as usize].addr.clone();
+        self.net.connect(&addr)?.call(h, payload).await
     }
 
     /// [`Cluster::call`] to the primary of PG `pg` (a listing's).

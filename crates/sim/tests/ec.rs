@@ -1440,6 +1440,20 @@ fn a_data_shard_answers_reads_of_its_units_directly() {
             Status::StaleEpoch,
             "an older epoch"
         );
+        // Only the PG's primary names a shard complete: another member
+        // is refused.
+        let pg = m.pg_of(a).unwrap();
+        let not_primary = (row.iter().copied())
+            .find(|&o| o != x && Some(o) != m.primary(pg))
+            .unwrap();
+        let mut h = Header::request(Op::ShardActive, 0, ObjectId::default()).with_pg(pg);
+        (h.epoch, h.sender) = (e, not_primary);
+        let f = c.call_osd(x, h, None).await.unwrap();
+        assert_eq!(
+            f.h.status,
+            Status::NotPrimary,
+            "ShardActive from osd.{not_primary}"
+        );
         // The commit of a write of the unit lost on its shard: refused.
         let xa = c.nodes.borrow()[x as usize].addr.to_string();
         c.net

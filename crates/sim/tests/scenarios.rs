@@ -1311,3 +1311,34 @@ fn a_client_op_as_client_zero_is_refused() {
         assert!(got[..4096].iter().all(|&b| b == 7));
     });
 }
+
+/// A replicated pool's objects are read through their primary only: a
+/// direct read (`Op::DirectRead`, for a data shard of an EC pool) sent to
+/// any OSD of the set is refused `Invalid` — a replica could be behind
+/// its primary — and `ShardActive` (an EC primary's word) changes that
+/// for none of them.
+#[test]
+fn a_replicated_pool_refuses_direct_reads() {
+    rt::block_on_virtual(async {
+        let c = cluster(32).await;
+        let oid = c.object(2);
+        put(&c, oid, 1, 9).await;
+        let (pg, acting) = c.route(oid);
+        let epoch = c.leader.map().epoch();
+        for &o in &acting {
+            let mut h = Header::request(Op::ShardActive, 0, ObjectId::default()).with_pg(pg);
+            (h.epoch, h.sender) = (epoch, acting[0]);
+            let f = c.call_osd(o, h, None).await.unwrap();
+            let want = if o == acting[0] {
+                Status::NotPrimary
+            } else {
+                Status::Invalid
+            };
+            assert_eq!(f.h.status, want, "ShardActive to osd.{o}");
+            let got = c.direct_read(o, oid, 0, 4096, epoch).await;
+            assert_eq!(got, (Status::Invalid, None), "a direct read from osd.{o}");
+        }
+        let got = read(&c, oid).await.expect("the object");
+        assert!(got[..4096].iter().all(|&b| b == 9));
+    });
+}

@@ -26,18 +26,26 @@ pub fn tool(name: &str) -> std::process::Command {
     std::process::Command::new(name)
 }
 
+/// A running fio, killed if dropped before [`stop_fio`] (a failed test
+/// must not leave it running: it would hold the test harness's output
+/// open).
+pub struct Fio(Option<std::process::Child>);
+
+impl Drop for Fio {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// fio through NBD at `uri` until stopped ([`stop_fio`]): random 4 KiB
 /// writes to `offset..offset+size`, each block read back and checked
 /// (crc32c) as it goes (`verify_backlog`), at most `iops` a second; its
 /// JSON report goes to `out`.
-pub fn start_fio(
-    uri: &str,
-    offset: u64,
-    size: u64,
-    iops: u32,
-    out: &std::path::Path,
-) -> std::process::Child {
-    tool("fio")
+pub fn start_fio(uri: &str, offset: u64, size: u64, iops: u32, out: &std::path::Path) -> Fio {
+    let child = tool("fio")
         .args([
             "--name=verify",
             "--ioengine=nbd",
@@ -52,7 +60,8 @@ pub fn start_fio(
             "--verify_fatal=1",
             "--verify_state_save=0",
             "--time_based=1",
-            "--runtime=3600",
+            // Longer than any test; a bound should the test be killed.
+            "--runtime=1800",
             &format!("--rate_iops={iops}"),
             "--output-format=json",
             &format!("--output={}", out.display()),
@@ -60,17 +69,15 @@ pub fn start_fio(
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .spawn()
-        .expect("start fio")
+        .expect("start fio");
+    Fio(Some(child))
 }
 
 /// Stops fio (SIGINT: it ends its jobs and writes its report); it failed
 /// no I/O, and wrote and verified something. Returns (written, verified)
 /// bytes, and the longest any one read or write took.
-pub fn stop_fio(
-    mut fio: std::process::Child,
-    out: &std::path::Path,
-    what: &str,
-) -> (u64, u64, Duration) {
+pub fn stop_fio(mut fio: Fio, out: &std::path::Path, what: &str) -> (u64, u64, Duration) {
+    let mut fio = fio.0.take().expect("fio runs");
     if fio.try_wait().unwrap().is_none() {
         // SAFETY: signalling a child of this test.
         unsafe { libc::kill(fio.id() as i32, libc::SIGINT) };
@@ -120,8 +127,9 @@ pub struct AckLog {
     pub acked: HashMap<u64, u64>,
     /// Acknowledgements received, overwrites included.
     pub acks: usize,
-    /// Writes that failed (each ends its writer task).
-    pub errors: usize,
+    /// Writes that failed (each ends its writer task): when (wall clock,
+    /// to match against the daemons' logs), where, and the error.
+    pub errors: Vec<String>,
     /// Per writer task: the (offset, seed) it has sent and not seen acked.
     pub inflight: HashMap<usize, (u64, u64)>,
     /// When the last acknowledgement came, and the longest time without
@@ -181,9 +189,16 @@ pub fn fua_writer(
                                 l.longest_gap = l.longest_gap.max(now - t);
                             }
                         }
-                        Err(_) => {
+                        Err(e) => {
                             // The server died (or gave up on the write).
-                            log.lock().unwrap().errors += 1;
+                            let at = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .unwrap_or_default();
+                            log.lock().unwrap().errors.push(format!(
+                                "{}.{:03} s since the epoch: write at offset {off}: {e}",
+                                at.as_secs(),
+                                at.subsec_millis()
+                            ));
                             return;
                         }
                     }
@@ -294,7 +309,7 @@ pub fn wait_acks(log: &Mutex<AckLog>, n: usize) {
         let l = log.lock().unwrap();
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "writes stopped at {} acknowledgements ({} errors)",
+            "writes stopped at {} acknowledgements (errors: {:?})",
             l.acks,
             l.errors
         );
@@ -316,7 +331,11 @@ pub fn stop_and_verify(
     w.join().unwrap();
     *stop.lock().unwrap() = false;
     let mut l = log.lock().unwrap();
-    assert_eq!(l.errors, 0, "writes failed while {what}");
+    assert!(
+        l.errors.is_empty(),
+        "writes failed while {what}: {:?}",
+        l.errors
+    );
     let bad = verify_acked(uri, &mut l);
     assert!(
         bad.is_empty(),
