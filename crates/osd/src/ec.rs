@@ -331,13 +331,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub(crate) async fn apply_shard_op(&self, h: &Header, data: Option<AlignedBuf>) -> Status {
         let _inflight = self.track(h.pg_id(), h.epoch);
         let e = Self::shard_entry(h);
-        if h.op == Op::ShardDelete {
+        if h.replace && (h.offset != 0 || h.length != self.store.block_bytes()) {
+            return Status::Invalid;
+        }
+        if h.op == Op::ShardDelete || h.replace {
             // Marked before it shows: no direct read sees it uncommitted.
             self.deleting.borrow_mut().insert(h.oid, h.obj_version);
         }
         let r = match (h.op, data) {
             (Op::ShardDelete, _) => self.store.delete_logged(e).await,
             (_, None) => self.store.log_only(e).await,
+            // Every other shard holds the write: no peering rolls it back.
+            (_, Some(d)) if h.replace => self.store.write_logged(e, 0, d).await,
             (_, Some(d)) if h.xor => {
                 let make = move |old: Option<&[u8]>| {
                     let mut out = AlignedBuf::zeroed(d.len());
@@ -815,11 +820,25 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // marks down is not waited for (the write is not acknowledged;
         // the next peering settles what the shards hold).
         let mut status = Status::Ok;
+        // Shards that refused the write because the bytes it replaces (its
+        // undo, or the parity the delta goes into) failed their checksum:
+        // nothing was written there.
+        let mut damaged: Vec<u32> = Vec::new();
         for (o, mut t) in tasks {
             let s = self.replica_status(o, &mut t, h.epoch).await;
-            if status == Status::Ok && s != Status::Ok {
+            if s == Status::Corrupt && h.op == Op::Write {
+                damaged.push(o);
+            } else if status == Status::Ok && s != Status::Ok {
                 status = s;
             }
+        }
+        if !damaged.is_empty() && status == Status::Ok {
+            status = self
+                .replace_damaged(h, &scheme, version, &up, &damaged)
+                .await;
+        } else if !damaged.is_empty() {
+            // The PG's interval ends (the caller); the client retries.
+            status = Status::Unavailable;
         }
         if status == Status::Ok && matches!(h.op, Op::Write | Op::Delete) {
             // Every shard has it: committed; the shards may drop what a
@@ -830,6 +849,66 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             self.queue_commit(h.pg_id(), h.epoch, to, (h.oid, version));
         }
         status
+    }
+
+    /// Rebuilds, for each shard on an OSD of `damaged` that refused write
+    /// `h` at `version` because the bytes it replaces failed their
+    /// checksum, its whole shard object at that version from `k` of the
+    /// shards `up` that took the write, and writes it there over the
+    /// damaged one, logged, keeping no undo ([`nacre_wire::FLAG_REPLACE`]):
+    /// safe, as every other shard holds the write durably, so no peering
+    /// rolls it back (one rolls back only a write some holder lacks). A
+    /// write over damaged bytes then succeeds and repairs them, where
+    /// failing it would fail the client's write (an EIO) until a scrub.
+    /// `Unavailable` if fewer than `k` shards read (the client retries
+    /// once the next peering settled the write).
+    async fn replace_damaged(
+        self: &Rc<Self>,
+        h: &Header,
+        scheme: &Scheme,
+        version: u64,
+        up: &[(usize, u32)],
+        damaged: &[u32],
+    ) -> Status {
+        let took: Vec<(usize, u32)> = (up.iter().copied())
+            .filter(|(_, o)| !damaged.contains(o))
+            .collect();
+        let (pg, oid) = (h.pg_id(), h.oid.whole());
+        for &(slot, o) in up.iter().filter(|(_, o)| damaged.contains(o)) {
+            let whole = self
+                .decode_shard(pg, h.epoch, scheme, oid, slot, &took, None)
+                .await;
+            let data = match whole {
+                Ok((v, Some(d))) if v == version => d,
+                Ok((v, _)) => {
+                    tracing::warn!(
+                        "osd.{}: {oid} shard {slot} on osd.{o}: rebuilt at v{v:#x}, not the write's v{version:#x}",
+                        self.id
+                    );
+                    return Status::Unavailable;
+                }
+                Err(e) => {
+                    tracing::warn!("osd.{}: {oid} shard {slot} on osd.{o}: {e}", self.id);
+                    return Status::Unavailable;
+                }
+            };
+            tracing::warn!(
+                "osd.{}: {oid} shard {slot} on osd.{o} failed its checksum under a write: rewritten whole at v{version:#x}",
+                self.id
+            );
+            let mut sub = self.shard_header(h, Op::ShardWrite, slot, version);
+            (sub.offset, sub.length, sub.replace) = (0, data.len() as u32, true);
+            sub = sub.with_payload(&data);
+            let (s, _, _) = self.clone().shard_call(o, sub, Some(data)).await;
+            if s != Status::Ok {
+                return if s == Status::Corrupt {
+                    Status::Unavailable
+                } else {
+                    s
+                };
+            }
+        }
+        Status::Ok
     }
 
     /// Queues the commit of write `w` of PG `pg` in `epoch` for its

@@ -241,12 +241,13 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// complete in (`Op::ShardActive`): it answers clients' direct reads
     /// of its slot while that is its epoch.
     serving: RefCell<HashMap<PgId, u64>>,
-    /// Shard objects deleted here whose commit has not arrived (shard
-    /// object → the delete's version): a delete keeps no undo, so until
-    /// then it might be on this shard alone, never acknowledged, and
-    /// undone by the next peering; direct reads of them are refused. A
-    /// new map clears it (no direct read is answered before the next
-    /// peering settles every op).
+    /// Shard objects deleted or replaced whole here whose commit has not
+    /// arrived (shard object → the op's version): those ops keep no undo,
+    /// so until then a delete might be on this shard alone, never
+    /// acknowledged, and undone by the next peering (and a replaced shard
+    /// is left unread until its write is known committed too); direct
+    /// reads of them are refused. A new map clears it (no direct read is
+    /// answered before the next peering settles every op).
     deleting: RefCell<HashMap<ObjectId, u64>>,
     pub stats: OsdStats,
 }

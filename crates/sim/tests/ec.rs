@@ -1241,6 +1241,50 @@ fn a_damaged_shard_is_read_around() {
     });
 }
 
+/// A write over bytes that fail their checksum on a shard — a data
+/// shard's, which its undo must keep, and a parity shard's, into which
+/// the delta goes — succeeds: each damaged shard refuses it (nothing
+/// written there), and the primary rebuilds that shard whole at the
+/// write's version from the shards that took it and writes it over the
+/// damaged one. Every byte reads back, both shards read clean, and a
+/// deep scrub finds nothing to repair. Seen failing with the write
+/// answered `Corrupt` (CI: an EIO through NBD after bytes were flipped).
+#[test]
+fn a_write_over_damaged_bytes_rewrites_the_shard() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(27, 6).await;
+        let ob = 4 * OBJECT_BYTES;
+        let a = nacre_sim::object(1, 1, 0);
+        let (pg, _) = c.route(a);
+        let row = c.placement(a);
+        let mut r = Rng(27);
+        let mut model: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
+        assert_eq!(write(&c, a, 1, 0, &model).await, Status::Ok);
+        // Shard offset 8192 + 17 flips: on data shard 1, object unit 9
+        // (4 data shards); on parity shard 4, the parity of units 8..12.
+        flip_shard(&c, row[1], a.shard(1)).await;
+        flip_shard(&c, row[4], a.shard(4)).await;
+        let unit: Vec<u8> = (0..4096).map(|_| r.next() as u8).collect();
+        let at = 9 * 4096;
+        assert_eq!(write(&c, a, 2, at as u32, &unit).await, Status::Ok);
+        model[at..at + 4096].copy_from_slice(&unit);
+        assert!(
+            read(&c, a, 0, ob).await == model,
+            "the object after the write"
+        );
+        for s in [1u8, 4] {
+            let o = c.osd(row[s as usize]).unwrap();
+            assert!(
+                o.store().read(a.shard(s), 0, OBJECT_BYTES).await.is_ok(),
+                "shard {s} still damaged"
+            );
+        }
+        let deep = c.scrubbed(pg, true).await;
+        assert_eq!((deep.inconsistent, deep.repaired), (0, 0), "{deep:?}");
+        check_all(&c, &HashMap::from([(a, model)]), "after the write").await;
+    });
+}
+
 /// A read of a unit sent, with the old map, to an OSD that placement
 /// moved away while it was cut off from the other OSDs but not from the
 /// leader: its heartbeats go on, the maps it asks for are lost, so it

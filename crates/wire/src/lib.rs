@@ -70,7 +70,12 @@ pub const FLAG_UNLOGGED: u16 = 2;
 /// Flag of a [`Op::ShardWrite`]: the payload is XORed into the shard's
 /// bytes (a parity delta), not written over them.
 pub const FLAG_XOR: u16 = 4;
-const FLAGS_KNOWN: u16 = FLAG_REPLY | FLAG_UNLOGGED | FLAG_XOR;
+/// Flag of a [`Op::ShardWrite`]: the payload, at offset 0, is the whole
+/// shard object at this version, written over it without keeping what it
+/// replaces (the primary rebuilt it for a shard whose old bytes failed
+/// their checksum, after every other shard took the write).
+pub const FLAG_REPLACE: u16 = 8;
+const FLAGS_KNOWN: u16 = FLAG_REPLY | FLAG_UNLOGGED | FLAG_XOR | FLAG_REPLACE;
 /// Bytes per write named by a [`Op::ShardCommit`]: volume, block,
 /// version (u64 each, little-endian).
 pub const SHARD_COMMIT_ENTRY_BYTES: usize = 24;
@@ -380,6 +385,8 @@ pub struct Header {
     pub unlogged: bool,
     /// [`FLAG_XOR`] (a `ShardWrite` of a parity delta).
     pub xor: bool,
+    /// [`FLAG_REPLACE`] (a `ShardWrite` of a whole shard, no undo kept).
+    pub replace: bool,
     pub status: Status,
     /// The PG the frame is about: its number and its pool.
     pub pg: u32,
@@ -432,6 +439,7 @@ impl Header {
             reply: false,
             unlogged: false,
             xor: false,
+            replace: false,
             status: Status::Ok,
             pg: 0,
             pool: oid.pool(),
@@ -486,7 +494,8 @@ impl Header {
             op: self.op as u8,
             flags: ((if self.reply { FLAG_REPLY } else { 0 })
                 | (if self.unlogged { FLAG_UNLOGGED } else { 0 })
-                | (if self.xor { FLAG_XOR } else { 0 }))
+                | (if self.xor { FLAG_XOR } else { 0 })
+                | (if self.replace { FLAG_REPLACE } else { 0 }))
             .into(),
             status: (self.status as u32).into(),
             pg: self.pg.into(),
@@ -540,6 +549,7 @@ impl Header {
             reply: flags & FLAG_REPLY != 0,
             unlogged: flags & FLAG_UNLOGGED != 0,
             xor: flags & FLAG_XOR != 0,
+            replace: flags & FLAG_REPLACE != 0,
             status,
             pg: raw.pg.get(),
             pool: raw.pool.get(),
@@ -566,6 +576,11 @@ impl Header {
         let bad = |why| Err(WireError::PayloadLen { op, len, why });
         if len > PAYLOAD_MAX_BYTES {
             return bad("larger than an object");
+        }
+        if self.replace
+            && (op != Op::ShardWrite || self.xor || self.offset != 0 || self.length == 0)
+        {
+            return bad("a replacing shard write is a whole shard's bytes");
         }
         let ranged = matches!(
             op,

@@ -225,6 +225,16 @@ fn payload_must_match_op() {
     let back = Header::decode(&buf).unwrap();
     assert_eq!(back, h);
     assert_eq!(back.oid.shard_index(), Some(2));
+    // A replacing write is a whole shard from offset 0, nothing else.
+    let (mut r, whole) = (h, vec![5u8; 16384]);
+    (r.offset, r.length, r.xor, r.replace) = (0, 16384, false, true);
+    let r = r.with_payload(&whole);
+    r.encode(&mut buf);
+    assert_eq!(Header::decode(&buf).unwrap(), r);
+    assert!(Header::decode(&buf).unwrap().reply(Status::Ok).replace);
+    assert!(Header::decode(&raw_frame(Op::ShardWrite, FLAG_REPLACE, 0)).is_err());
+    assert!(Header::decode(&raw_frame(Op::ShardWrite, FLAG_REPLACE | FLAG_XOR, 0)).is_err());
+    assert!(Header::decode(&raw_frame(Op::Push, FLAG_REPLACE, 0)).is_err());
 }
 
 proptest! {
