@@ -210,6 +210,12 @@ pub enum RecordKind {
     /// ([`crate::Store::release_undo`]): written lazily, with the next
     /// batch, so a crash may still bring a released undo back.
     Release = 12,
+    /// The undo of the write at `version` is the object's whole block as
+    /// it was: the `Big` record that follows keeps it, under the object's
+    /// hidden name, instead of freeing it (re-logged by a checkpoint: the
+    /// object at `version` holds that undo). No bytes: they stay in the
+    /// kept block ([`crate::undo`], *whole blocks*).
+    UndoBlock = 13,
 }
 
 impl RecordKind {
@@ -255,6 +261,7 @@ impl RecordKind {
             10 => Some(RecordKind::PgTail),
             11 => Some(RecordKind::Undo),
             12 => Some(RecordKind::Release),
+            13 => Some(RecordKind::UndoBlock),
             _ => None,
         }
     }

@@ -134,7 +134,7 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
     let mut at = HDR_BYTES;
     for r in records.iter_mut() {
         let location = match r.kind {
-            RecordKind::Undo if r.len == 0 => {
+            RecordKind::Undo | RecordKind::UndoBlock if r.len == 0 => {
                 r.data_pos = id.pos;
                 0
             }
@@ -152,7 +152,8 @@ pub fn encode_batch(records: &mut [&mut Record], id: BatchId, sector: u32) -> (A
             | RecordKind::PgForget
             | RecordKind::PgMark
             | RecordKind::PgTail
-            | RecordKind::Release => 0,
+            | RecordKind::Release
+            | RecordKind::UndoBlock => 0,
         };
         let rh = RecordHeader {
             kind: U32::new(r.kind as u32),
@@ -372,7 +373,8 @@ pub fn parse_batch(
             | RecordKind::PgForget
             | RecordKind::PgMark
             | RecordKind::PgTail
-            | RecordKind::Release => len == 0 && ncsum == 0 && offset == 0 && loc == 0,
+            | RecordKind::Release
+            | RecordKind::UndoBlock => len == 0 && ncsum == 0 && offset == 0 && loc == 0,
             RecordKind::Fold => {
                 len == 0
                     && offset == 0
@@ -392,6 +394,7 @@ pub fn parse_batch(
                 | RecordKind::Delete
                 | RecordKind::Fold
                 | RecordKind::Undo
+                | RecordKind::UndoBlock
                 | RecordKind::Release,
                 None,
             ) => true,
@@ -436,7 +439,7 @@ pub fn parse_batch(
             },
             csums,
             data_pos: match kind {
-                RecordKind::Undo if len == 0 => pos,
+                RecordKind::Undo | RecordKind::UndoBlock if len == 0 => pos,
                 RecordKind::Small | RecordKind::Undo => pos + u64::from(loc),
                 _ => 0,
             },

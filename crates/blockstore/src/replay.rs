@@ -507,7 +507,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
     }
     {
         let State { undos, index, .. } = &mut st;
-        undos.settle(|oid| index.version(oid));
+        undos.settle(index);
     }
     for b in 0..g.nblocks {
         if st.index.blocks[b as usize].is_free() {

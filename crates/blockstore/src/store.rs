@@ -43,6 +43,18 @@ use crate::format::{Geometry, LogRegion, PageMeta, RecordKind, PAGE_BYTES};
 use crate::index::{Index, OidMap};
 use crate::journal::{chunk_csums, Record};
 use crate::pglog::{Admission, LogEntry, LogOp, PgLog, PgLogs};
+use crate::undo::is_hidden;
+
+/// Refuses an op from outside that names a hidden object (the block an
+/// undo keeps: `crate::undo::hidden`).
+fn check_visible(oid: &ObjectId) -> Result<()> {
+    if is_hidden(oid) {
+        return Err(Error::Invalid(format!(
+            "{oid}: the block index's bit 55 is reserved"
+        )));
+    }
+    Ok(())
+}
 
 /// Options fixed when a store is formatted.
 #[derive(Clone, Debug)]
@@ -498,7 +510,7 @@ impl<D: BlockDev + 'static> Store<D> {
         entry: LogEntry,
         offset: u32,
         data: AlignedBuf,
-        undo: Option<Option<(u32, AlignedBuf)>>,
+        undo: Option<crate::undo::Before>,
     ) -> Result<()> {
         self.0.check_entry(&entry, LogOp::Write)?;
         let len = data.len() as u32;
@@ -645,6 +657,7 @@ impl<D: BlockDev + 'static> Store<D> {
     /// Reads `len` bytes at `offset` of `oid`. Never returns bytes that fail
     /// their checksum: such a read is `Error::Corrupt`.
     pub async fn read(&self, oid: ObjectId, offset: u32, len: u32) -> Result<AlignedBuf> {
+        check_visible(&oid)?;
         self.0.read(oid, offset, len).await
     }
 
@@ -658,20 +671,25 @@ impl<D: BlockDev + 'static> Store<D> {
         self.0.st.borrow().index.version(&oid)
     }
 
-    /// Every object with its newest version, sorted by id.
+    /// Every object with its newest version, sorted by id (the hidden
+    /// objects that hold kept blocks left out, here and below).
     pub fn list(&self) -> Vec<(ObjectId, u64)> {
-        self.0.st.borrow().index.list(|_| true)
+        self.0.st.borrow().index.list(|o| !is_hidden(o))
     }
 
     /// Calls `f` with every object, in no order (a count, without
     /// collecting them).
-    pub fn for_each_object(&self, f: impl FnMut(ObjectId)) {
-        self.0.st.borrow().index.for_each(f)
+    pub fn for_each_object(&self, mut f: impl FnMut(ObjectId)) {
+        (self.0.st.borrow().index).for_each(|o| {
+            if !is_hidden(&o) {
+                f(o)
+            }
+        })
     }
 
     /// The objects `keep` accepts with their newest versions, sorted.
     pub fn list_where(&self, keep: impl Fn(&ObjectId) -> bool) -> Vec<(ObjectId, u64)> {
-        self.0.st.borrow().index.list(keep)
+        (self.0.st.borrow().index).list(|o| !is_hidden(o) && keep(o))
     }
 
     pub fn space(&self) -> Space {
@@ -703,7 +721,8 @@ impl<D: BlockDev + 'static> Store<D> {
     }
 
     pub fn object_count(&self) -> usize {
-        self.0.st.borrow().index.object_count()
+        let st = self.0.st.borrow();
+        st.index.object_count() - st.undos.block_count()
     }
 
     /// Journal bytes written since the last checkpoint.
@@ -1043,9 +1062,10 @@ impl<D: BlockDev + 'static> Inner<D> {
         durable: bool,
         entry: Option<LogEntry>,
         mode: Mode,
-        undo: Option<Option<(u32, AlignedBuf)>>,
+        undo: Option<crate::undo::Before>,
     ) -> Result<()> {
         self.check_range(offset, data.len().min(u32::MAX as usize) as u32)?;
+        check_visible(&oid)?;
         let len = data.len() as u32;
         if let Some(e) = entry.filter(|e| e.oid != oid) {
             return Err(Error::Invalid(format!(
@@ -1127,6 +1147,13 @@ impl<D: BlockDev + 'static> Inner<D> {
             let csums = chunk_csums(&data);
             self.st.borrow_mut().stats.small_writes += 1;
             if let Some(before) = undo {
+                // A kept block goes with a whole-block write alone.
+                if matches!(before, crate::undo::Before::Block) {
+                    self.withdraw(&oid, Some(version));
+                    return Err(Error::Invalid(format!(
+                        "{oid}: a partial write keeps no block"
+                    )));
+                }
                 self.enqueue_undo(oid, version, before, durable, false);
             }
             self.enqueue(Queued {
@@ -1158,6 +1185,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         version: u64,
         entry: Option<LogEntry>,
     ) -> Result<()> {
+        check_visible(&oid)?;
         let Some(_hold) = self.hold_pg(entry.as_ref())? else {
             return Ok(());
         };

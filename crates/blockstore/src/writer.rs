@@ -42,8 +42,15 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         RecordKind::PgForget => return st.pglogs.forget(rec.oid.volume.0, rec.version),
         RecordKind::PgMark => return st.pglogs.mark(rec.oid.volume.0, rec.version != 0),
         RecordKind::PgTail => return st.pglogs.raise_tail(rec.oid.volume.0, rec.version),
-        RecordKind::Undo => return crate::undo::apply(st, rec, data, replay),
-        RecordKind::Release => return st.undos.on_release(&rec.oid, rec.version),
+        RecordKind::Undo | RecordKind::UndoBlock => {
+            return crate::undo::apply(st, rec, data, replay)
+        }
+        RecordKind::Release => {
+            if st.undos.on_release(&rec.oid, rec.version) {
+                crate::undo::drop_hidden(st, rec.oid, replay);
+            }
+            return;
+        }
         _ => {}
     }
     if rec.kind == RecordKind::Fold {
@@ -74,7 +81,16 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 crate::strict_assert!(replay, "small write to {} without a block", rec.oid);
                 return;
             }
-            st.undos.on_write(rec.oid, rec.version);
+            let changed = st.undos.on_write(rec.oid, rec.version);
+            if changed.dropped_block {
+                crate::undo::drop_hidden(st, rec.oid, replay);
+            }
+            if changed.keeps_block {
+                // Only a whole-block write keeps a block (a replay of
+                // records no live store wrote): nothing to keep here.
+                crate::strict_assert!(replay, "a small write of {} kept a block", rec.oid);
+                st.undos.drop_held(&rec.oid);
+            }
             let cache = data.filter(|_| {
                 st.index.overlay_data_bytes + u64::from(rec.len) <= st.overlay_cache_max
             });
@@ -92,11 +108,26 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             );
         }
         RecordKind::Big => {
-            // Folds met earlier were for the content this write replaces.
-            if replay {
-                st.replay_folds.retain(|f| f.oid != rec.oid);
+            let changed = st.undos.on_write(rec.oid, rec.version);
+            if changed.dropped_block {
+                crate::undo::drop_hidden(st, rec.oid, replay);
             }
             let old = st.index.clear_block(&rec.oid);
+            // The block replaced, kept as the write's undo under the
+            // object's hidden name (not when replay finds the write
+            // applied already: the table has the hidden object then).
+            let keep = old.filter(|&o| changed.keeps_block && o != rec.block);
+            // Folds met earlier were for the content this write replaces
+            // — or, kept, for the hidden object that holds it now.
+            if replay {
+                let h = crate::undo::hidden(rec.oid);
+                st.replay_folds.retain_mut(|f| {
+                    if f.oid == rec.oid && Some(f.block) == keep {
+                        f.oid = h;
+                    }
+                    f.oid != rec.oid
+                });
+            }
             if replay && !st.index.blocks[rec.block as usize].is_free() {
                 // A stale table entry from a fuzzy checkpoint: the journal
                 // is authoritative.
@@ -110,11 +141,28 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             }
             st.index.set_block(rec.oid, rec.block, rec.version);
             st.index.drop_pending(&rec.oid);
-            st.undos.on_write(rec.oid, rec.version);
             st.csum.set(rec.block, rec.csums.clone().into_boxed_slice());
-            if let Some(old) = old.filter(|&o| o != rec.block) {
-                if !replay {
-                    st.alloc.defer(old);
+            let h = crate::undo::hidden(rec.oid);
+            match keep {
+                Some(b) => {
+                    if st.index.block_of(&h).is_some() {
+                        // Only from a stale table in replay.
+                        crate::strict_assert!(replay, "{h} holds a block already");
+                        crate::undo::drop_hidden(st, rec.oid, replay);
+                    }
+                    st.index.set_block(h, b, cur.unwrap_or(0));
+                }
+                None => {
+                    if changed.keeps_block && st.index.block_of(&h).is_none() {
+                        // Replay: no block to keep (the object had none,
+                        // or the write was applied and its undo is gone).
+                        st.undos.drop_held(&rec.oid);
+                    }
+                    if let Some(old) = old.filter(|&o| o != rec.block) {
+                        if !replay {
+                            st.alloc.defer(old);
+                        }
+                    }
                 }
             }
         }
@@ -126,9 +174,12 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         | RecordKind::PgMark
         | RecordKind::PgTail
         | RecordKind::Undo
+        | RecordKind::UndoBlock
         | RecordKind::Release => unreachable!("handled above"),
         RecordKind::Delete => {
-            st.undos.on_delete(&rec.oid);
+            if st.undos.on_delete(&rec.oid) {
+                crate::undo::drop_hidden(st, rec.oid, replay);
+            }
             if cur.is_none() {
                 return;
             }
@@ -403,7 +454,7 @@ pub(crate) async fn sync_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 }
                 if cfg!(feature = "strict") {
                     let State { undos, index, .. } = &*st;
-                    undos.check(|oid| index.version(oid));
+                    undos.check(index);
                 }
                 st.completed = st.completed.max(w.end);
             }

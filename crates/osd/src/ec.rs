@@ -355,11 +355,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     .write_undoable(e, h.offset, h.length, make)
                     .await
             }
-            (_, Some(d)) => {
-                (self.store)
-                    .write_undoable(e, h.offset, h.length, move |_| d)
-                    .await
-            }
+            // New bytes over old: a whole shard keeps its old block as the
+            // undo (no read of it, no copy in the journal).
+            (_, Some(d)) => self.store.replace_undoable(e, h.offset, d).await,
         };
         match r {
             Ok(()) => Status::Ok,
@@ -406,7 +404,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     Ok(Some(u)) if u.version == v => match u.before {
                         Some((off, b)) => {
                             let e = entry(w, LogOp::Write, off, b.len() as u32, 0, v);
-                            self.store.write_logged(e, off, b).await
+                            if off == 0 && b.len() == self.store.block_bytes() as usize {
+                                // A whole block (one the write kept, most
+                                // likely, whose block comes back only once
+                                // this lands): a recovery's, which may take
+                                // the blocks kept back from clients.
+                                self.store.recover_logged(e, b).await
+                            } else {
+                                self.store.write_logged(e, off, b).await
+                            }
                         }
                         None => {
                             self.store
@@ -832,13 +838,19 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 status = s;
             }
         }
-        if !damaged.is_empty() && status == Status::Ok {
-            status = self
-                .replace_damaged(h, &scheme, version, &up, &damaged)
-                .await;
-        } else if !damaged.is_empty() {
-            // The PG's interval ends (the caller); the client retries.
-            status = Status::Unavailable;
+        match damaged[..] {
+            [] => {}
+            [d] if status == Status::Ok => {
+                status = self.replace_damaged(h, &scheme, version, &up, d).await;
+            }
+            // Two damaged shards: one replaced without undo while the
+            // other still lacks the write could leave the first holding a
+            // write the next peering rolls back elsewhere. The PG's
+            // interval ends (the caller), the next peering rolls the write
+            // back, and the client retries (a scrub repairs the shards).
+            _ if status == Status::Ok => status = Status::Unavailable,
+            // Another shard's own error stands.
+            _ => {}
         }
         if status == Status::Ok && matches!(h.op, Op::Write | Op::Delete) {
             // Every shard has it: committed; the shards may drop what a
@@ -851,30 +863,31 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         status
     }
 
-    /// Rebuilds, for each shard on an OSD of `damaged` that refused write
-    /// `h` at `version` because the bytes it replaces failed their
-    /// checksum, its whole shard object at that version from `k` of the
-    /// shards `up` that took the write, and writes it there over the
-    /// damaged one, logged, keeping no undo ([`nacre_wire::FLAG_REPLACE`]):
-    /// safe, as every other shard holds the write durably, so no peering
-    /// rolls it back (one rolls back only a write some holder lacks). A
-    /// write over damaged bytes then succeeds and repairs them, where
-    /// failing it would fail the client's write (an EIO) until a scrub.
-    /// `Unavailable` if fewer than `k` shards read (the client retries
-    /// once the next peering settled the write).
+    /// Rebuilds the shard on OSD `damaged`, which refused write `h` at
+    /// `version` because the bytes it replaces failed their checksum, as
+    /// its whole shard object at that version from `k` of the shards `up`
+    /// that took the write, and writes it there over the damaged one,
+    /// logged, keeping no undo ([`nacre_wire::FLAG_REPLACE`]): safe, as
+    /// every other shard holds the write durably, so no peering rolls it
+    /// back (one rolls back only a write some holder lacks) — which is why
+    /// only one damaged shard is ever replaced. A write over damaged bytes
+    /// then succeeds and repairs them, where failing it would fail the
+    /// client's write (an EIO) until a scrub. `Unavailable` if fewer than
+    /// `k` shards read (the client retries once the next peering settled
+    /// the write).
     async fn replace_damaged(
         self: &Rc<Self>,
         h: &Header,
         scheme: &Scheme,
         version: u64,
         up: &[(usize, u32)],
-        damaged: &[u32],
+        damaged: u32,
     ) -> Status {
         let took: Vec<(usize, u32)> = (up.iter().copied())
-            .filter(|(_, o)| !damaged.contains(o))
+            .filter(|&(_, o)| o != damaged)
             .collect();
         let (pg, oid) = (h.pg_id(), h.oid.whole());
-        for &(slot, o) in up.iter().filter(|(_, o)| damaged.contains(o)) {
+        for &(slot, o) in up.iter().filter(|&&(_, o)| o == damaged) {
             let whole = self
                 .decode_shard(pg, h.epoch, scheme, oid, slot, &took, None)
                 .await;

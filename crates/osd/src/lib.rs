@@ -1092,8 +1092,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         } else {
             map.pg_of(h.oid) == Some(h.pg_id())
         };
-        // A shard's id (its index in the block) is the OSDs' alone.
-        if !pg_ok || h.oid.shard_index().is_some() {
+        // A shard's id (its index in the block) is the OSDs' alone, and so
+        // are the bits between a block index (below 2⁵²) and it: a store
+        // names the blocks its undos keep with one (refused there too, but
+        // only after the op has a version, which would end the interval).
+        if !pg_ok || h.oid.shard_index().is_some() || h.oid.block >> 52 != 0 {
             return Some(Status::Invalid);
         }
         if need_primary && !self.pgs.borrow().contains_key(&h.pg_id()) {

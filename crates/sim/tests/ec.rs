@@ -1242,13 +1242,17 @@ fn a_damaged_shard_is_read_around() {
 }
 
 /// A write over bytes that fail their checksum on a shard — a data
-/// shard's, which its undo must keep, and a parity shard's, into which
-/// the delta goes — succeeds: each damaged shard refuses it (nothing
-/// written there), and the primary rebuilds that shard whole at the
-/// write's version from the shards that took it and writes it over the
-/// damaged one. Every byte reads back, both shards read clean, and a
-/// deep scrub finds nothing to repair. Seen failing with the write
-/// answered `Corrupt` (CI: an EIO through NBD after bytes were flipped).
+/// shard's, which its undo must keep, or a parity shard's, into which the
+/// delta goes — succeeds: the damaged shard refuses it (nothing written
+/// there), and the primary rebuilds that shard whole at the write's
+/// version from the shards that took it and writes it over the damaged
+/// one; every byte reads back and the shard reads clean. With two shards
+/// damaged under one write it is not acknowledged (a shard replaced
+/// without undo while the other lacked the write could keep a write the
+/// next peering rolls back); the next peering rolls it back, the object
+/// reads as before, a deep scrub repairs both, and the write goes in.
+/// Seen failing with the write answered `Corrupt` (CI: an EIO through
+/// NBD after bytes were flipped).
 #[test]
 fn a_write_over_damaged_bytes_rewrites_the_shard() {
     rt::block_on_virtual(async {
@@ -1261,27 +1265,46 @@ fn a_write_over_damaged_bytes_rewrites_the_shard() {
         let mut model: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
         assert_eq!(write(&c, a, 1, 0, &model).await, Status::Ok);
         // Shard offset 8192 + 17 flips: on data shard 1, object unit 9
-        // (4 data shards); on parity shard 4, the parity of units 8..12.
-        flip_shard(&c, row[1], a.shard(1)).await;
-        flip_shard(&c, row[4], a.shard(4)).await;
-        let unit: Vec<u8> = (0..4096).map(|_| r.next() as u8).collect();
+        // (4 data shards); on parity shards 4 and 5, the parity of units
+        // 8..12. Each write below covers unit 9.
         let at = 9 * 4096;
-        assert_eq!(write(&c, a, 2, at as u32, &unit).await, Status::Ok);
-        model[at..at + 4096].copy_from_slice(&unit);
-        assert!(
-            read(&c, a, 0, ob).await == model,
-            "the object after the write"
-        );
-        for s in [1u8, 4] {
-            let o = c.osd(row[s as usize]).unwrap();
-            assert!(
-                o.store().read(a.shard(s), 0, OBJECT_BYTES).await.is_ok(),
-                "shard {s} still damaged"
-            );
+        let mut req = 1;
+        for damaged in [&[1u8][..], &[4], &[1, 5]] {
+            for &s in damaged {
+                // Folded first: a parity delta of the last write sits in
+                // the journal over the range, hiding the block's bytes.
+                let o = c.osd(row[s as usize]).unwrap();
+                o.store().checkpoint().await.unwrap();
+                flip_shard(&c, row[s as usize], a.shard(s)).await;
+            }
+            let unit: Vec<u8> = (0..4096).map(|_| r.next() as u8).collect();
+            req += 1;
+            let got = write(&c, a, req, at as u32, &unit).await;
+            if damaged.len() == 1 {
+                assert_eq!(got, Status::Ok, "shard {damaged:?} damaged");
+                model[at..at + 4096].copy_from_slice(&unit);
+            } else {
+                assert_ne!(got, Status::Ok, "two shards replaced without undo");
+                c.settle(SETTLE).await.unwrap();
+            }
+            assert!(read(&c, a, 0, ob).await == model, "after {damaged:?}");
+            for &s in damaged.iter().filter(|_| damaged.len() == 1) {
+                let o = c.osd(row[s as usize]).unwrap();
+                assert!(
+                    o.store().read(a.shard(s), 0, OBJECT_BYTES).await.is_ok(),
+                    "shard {s} still damaged"
+                );
+            }
         }
         let deep = c.scrubbed(pg, true).await;
-        assert_eq!((deep.inconsistent, deep.repaired), (0, 0), "{deep:?}");
-        check_all(&c, &HashMap::from([(a, model)]), "after the write").await;
+        assert_eq!((deep.inconsistent, deep.repaired), (1, 1), "{deep:?}");
+        let unit = vec![0x77; 4096];
+        assert_eq!(
+            write_acked(&c, a, req + 1, at as u32, &unit).await,
+            Status::Ok
+        );
+        model[at..at + 4096].copy_from_slice(&unit);
+        check_all(&c, &HashMap::from([(a, model)]), "after the scrub").await;
     });
 }
 

@@ -1342,3 +1342,24 @@ fn a_replicated_pool_refuses_direct_reads() {
         assert!(got[..4096].iter().all(|&b| b == 9));
     });
 }
+
+/// A client write naming a block index with a bit at or above 52 (the
+/// shard byte, and the bit a store names the blocks its undos keep with)
+/// is refused `Invalid` before it gets a version: the PG's interval goes
+/// on (a store refusing it after would end the interval, at any client's
+/// will).
+#[test]
+fn a_client_op_on_a_reserved_block_index_is_refused() {
+    rt::block_on_virtual(async {
+        let c = cluster(33).await;
+        let epoch = c.leader.map().epoch();
+        let volume = c.object(1).volume.0;
+        for (i, block) in [1u64 << 52, 1 << 55, (1 << 55) | 3].into_iter().enumerate() {
+            let oid = ObjectId::new(volume, block);
+            let f = send(&c, oid, 10 + i as u64, 5).await.unwrap();
+            assert_eq!(f.h.status, Status::Invalid, "block {block:#x}");
+        }
+        rt::sleep(Duration::from_secs(5)).await;
+        assert_eq!(c.leader.map().epoch(), epoch, "an interval ended");
+    });
+}
