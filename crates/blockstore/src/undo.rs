@@ -379,9 +379,10 @@ impl<D: BlockDev + 'static> Store<D> {
 
     /// [`Store::write_undoable`] of `data`, which does not depend on what
     /// it replaces: a write of a whole block over an object that has one
-    /// (and no overlay) keeps that block as its undo — no read, no undo
-    /// bytes in the journal — while the blocks kept stay under a
-    /// sixteenth of the store; any other is made as `write_undoable`.
+    /// (and no overlay) keeps that block as its undo — read to check its
+    /// checksums, no undo bytes in the journal — while the blocks kept
+    /// stay under a sixteenth of the store and the free ones well above
+    /// the reserve; any other is made as `write_undoable`.
     pub async fn replace_undoable(
         &self,
         entry: LogEntry,

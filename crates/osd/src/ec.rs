@@ -356,7 +356,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     .await
             }
             // New bytes over old: a whole shard keeps its old block as the
-            // undo (no read of it, no copy in the journal).
+            // undo (read to check it, not copied into the journal).
             (_, Some(d)) => self.store.replace_undoable(e, h.offset, d).await,
         };
         match r {
