@@ -121,10 +121,10 @@ impl Kept {
 #[derive(Default)]
 pub(crate) struct Changed {
     /// An older undo that kept a block was dropped: its hidden object goes.
-    pub dropped_block: bool,
+    dropped_block: bool,
     /// The write's own undo keeps a block: the block the write replaces
     /// becomes the hidden object instead of being freed.
-    pub keeps_block: bool,
+    keeps_block: bool,
 }
 
 /// Undos held in memory: per object, the applied one and one whose write
@@ -418,14 +418,17 @@ impl<D: BlockDev + 'static> Store<D> {
         let oid = entry.oid;
         let given = matches!(make, Make::Given(_));
         let whole = offset == 0 && len == inner.g.block_bytes;
-        if !given || !whole {
-            let cost = undo_cost(len);
+        let fits = |cost: u64| {
             if cost > inner.undo_bytes_max() {
                 return Err(Error::Invalid(format!(
                     "an undoable write of {len} bytes: at most {} (a sixteenth of the journal)",
                     inner.undo_bytes_max() - undo_cost(0)
                 )));
             }
+            Ok(())
+        };
+        if !given || !whole {
+            fits(undo_cost(len))?;
         }
         let mut make = Some(make);
         let mut room: Option<Admitted<'_, D>> = None;
@@ -458,51 +461,35 @@ impl<D: BlockDev + 'static> Store<D> {
                 // Waiting for room may let other ops in: look again (with
                 // no claim held meanwhile).
                 drop(room.take());
-                if cost > inner.undo_bytes_max() {
-                    return Err(Error::Invalid(format!(
-                        "an undoable write of {len} bytes: at most {} (a sixteenth of the journal)",
-                        inner.undo_bytes_max() - undo_cost(0)
-                    )));
-                }
+                fits(cost)?;
                 room = Some(Admitted::reserve(inner, cost).await?);
                 continue;
             }
-            if keep {
-                // Read, not copied: an undo whose bytes fail their
-                // checksum could never be rolled back to, so a write over
-                // damaged bytes is refused (`Corrupt`) as it is below.
-                inner.read(oid, 0, len).await?;
-                let moved = {
-                    let st = inner.st.borrow();
-                    st.index.version(&oid) != stored
-                        || st.inflight.contains_key(&oid)
-                        || st.index.pending.contains_key(&oid)
-                };
-                if moved {
-                    continue;
-                }
-                let Some(Make::Given(data)) = make.take() else {
-                    unreachable!("kept only for given bytes")
-                };
-                return self
-                    .logged_write(entry, offset, data, Some(Before::Block))
-                    .await;
-            }
+            // A kept block is read too, not copied: an undo whose bytes
+            // fail their checksum could never be rolled back to, so a
+            // write over damaged bytes is refused (`Corrupt`) either way.
             let before = match stored {
                 Some(_) => Some(inner.read(oid, offset, len).await?),
                 None => None,
             };
-            // Nothing may have changed the object since it was read.
+            // Nothing may have changed the object since it was read (nor,
+            // for a kept block, put an overlay over it).
             let moved = {
                 let st = inner.st.borrow();
-                st.index.version(&oid) != stored || st.inflight.contains_key(&oid)
+                st.index.version(&oid) != stored
+                    || st.inflight.contains_key(&oid)
+                    || (keep && st.index.pending.contains_key(&oid))
             };
             if moved {
                 continue;
             }
-            let data = match make.take().expect("made once") {
-                Make::From(f) => f(before.as_deref()),
-                Make::Given(d) => d,
+            let (data, undo) = match make.take().expect("made once") {
+                Make::Given(d) if keep => (d, Before::Block),
+                Make::Given(d) => (d, Before::Bytes(before.map(|b| (offset, b)))),
+                Make::From(f) => {
+                    let d = f(before.as_deref());
+                    (d, Before::Bytes(before.map(|b| (offset, b))))
+                }
             };
             if data.len() != len as usize {
                 return Err(Error::Invalid(format!(
@@ -510,8 +497,7 @@ impl<D: BlockDev + 'static> Store<D> {
                     data.len()
                 )));
             }
-            let undo = Some(Before::Bytes(before.map(|b| (offset, b))));
-            return self.logged_write(entry, offset, data, undo).await;
+            return self.logged_write(entry, offset, data, Some(undo)).await;
         }
         Err(Error::Busy(format!(
             "{oid} kept changing while an undoable write read it"
@@ -610,6 +596,17 @@ impl<D: BlockDev + 'static> Store<D> {
             self.0.applied.notify();
         }
     }
+}
+
+/// A write of `oid` at `version` applied ([`Undos::on_write`]): the hidden
+/// object of an undo it dropped goes. Whether the write's own undo keeps
+/// the block it replaces.
+pub(crate) fn on_write(st: &mut State, oid: ObjectId, version: u64, replay: bool) -> bool {
+    let changed = st.undos.on_write(oid, version);
+    if changed.dropped_block {
+        drop_hidden(st, oid, replay);
+    }
+    changed.keeps_block
 }
 
 /// Removes `oid`'s hidden object (the block an undo of it kept); the block

@@ -81,11 +81,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 crate::strict_assert!(replay, "small write to {} without a block", rec.oid);
                 return;
             }
-            let changed = st.undos.on_write(rec.oid, rec.version);
-            if changed.dropped_block {
-                crate::undo::drop_hidden(st, rec.oid, replay);
-            }
-            if changed.keeps_block {
+            if crate::undo::on_write(st, rec.oid, rec.version, replay) {
                 // Only a whole-block write keeps a block (a replay of
                 // records no live store wrote): nothing to keep here.
                 crate::strict_assert!(replay, "a small write of {} kept a block", rec.oid);
@@ -108,19 +104,16 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             );
         }
         RecordKind::Big => {
-            let changed = st.undos.on_write(rec.oid, rec.version);
-            if changed.dropped_block {
-                crate::undo::drop_hidden(st, rec.oid, replay);
-            }
+            let keeps_block = crate::undo::on_write(st, rec.oid, rec.version, replay);
+            let h = crate::undo::hidden(rec.oid);
             let old = st.index.clear_block(&rec.oid);
             // The block replaced, kept as the write's undo under the
             // object's hidden name (not when replay finds the write
             // applied already: the table has the hidden object then).
-            let keep = old.filter(|&o| changed.keeps_block && o != rec.block);
+            let keep = old.filter(|&o| keeps_block && o != rec.block);
             // Folds met earlier were for the content this write replaces
             // — or, kept, for the hidden object that holds it now.
             if replay {
-                let h = crate::undo::hidden(rec.oid);
                 st.replay_folds.retain_mut(|f| {
                     if f.oid == rec.oid && Some(f.block) == keep {
                         f.oid = h;
@@ -142,7 +135,6 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             st.index.set_block(rec.oid, rec.block, rec.version);
             st.index.drop_pending(&rec.oid);
             st.csum.set(rec.block, rec.csums.clone().into_boxed_slice());
-            let h = crate::undo::hidden(rec.oid);
             match keep {
                 Some(b) => {
                     if st.index.block_of(&h).is_some() {
@@ -153,7 +145,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                     st.index.set_block(h, b, cur.unwrap_or(0));
                 }
                 None => {
-                    if changed.keeps_block && st.index.block_of(&h).is_none() {
+                    if keeps_block && st.index.block_of(&h).is_none() {
                         // Replay: no block to keep (the object had none,
                         // or the write was applied and its undo is gone).
                         st.undos.drop_held(&rec.oid);

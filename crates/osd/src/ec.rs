@@ -886,42 +886,38 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let took: Vec<(usize, u32)> = (up.iter().copied())
             .filter(|&(_, o)| o != damaged)
             .collect();
-        let (pg, oid) = (h.pg_id(), h.oid.whole());
-        for &(slot, o) in up.iter().filter(|&&(_, o)| o == damaged) {
-            let whole = self
-                .decode_shard(pg, h.epoch, scheme, oid, slot, &took, None)
-                .await;
-            let data = match whole {
-                Ok((v, Some(d))) if v == version => d,
-                Ok((v, _)) => {
-                    tracing::warn!(
-                        "osd.{}: {oid} shard {slot} on osd.{o}: rebuilt at v{v:#x}, not the write's v{version:#x}",
-                        self.id
-                    );
-                    return Status::Unavailable;
-                }
-                Err(e) => {
-                    tracing::warn!("osd.{}: {oid} shard {slot} on osd.{o}: {e}", self.id);
-                    return Status::Unavailable;
-                }
-            };
-            tracing::warn!(
-                "osd.{}: {oid} shard {slot} on osd.{o} failed its checksum under a write: rewritten whole at v{version:#x}",
-                self.id
-            );
-            let mut sub = self.shard_header(h, Op::ShardWrite, slot, version);
-            (sub.offset, sub.length, sub.replace) = (0, data.len() as u32, true);
-            sub = sub.with_payload(&data);
-            let (s, _, _) = self.clone().shard_call(o, sub, Some(data)).await;
-            if s != Status::Ok {
-                return if s == Status::Corrupt {
-                    Status::Unavailable
-                } else {
-                    s
-                };
+        let (pg, oid, o) = (h.pg_id(), h.oid.whole(), damaged);
+        let Some(&(slot, _)) = up.iter().find(|&&(_, x)| x == o) else {
+            return Status::Unavailable;
+        };
+        let whole = self
+            .decode_shard(pg, h.epoch, scheme, oid, slot, &took, None)
+            .await;
+        let data = match whole {
+            Ok((v, Some(d))) if v == version => d,
+            Ok((v, _)) => {
+                tracing::warn!(
+                    "osd.{}: {oid} shard {slot} on osd.{o}: rebuilt at v{v:#x}, not the write's v{version:#x}",
+                    self.id
+                );
+                return Status::Unavailable;
             }
+            Err(e) => {
+                tracing::warn!("osd.{}: {oid} shard {slot} on osd.{o}: {e}", self.id);
+                return Status::Unavailable;
+            }
+        };
+        tracing::warn!(
+            "osd.{}: {oid} shard {slot} on osd.{o} failed its checksum under a write: rewritten whole at v{version:#x}",
+            self.id
+        );
+        let mut sub = self.shard_header(h, Op::ShardWrite, slot, version);
+        (sub.offset, sub.length, sub.replace) = (0, data.len() as u32, true);
+        sub = sub.with_payload(&data);
+        match self.clone().shard_call(o, sub, Some(data)).await.0 {
+            Status::Corrupt => Status::Unavailable,
+            s => s,
         }
-        Status::Ok
     }
 
     /// Queues the commit of write `w` of PG `pg` in `epoch` for its
