@@ -8,6 +8,7 @@ mod daemons;
 mod mon;
 mod osds;
 mod pg;
+mod plan;
 mod targets;
 
 use std::path::PathBuf;
@@ -103,6 +104,10 @@ enum Cmd {
     /// Start a cluster in a temporary dir, run the suite through NBD on a
     /// volume and on the local disk, print both, clean up.
     Demo(commands::DemoArgs),
+    /// Estimate a planned cluster from a description (TOML): capacity,
+    /// bandwidth, IOPS, QD1 latency, the time to recover a lost disk and
+    /// host, and the annual probability of losing data.
+    Plan(plan::PlanArgs),
     /// One OSD's blockstore: format, inspect, benchmark.
     Store {
         #[command(subcommand)]
@@ -625,6 +630,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => daemons::gateway_nbd(&etcd, &listen),
         Cmd::Bench(a) => commands::bench(a),
         Cmd::Demo(a) => commands::demo(a),
+        Cmd::Plan(a) => plan::run(a),
     }
 }
 

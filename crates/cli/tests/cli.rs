@@ -199,3 +199,55 @@ fn sizes_take_decimals_and_name_their_units() {
         "{err}"
     );
 }
+
+/// `nacre plan` on every description in docs/plan (they stay valid), as a
+/// table and as JSON; `--example` plans; a bad description names its field.
+#[test]
+fn plan_answers_for_the_documented_descriptions() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/plan");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        seen += 1;
+        let p = path.to_str().unwrap();
+        let out = nacre(&["plan", p]);
+        assert!(
+            out.status.success(),
+            "{p}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let table = String::from_utf8(out.stdout).unwrap();
+        for row in [
+            "capacity",
+            "linear write",
+            "QD1 latency",
+            "lost host",
+            "data loss",
+        ] {
+            assert!(table.contains(row), "{p}: no {row:?} in\n{table}");
+        }
+        let out = nacre(&["plan", p, "--format", "json"]);
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let prob = v["loss"]["annual_probability"].as_f64().unwrap();
+        assert!(prob > 0.0 && prob < 1.0, "{p}: {v}");
+        assert!(v["capacity"]["usable_tb"].as_f64().unwrap() > 0.0);
+    }
+    assert!(seen >= 3, "descriptions in {}", dir.display());
+
+    let example = nacre(&["plan", "--example"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("c.toml");
+    std::fs::write(&file, &example.stdout).unwrap();
+    assert!(nacre(&["plan", file.to_str().unwrap()]).status.success());
+    std::fs::write(&file, "[[hosts]]\ncount = 2\ndisks = 1\ndisk = { kind = \"ssd\", size_tb = 1 }\n[network]\ngbps = 10\n[pool]\nreplicas = 3\n").unwrap();
+    let out = nacre(&["plan", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs 3 failure domains"), "{err}");
+    let out = nacre(&["plan", "/nonexistent.toml"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.toml"));
+}

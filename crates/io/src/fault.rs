@@ -50,21 +50,7 @@ pub struct CutReport {
 #[derive(Clone)]
 pub struct FaultDev(Rc<State>);
 
-/// A small deterministic generator (splitmix64) so failures replay from a seed.
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+pub use nacre_types::SplitMix;
 
 impl FaultDev {
     pub fn new(size_bytes: u64, align: u32) -> Self {

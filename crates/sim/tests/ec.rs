@@ -14,21 +14,7 @@ use nacre_wire::{Header, Op, Status};
 const SETTLE: Duration = Duration::from_secs(60);
 const CLIENT: u64 = 7;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use nacre_io::fault::SplitMix as Rng;
 
 /// A range of an object of `ob` bytes: within one unit, one unit, across
 /// stripes, or the whole object (512-byte aligned).
@@ -122,7 +108,7 @@ async fn write_eight(c: &Cluster, seed: u64) -> (Vec<ObjectId>, HashMap<ObjectId
     let mut model: HashMap<ObjectId, Vec<u8>> = HashMap::new();
     for (i, &oid) in oids.iter().enumerate() {
         let (offset, len) = shape(&mut r, ob);
-        let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+        let data: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
         assert_eq!(write(c, oid, i as u64 + 1, offset, &data).await, Status::Ok);
         let obj = model.entry(oid).or_insert_with(|| vec![0; ob as usize]);
         obj[offset as usize..(offset + len) as usize].copy_from_slice(&data);
@@ -191,7 +177,7 @@ async fn write_some(
             continue;
         }
         let (offset, len) = shape(r, ob);
-        let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+        let data: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
         assert_eq!(
             write_acked(c, oid, req, offset, &data).await,
             Status::Ok,
@@ -622,7 +608,7 @@ async fn one_cut(
     let primary = m.primary(pg).unwrap();
     let lead = row.iter().position(|&o| o == primary).unwrap();
     let mut r = Rng(run);
-    let old: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
+    let old: Vec<u8> = (0..ob).map(|_| r.next_u64() as u8).collect();
     assert_eq!(write(&c, a, 1, 0, &old).await, Status::Ok);
     // A partial write: inside a unit of a data shard other than the
     // primary's, a whole unit, or units 3 to 6 (shards 3, 0 and 1) across
@@ -636,7 +622,7 @@ async fn one_cut(
     let unchanged = (0..4u32)
         .find(|s| !changed.contains(s) && *s as usize != lead)
         .unwrap() as usize;
-    let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+    let data: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
     let mut new = old.clone();
     new[offset as usize..(offset + len) as usize].copy_from_slice(&data);
     let osd_at = |role: Role| match role {
@@ -878,7 +864,7 @@ fn an_ec_pg_lists_its_objects_and_takes_conditional_deletes() {
                 0 => (4096 + 512, 512),
                 _ => shape(&mut r, 4 * OBJECT_BYTES),
             };
-            let data: Vec<u8> = (0..len).map(|_| r.next() as u8 | 1).collect();
+            let data: Vec<u8> = (0..len).map(|_| r.next_u64() as u8 | 1).collect();
             assert_eq!(write(&c, oid, b + 1, offset, &data).await, Status::Ok);
             live.insert(b);
         }
@@ -955,7 +941,7 @@ fn an_ec_scrub_checks_the_parity_and_rewrites_the_shard_to_blame() {
         let mut r = Rng(24);
         let mut model = HashMap::new();
         for (i, &oid) in oids.iter().enumerate() {
-            let data: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
+            let data: Vec<u8> = (0..ob).map(|_| r.next_u64() as u8).collect();
             assert_eq!(write(&c, oid, i as u64 + 1, 0, &data).await, Status::Ok);
             model.insert(oid, data);
         }
@@ -1214,7 +1200,7 @@ fn a_damaged_shard_is_read_around() {
         let row = c.placement(a);
         let mut r = Rng(25);
         let mut model = HashMap::new();
-        let data: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
+        let data: Vec<u8> = (0..ob).map(|_| r.next_u64() as u8).collect();
         assert_eq!(write(&c, a, 1, 0, &data).await, Status::Ok);
         model.insert(a, data.clone());
         flip_shard(&c, row[1], a.shard(1)).await;
@@ -1229,7 +1215,7 @@ fn a_damaged_shard_is_read_around() {
         // reads the first four sources (slots 0, 1, 2, 4) but shard 1.
         crash_until_down(&c, row[3], 26).await;
         c.settle(SETTLE).await.unwrap();
-        let newer: Vec<u8> = (0..unit).map(|_| r.next() as u8).collect();
+        let newer: Vec<u8> = (0..unit).map(|_| r.next_u64() as u8).collect();
         assert_eq!(write_acked(&c, a, 2, 0, &newer).await, Status::Ok);
         model.get_mut(&a).unwrap()[..unit].copy_from_slice(&newer);
         c.start(row[3]).await;
@@ -1262,7 +1248,7 @@ fn a_write_over_damaged_bytes_rewrites_the_shard() {
         let (pg, _) = c.route(a);
         let row = c.placement(a);
         let mut r = Rng(27);
-        let mut model: Vec<u8> = (0..ob).map(|_| r.next() as u8).collect();
+        let mut model: Vec<u8> = (0..ob).map(|_| r.next_u64() as u8).collect();
         assert_eq!(write(&c, a, 1, 0, &model).await, Status::Ok);
         // Shard offset 8192 + 17 flips: on data shard 1, object unit 9
         // (4 data shards); on parity shards 4 and 5, the parity of units
@@ -1277,7 +1263,7 @@ fn a_write_over_damaged_bytes_rewrites_the_shard() {
                 o.store().checkpoint().await.unwrap();
                 flip_shard(&c, row[s as usize], a.shard(s)).await;
             }
-            let unit: Vec<u8> = (0..4096).map(|_| r.next() as u8).collect();
+            let unit: Vec<u8> = (0..4096).map(|_| r.next_u64() as u8).collect();
             req += 1;
             let got = write(&c, a, req, at as u32, &unit).await;
             if damaged.len() == 1 {
@@ -1480,7 +1466,7 @@ fn a_data_shard_answers_reads_of_its_units_directly() {
         let row = c.placement(a);
         let (x, at, e) = (row[u], u as u32 * 4096, m.epoch());
         let mut r = Rng(34);
-        let whole: Vec<u8> = (0..4 * OBJECT_BYTES).map(|_| r.next() as u8).collect();
+        let whole: Vec<u8> = (0..4 * OBJECT_BYTES).map(|_| r.next_u64() as u8).collect();
         assert_eq!(write(&c, a, 99, 0, &whole).await, Status::Ok);
         model.insert(a, whole);
         rt::sleep(Duration::from_secs(1)).await;

@@ -240,6 +240,29 @@ pub fn pg_of(oid: ObjectId, pg_count: u32) -> u32 {
     (x % u64::from(pg_count)) as u32
 }
 
+/// A small deterministic generator (splitmix64), so failures and
+/// simulations replay from a seed.
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// Uniform in (0, 1).
+    pub fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// A shard's id names its object and its index; its PG is its
