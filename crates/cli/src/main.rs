@@ -5,6 +5,7 @@ mod at;
 mod cluster;
 mod commands;
 mod daemons;
+mod disk;
 mod mon;
 mod osds;
 mod pg;
@@ -108,6 +109,11 @@ enum Cmd {
     /// bandwidth, IOPS, QD1 latency, the time to recover a lost disk and
     /// host, and the annual probability of losing data.
     Plan(plan::PlanArgs),
+    /// Disks: test one before trusting it with an OSD.
+    Disk {
+        #[command(subcommand)]
+        cmd: disk::DiskCmd,
+    },
     /// One OSD's blockstore: format, inspect, benchmark.
     Store {
         #[command(subcommand)]
@@ -631,6 +637,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench(a) => commands::bench(a),
         Cmd::Demo(a) => commands::demo(a),
         Cmd::Plan(a) => plan::run(a),
+        Cmd::Disk { cmd } => disk::run(cmd),
     }
 }
 

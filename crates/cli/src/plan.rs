@@ -49,6 +49,8 @@ fn bound(b: Bound) -> &'static str {
         Bound::Network => "network",
         Bound::RecoveryRate => "recovery rate",
         Bound::NoRoom => "nowhere to rebuild",
+        Bound::NothingLost => "nothing lost",
+        Bound::NoCopyLeft => "no copy left",
     }
 }
 
@@ -66,26 +68,30 @@ fn duration(s: f64) -> String {
 }
 
 fn recovery(r: &Recovery) -> String {
-    if r.rate_mbps.bound == Bound::NoRoom {
-        return format!(
-            "{:.1} TB wait for the host's return ({}): too few failure domains left to rebuild elsewhere",
+    match r.rate_mbps.bound {
+        Bound::NoRoom => format!(
+            "{:.1} TB wait for the host's return ({}): no room to rebuild it elsewhere",
             r.lost_tb,
             duration(r.window_s)
-        );
+        ),
+        Bound::NothingLost => "held no PG: nothing to rebuild".into(),
+        Bound::NoCopyLeft => "one copy per PG: its data is lost".into(),
+        _ => format!(
+            "{:.1} TB rebuilt at {} ({} PGs: {} primaries, {} OSDs read, {} written): {} with the out delay",
+            r.lost_tb,
+            limited(&r.rate_mbps, "MB/s"),
+            r.pgs,
+            r.primaries,
+            r.sources,
+            r.targets,
+            duration(r.window_s)
+        ),
     }
-    format!(
-        "{:.1} TB rebuilt at {} by {:.0} primaries onto {:.0} OSDs: {} with the out delay",
-        r.lost_tb,
-        limited(&r.rate_mbps, "MB/s"),
-        r.par.primaries,
-        r.par.targets,
-        duration(r.window_s)
-    )
 }
 
 fn loss(l: &Loss) -> String {
     let how = match l.loss_sets {
-        Some(n) => format!("{n} loss sets counted on the placement"),
+        Some(n) => format!("{n} loss sets counted"),
         None => "expected for an even spread".into(),
     };
     format!(
@@ -100,7 +106,7 @@ fn table(p: &Plan) -> String {
         (
             "cluster",
             format!(
-                "{} hosts, {} OSDs, {}, {} PGs ({:.0} slots per OSD)",
+                "{} hosts, {} OSDs, {}, {} PGs ({:.0} per OSD)",
                 p.hosts, p.osds, p.scheme, p.pgs, p.pgs_per_osd
             ),
         ),
@@ -122,12 +128,18 @@ fn table(p: &Plan) -> String {
                 s.write_lat_us, s.read_lat_us
             ),
         ),
-        ("lost disk", recovery(&p.disk_recovery)),
-        ("lost host", recovery(&p.host_recovery)),
-        ("data loss", loss(&p.loss)),
+        ("lost disk", recovery(&p.nacre.disk_recovery)),
+        ("lost host", recovery(&p.nacre.host_recovery)),
+        ("data loss", loss(&p.nacre.loss)),
     ];
-    if let Some(e) = &p.loss_even {
-        rows.push(("  PGs at random", loss(e)));
+    if let Some(e) = &p.even {
+        rows.push(("PGs at random:", String::new()));
+        rows.push(("  lost disk", recovery(&e.disk_recovery)));
+        rows.push(("  lost host", recovery(&e.host_recovery)));
+        rows.push(("  data loss", loss(&e.loss)));
+    }
+    for w in &p.warnings {
+        rows.push(("warning", w.clone()));
     }
     let mut out = String::new();
     for (k, v) in rows {

@@ -232,7 +232,7 @@ fn plan_answers_for_the_documented_descriptions() {
         let out = nacre(&["plan", p, "--format", "json"]);
         assert!(out.status.success());
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let prob = v["loss"]["annual_probability"].as_f64().unwrap();
+        let prob = v["nacre"]["loss"]["annual_probability"].as_f64().unwrap();
         assert!(prob > 0.0 && prob < 1.0, "{p}: {v}");
         assert!(v["capacity"]["usable_tb"].as_f64().unwrap() > 0.0);
     }
@@ -250,4 +250,155 @@ fn plan_answers_for_the_documented_descriptions() {
     assert!(err.contains("needs 3 failure domains"), "{err}");
     let out = nacre(&["plan", "/nonexistent.toml"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.toml"));
+}
+
+/// A loop device over a file, detached however the test ends.
+struct Loop {
+    dev: String,
+    _dir: tempfile::TempDir,
+    backing: std::path::PathBuf,
+}
+
+impl Loop {
+    fn new(bytes: u64) -> Loop {
+        let dir = tempfile::tempdir().unwrap();
+        let backing = dir.path().join("loop.img");
+        std::fs::File::create(&backing)
+            .unwrap()
+            .set_len(bytes)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&backing)
+            .output()
+            .expect("losetup (Debian: mount)");
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Loop {
+            dev: String::from_utf8(out.stdout).unwrap().trim().to_string(),
+            _dir: dir,
+            backing,
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dev).output();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).output();
+    }
+}
+
+fn check_json(args: &[&str]) -> Result<serde_json::Value, String> {
+    let mut all = vec!["disk", "check"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--size", "64M", "--runtime", "150ms", "--format", "json"]);
+    let out = nacre(&all);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tests = v["tests"].as_array().unwrap();
+    assert_eq!(tests.len(), 8, "{v}");
+    for t in tests {
+        assert!(t["summary"]["ops"].as_u64().unwrap() > 0, "{t}");
+    }
+    assert!(v["durable_write_lat_us"].as_f64().unwrap() > 0.0);
+    Ok(v)
+}
+
+fn digest(path: &std::path::Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(path).unwrap().hash(&mut h);
+    h.finish()
+}
+
+/// `nacre disk check` on a directory and beside a file (a scratch file,
+/// removed; the file untouched), and on a loop device: blank, then holding
+/// ext4 (refused, nothing written; mounted, refused even when destructive;
+/// destroyed with --destructive, which names it and clears its head),
+/// then a Nacre store (refused).
+#[test]
+fn disk_check_on_files_and_loop_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = check_json(&[dir.path().to_str().unwrap()]).unwrap();
+    assert_eq!(v["block_device"], false);
+    assert_eq!(v["immediate_commit"], false);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "scratch left"
+    );
+    let file = dir.path().join("keep");
+    std::fs::write(&file, b"precious").unwrap();
+    check_json(&[file.to_str().unwrap()]).unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "scratch left"
+    );
+    let err = check_json(&["/nonexistent/x"]).unwrap_err();
+    assert!(err.contains("/nonexistent/x"), "{err}");
+
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the loop-device part of this test needs root (losetup)"
+    );
+    let lo = Loop::new(160 << 20);
+    let v = check_json(&[&lo.dev]).unwrap();
+    assert_eq!(v["block_device"], true);
+    assert!(v["destroyed"].is_null());
+
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-F", &lo.dev])
+        .output()
+        .expect("mkfs.ext4 (Debian: e2fsprogs)");
+    assert!(mkfs.status.success());
+    let before = digest(&lo.backing);
+    let err = check_json(&[&lo.dev]).unwrap_err();
+    assert!(
+        err.contains("ext2/3/4") && err.contains("--destructive"),
+        "{err}"
+    );
+    assert_eq!(digest(&lo.backing), before, "a refused check wrote");
+
+    let mnt = tempfile::tempdir().unwrap();
+    let mount = Command::new("mount")
+        .arg(&lo.dev)
+        .arg(mnt.path())
+        .output()
+        .unwrap();
+    assert!(
+        mount.status.success(),
+        "mount: {}",
+        String::from_utf8_lossy(&mount.stderr)
+    );
+    let err = check_json(&[&lo.dev, "--destructive"]).unwrap_err();
+    assert!(err.contains("mounted"), "{err}");
+    assert!(Command::new("umount")
+        .arg(mnt.path())
+        .status()
+        .unwrap()
+        .success());
+
+    let v = check_json(&[&lo.dev, "--destructive"]).unwrap();
+    assert!(v["destroyed"].as_str().unwrap().contains("ext2/3/4"), "{v}");
+    // Its head zeroed: blank again, checked without --destructive.
+    check_json(&[&lo.dev]).unwrap();
+
+    let out = nacre(&["store", "format", "--path", &lo.dev]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = check_json(&[&lo.dev]).unwrap_err();
+    assert!(err.contains("a Nacre store"), "{err}");
 }

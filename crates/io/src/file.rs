@@ -27,6 +27,11 @@ pub struct OpenFlags {
     pub direct: bool,
     /// Use pread/pwrite even when io_uring is available.
     pub force_pread: bool,
+    /// Every write durable when it completes (O_DSYNC).
+    pub sync_writes: bool,
+    /// A block device only: refuse it while the kernel has it in use —
+    /// mounted, a swap area, an LVM or md member (O_EXCL).
+    pub exclusive_device: bool,
 }
 
 impl Default for OpenFlags {
@@ -35,6 +40,8 @@ impl Default for OpenFlags {
             create_bytes: None,
             direct: true,
             force_pread: false,
+            sync_writes: false,
+            exclusive_device: false,
         }
     }
 }
@@ -147,6 +154,10 @@ pub fn process_alive(pid: u32) -> bool {
     }
 }
 
+fn is_block_device(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
 impl FileDev {
     /// Opens `path`; must be called inside [`rt::block_on`].
     pub fn open(path: &Path, flags: &OpenFlags) -> io::Result<FileDev> {
@@ -155,9 +166,17 @@ impl FileDev {
         if flags.create_bytes.is_some() {
             oo.create(true);
         }
+        let mut custom = 0;
         if flags.direct {
-            oo.custom_flags(libc::O_DIRECT);
+            custom |= libc::O_DIRECT;
         }
+        if flags.sync_writes {
+            custom |= libc::O_DSYNC;
+        }
+        if flags.exclusive_device && is_block_device(path) {
+            custom |= libc::O_EXCL;
+        }
+        oo.custom_flags(custom);
         let file = oo
             .open(path)
             .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", path.display())))?;

@@ -333,7 +333,7 @@ impl Osd<FileDev, Sockets> {
             // file is never grown (that would add no capacity).
             create_bytes: new.then_some(cfg.size_bytes),
             direct: cfg.direct,
-            force_pread: false,
+            ..OpenFlags::default()
         };
         let dev = FileDev::open(&cfg.path, &flags)?;
         if new {

@@ -40,7 +40,8 @@ pub struct Disk {
     pub size_tb: f64,
     /// 4 KiB random reads per second at a deep queue (QD128).
     pub read_iops: Option<f64>,
-    /// 4 KiB random writes per second at a deep queue, each durable.
+    /// 4 KiB random writes per second at a deep queue, each durable (the
+    /// store commits them in groups: one flush for many).
     pub write_iops: Option<f64>,
     /// Linear 4 MiB reads.
     pub read_mbps: Option<f64>,
@@ -211,11 +212,15 @@ impl Scheme {
     }
 }
 
-/// Most hosts, disks per host and PGs a description may ask for: beyond
-/// them the planner's arithmetic is not what limits the answer.
-pub const HOSTS_MAX: u64 = 100_000;
+/// Most hosts, disks per host, OSDs, groups of hosts and PGs (and PG
+/// slots) a description may ask for: the planner places the PGs several
+/// times, so these bound its time and memory (seconds, a few hundred MB).
+pub const HOSTS_MAX: u64 = 10_000;
 pub const DISKS_PER_HOST_MAX: u32 = 1_000;
-pub const PGS_MAX: u32 = 10_000_000;
+pub const OSDS_MAX: u64 = 100_000;
+pub const GROUPS_MAX: usize = 64;
+pub const PGS_MAX: u32 = 4_000_000;
+pub const SLOTS_MAX: u64 = 4_000_000;
 
 /// A description with every figure known and checked.
 #[derive(Clone, Debug, Serialize)]
@@ -323,8 +328,19 @@ impl Description {
         if let Some(a) = f.disk_afr {
             check("failures.disk_afr", a, 0.0, 10.0, false)?;
         }
-        if self.hosts.is_empty() {
-            return Err(invalid("no [[hosts]] given".into()));
+        if self.hosts.is_empty() || self.hosts.len() > GROUPS_MAX {
+            return Err(invalid(format!(
+                "{} [[hosts]] groups: give 1 to {GROUPS_MAX}",
+                self.hosts.len()
+            )));
+        }
+        let osd_count: u64 = (self.hosts.iter())
+            .map(|g| u64::from(g.count) * u64::from(g.disks))
+            .sum();
+        if osd_count > OSDS_MAX {
+            return Err(invalid(format!(
+                "{osd_count} OSDs: the planner takes at most {OSDS_MAX}"
+            )));
         }
         let host_count: u64 = self.hosts.iter().map(|g| u64::from(g.count)).sum();
         if host_count > HOSTS_MAX {
@@ -374,8 +390,13 @@ impl Description {
         let pgs = match self.pool.pgs {
             Some(p) if (1..=PGS_MAX).contains(&p) => p,
             Some(p) => return Err(invalid(format!("pool.pgs = {p}: give 1 to {PGS_MAX}"))),
-            None => (osds * 100 / width).clamp(1, u64::from(PGS_MAX)) as u32,
+            None => (osds * 100 / width).clamp(1, SLOTS_MAX / width) as u32,
         };
+        if u64::from(pgs) * width > SLOTS_MAX {
+            return Err(invalid(format!(
+                "{pgs} PGs of {width} slots: the planner takes at most {SLOTS_MAX} slots"
+            )));
+        }
         let gbps = check("network.gbps", self.network.gbps, 0.0, 10_000.0, true)?;
         let rtt_us = self.network.rtt_us.unwrap_or(50.0);
         check("network.rtt_us", rtt_us, 0.0, 1e7, true)?;

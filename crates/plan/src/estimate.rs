@@ -22,9 +22,13 @@ pub enum Bound {
     Disks,
     Network,
     RecoveryRate,
-    /// Too few failure domains left to rebuild anywhere: the data waits
-    /// for the failed host's return.
+    /// Too few failure domains, or too little free space, left to rebuild
+    /// anywhere: the data waits for the failed host's return.
     NoRoom,
+    /// The failed OSD held no PG.
+    NothingLost,
+    /// One copy per PG: nothing is left to rebuild from.
+    NoCopyLeft,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -84,8 +88,22 @@ fn read_net_factor(s: Scheme) -> f64 {
     }
 }
 
+/// The expected largest of `n` disks' figure `f`, disks drawn by
+/// capacity (as placement fills them): Σ x · (F(x)^n − F(x⁻)^n).
+fn expected_max(c: &Cluster, n: i32, f: fn(&crate::desc::DiskFigures) -> f64) -> f64 {
+    let mut v: Vec<(f64, f64)> = c.disks().map(|d| (f(d), d.size_tb)).collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = v.iter().map(|x| x.1).sum();
+    let (mut below, mut e) = (0.0, 0.0);
+    for (x, w) in v {
+        let upto = below + w / total;
+        e += x * (upto.powi(n) - below.powi(n));
+        below = upto;
+    }
+    e
+}
+
 pub fn speed(c: &Cluster) -> Speed {
-    let osds = c.osds() as f64;
     let sum = |f: fn(&crate::desc::DiskFigures) -> f64| c.disks().map(f).sum::<f64>();
     let net_mbps = c.hosts.len() as f64 * link_mbps(c);
     let eff = c.scheme.efficiency();
@@ -98,16 +116,17 @@ pub fn speed(c: &Cluster) -> Speed {
         (net_mbps / read_net_factor(c.scheme), Bound::Network),
     ]);
     let (w_iops, r_iops) = (sum(|d| d.write_iops), sum(|d| d.read_iops));
-    // A small EC write reads the old bytes and writes the new on the data
-    // shard and on each parity shard (the delta is XORed in): m + 1 reads
-    // and m + 1 writes.
+    // A small EC write (docs/internals/ec.md): the primary reads the old
+    // bytes; the data shard keeps them as its undo and writes the new;
+    // each parity shard reads its old units and XORs the delta in; the
+    // other data shards log the version: m + 2 reads, k + m writes.
     let (disk_write_iops, small_write_net) = match c.scheme {
         Scheme::Replicas(r) => (w_iops / f64::from(r), f64::from(r)),
-        Scheme::Ec { m, .. } => {
-            let touched = f64::from(m) + 1.0;
+        Scheme::Ec { k, m } => {
+            let (reads, writes) = (f64::from(m) + 2.0, f64::from(k) + f64::from(m));
             (
-                1.0 / (touched * (1.0 / w_iops + 1.0 / r_iops)),
-                2.0 + touched,
+                1.0 / (writes / w_iops + reads / r_iops),
+                2.0 + f64::from(m) + 1.0,
             )
         }
     };
@@ -118,19 +137,33 @@ pub fn speed(c: &Cluster) -> Speed {
     ]);
     let read_iops = least(&[(r_iops, Bound::Disks), (net_mbps / op_mb, Bound::Network)]);
     let transfer_us = SMALL_OP_BYTES / link_mbps(c);
-    let avg_write_lat = sum(|d| d.write_lat_us) / osds;
-    let avg_read_lat = sum(|d| d.read_lat_us) / osds;
+    // A write waits for the slowest of the slots it writes (expected over
+    // OSD sets drawn by capacity); a read for one disk.
+    let width = c.scheme.width() as i32;
+    let touched = match c.scheme {
+        Scheme::Replicas(_) => width,
+        Scheme::Ec { m, .. } => i32::from(m) + 1,
+    };
+    let write_lat = expected_max(c, touched, |d| d.write_lat_us);
+    let read_lat = expected_max(c, 1, |d| d.read_lat_us);
     // Client → primary, primary → every other slot in parallel; an EC
-    // write first reads the old bytes from their data shard.
+    // write first reads the old bytes from their data shard, and its
+    // parity shards read their old units before writing.
     let hop = c.rtt_us + transfer_us;
     let write_lat_us = match c.scheme {
-        Scheme::Replicas(1) => hop + avg_write_lat + SOFTWARE_US,
-        Scheme::Replicas(_) => 2.0 * hop + avg_write_lat + SOFTWARE_US,
-        Scheme::Ec { .. } => 3.0 * hop + avg_read_lat + avg_write_lat + SOFTWARE_US,
+        Scheme::Replicas(1) => hop + write_lat + SOFTWARE_US,
+        Scheme::Replicas(_) => 2.0 * hop + write_lat + SOFTWARE_US,
+        Scheme::Ec { .. } => {
+            3.0 * hop
+                + read_lat
+                + expected_max(c, touched, |d| d.read_lat_us)
+                + write_lat
+                + SOFTWARE_US
+        }
     };
     // Replicated: the primary answers; EC: the client reads the shard
     // holding the bytes directly.
-    let read_lat_us = hop + avg_read_lat + SOFTWARE_US;
+    let read_lat_us = hop + read_lat + SOFTWARE_US;
     Speed {
         write_mbps,
         read_mbps,
@@ -144,15 +177,16 @@ pub fn speed(c: &Cluster) -> Speed {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Capacity {
     pub raw_tb: f64,
-    /// Raw bytes the failure domains let PGs use: a PG puts at most one
-    /// slot in a domain, so a domain holding more than 1/width of the raw
-    /// capacity cannot be filled.
+    /// Raw bytes PGs can use: a PG puts at most one slot in a domain, so
+    /// a domain holding more than 1/width of the raw capacity cannot be
+    /// filled; and on the table, the OSD with the most slots per TB fills
+    /// first.
     pub placeable_raw_tb: f64,
     /// What clients can store: placeable × the scheme's efficiency.
     pub usable_tb: f64,
 }
 
-pub fn capacity(c: &Cluster) -> Capacity {
+pub fn capacity(c: &Cluster, table: &crate::table::PgTable) -> Capacity {
     let domains: Vec<f64> = match c.domain {
         FailureDomain::Host => (c.hosts.iter())
             .map(|h| h.iter().map(|d| d.size_tb).sum())
@@ -177,6 +211,14 @@ pub fn capacity(c: &Cluster) -> Capacity {
         }
         hi = lo;
     }
+    // The table's fullest OSD (most slots per TB) fills first.
+    let counts = table.counts(c.osds() as usize);
+    let sizes: Vec<f64> = c.disks().map(|d| d.size_tb).collect();
+    let per_slot = (0..sizes.len())
+        .filter(|&o| counts[o] > 0)
+        .map(|o| sizes[o] / counts[o] as f64)
+        .fold(f64::INFINITY, f64::min);
+    let hi = hi.min(per_slot * table.rows.len() as f64);
     Capacity {
         raw_tb: raw,
         placeable_raw_tb: hi,
@@ -185,111 +227,81 @@ pub fn capacity(c: &Cluster) -> Capacity {
 }
 
 /// How long data stays with one redundancy fewer after a failure: the
-/// out delay, then the lost bytes rebuilt elsewhere.
+/// out delay, then the lost bytes rebuilt elsewhere by the busiest
+/// participant's pace.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Recovery {
     /// Bytes to rebuild, TB.
     pub lost_tb: f64,
-    pub par: Parallel,
-    /// Rebuild rate, MB/s, and what limits it.
+    /// PGs that lost a slot; distinct primaries pacing them, OSDs read
+    /// from, OSDs written to.
+    pub pgs: u64,
+    pub primaries: u64,
+    pub sources: u64,
+    pub targets: u64,
+    /// Rebuild rate (lost bytes over the rebuild time), MB/s, and what
+    /// limits it.
     pub rate_mbps: Limited,
     /// Out delay + rebuild, seconds.
     pub window_s: f64,
 }
+
+/// Nacre's default full ratio: an OSD fuller refuses recovery's writes.
+pub const FULL_RATIO: f64 = 0.95;
 
 /// PGs of the pool per OSD (slots, counting every replica or shard).
 pub fn pgs_per_osd(c: &Cluster) -> f64 {
     f64::from(c.pgs) * f64::from(c.scheme.width()) / c.osds() as f64
 }
 
-/// How many OSDs take part in rebuilding what a failure lost.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Parallel {
-    /// PGs that lost a slot.
-    pub pgs: f64,
-    /// Distinct primaries of those PGs: each paces its PGs' recovery at
-    /// the OSD's recovery rate.
-    pub primaries: f64,
-    /// Distinct OSDs the lost slots move to.
-    pub targets: f64,
-}
-
-impl Parallel {
-    /// PGs spread evenly at random: every PG that lost a slot has its own
-    /// primary and target while there are OSDs enough.
-    pub fn even(c: &Cluster, lost_disks: usize) -> Parallel {
-        let pgs = pgs_per_osd(c) * lost_disks as f64;
-        let others = c.osds() as f64 - lost_disks as f64;
-        let domains_left = match c.domain {
-            FailureDomain::Host if c.hosts.iter().any(|h| h.len() == lost_disks) => {
-                c.hosts.len() as f64 - 1.0
-            }
-            FailureDomain::Host => c.hosts.len() as f64,
-            FailureDomain::Osd => others,
-        };
-        if domains_left < f64::from(c.scheme.width()) {
-            return Parallel {
-                pgs: 0.0,
-                primaries: 0.0,
-                targets: 0.0,
-            };
-        }
-        let spread = |n: f64| others * -(-n / others).exp_m1();
-        Parallel {
-            pgs,
-            primaries: spread(pgs),
-            targets: spread(pgs),
-        }
-    }
-}
-
-/// Rebuilding `lost_disks` disks of host `host` at once (one disk, or the
-/// whole host), with `par` OSDs taking part.
-pub fn recovery(c: &Cluster, host: usize, lost_disks: usize, par: Parallel) -> Recovery {
-    let disks = &c.hosts[host][..lost_disks];
-    let lost_tb: f64 = disks.iter().map(|d| d.size_tb * c.fill).sum();
-    let osds = c.osds() as f64;
-    let hosts_left = if lost_disks == c.hosts[host].len() {
-        c.hosts.len() as f64 - 1.0
-    } else {
-        c.hosts.len() as f64
-    };
-    // Bytes read, and sent over the network, per byte rebuilt.
-    let amplification = match c.scheme {
-        Scheme::Replicas(_) => 1.0,
-        Scheme::Ec { k, .. } => f64::from(k),
-    };
-    let avg = |f: fn(&crate::desc::DiskFigures) -> f64| c.disks().map(f).sum::<f64>() / osds;
-    if par.targets == 0.0 {
-        return Recovery {
-            lost_tb,
-            par,
-            rate_mbps: Limited {
-                value: 0.0,
-                bound: Bound::NoRoom,
-            },
-            window_s: c.host_repair_hours * 3600.0,
-        };
-    }
-    let primaries = par.primaries.max(1.0);
-    let targets = par.targets;
-    let rate_mbps = least(&[
-        (primaries * c.recovery_mbps_per_osd, Bound::RecoveryRate),
-        (targets * avg(|d| d.write_mbps), Bound::Disks),
-        (
-            primaries * avg(|d| d.read_mbps) / amplification,
-            Bound::Disks,
-        ),
-        (
-            hosts_left.max(1.0) * link_mbps(c) / amplification,
-            Bound::Network,
-        ),
-    ]);
-    let window_s = c.out_delay_min * 60.0 + lost_tb * 1e6 / rate_mbps.value;
-    Recovery {
+/// The recovery of `lost` OSDs (`lost_raw_tb` of raw capacity) given the
+/// work the table asks of each participant (None: too few failure domains
+/// left to rebuild anywhere).
+pub fn recovery(c: &Cluster, lost_raw_tb: f64, work: Option<&crate::table::Work>) -> Recovery {
+    let raw: f64 = c.disks().map(|d| d.size_tb).sum();
+    let lost_tb = lost_raw_tb * c.fill;
+    let stuck = |bound: Bound, window_s: f64| Recovery {
         lost_tb,
-        par,
-        rate_mbps,
+        pgs: work.map_or(0, |w| w.pgs),
+        primaries: 0,
+        sources: 0,
+        targets: 0,
+        rate_mbps: Limited { value: 0.0, bound },
         window_s,
+    };
+    if c.scheme.tolerates() == 0 {
+        return stuck(Bound::NoCopyLeft, c.out_delay_min * 60.0);
+    }
+    let Some(w) = work else {
+        return stuck(Bound::NoRoom, c.host_repair_hours * 3600.0);
+    };
+    if w.pgs == 0 {
+        return stuck(Bound::NothingLost, 0.0);
+    }
+    // The survivors must hold the rebuilt bytes under the full ratio.
+    if raw * c.fill > (raw - lost_raw_tb) * FULL_RATIO {
+        return stuck(Bound::NoRoom, c.host_repair_hours * 3600.0);
+    }
+    let (time_s, bound) = [
+        (w.primary_s, Bound::RecoveryRate),
+        (w.source_s.max(w.target_s), Bound::Disks),
+        (w.network_s, Bound::Network),
+    ]
+    .into_iter()
+    .fold(
+        (0.0, Bound::RecoveryRate),
+        |a, b| if b.0 > a.0 { b } else { a },
+    );
+    Recovery {
+        lost_tb: w.lost_tb,
+        pgs: w.pgs,
+        primaries: w.primaries,
+        sources: w.sources,
+        targets: w.targets,
+        rate_mbps: Limited {
+            value: w.lost_tb * 1e6 / time_s.max(1e-9),
+            bound,
+        },
+        window_s: c.out_delay_min * 60.0 + time_s,
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Every disk and every host alternates between up and down: it fails at
 //! rate λ (its AFR, per year) and stays down for its *window* — the out
-//! delay plus the time to rebuild what it held elsewhere ([`Recovery`]).
+//! delay plus the time to rebuild what it held elsewhere
+//! ([`crate::estimate::Recovery`], from the table's busiest participant).
 //! A PG slot is down while its disk or its disk's host is. A PG that
 //! tolerates `f` lost slots loses data when `f + 1` of its slots are down
 //! at once; every `(f + 1)`-subset of a PG's OSDs is a *loss set*.
@@ -30,13 +31,14 @@
 //! (Cidon et al.'s copysets), against faster recovery (more OSDs rebuild
 //! at once).
 //!
-//! The covers are counted two ways: on the table `nacre-placement` makes
-//! for the cluster, when its distinct loss sets are few enough (Nacre's
-//! greedy placement reuses few OSD sets, so 10 000 OSDs still count in
-//! well under a second), or by expectation for a placement that spreads
-//! PGs evenly at random over the allowed OSD sets (host failure domain).
-//! Tests check the expectation against counts on random tables, and the
-//! count against [`simulate`].
+//! The covers are counted on a PG table ([`crate::table`]) when its
+//! distinct loss sets are few enough ([`EXACT_LOSS_SETS_MAX`],
+//! [`COVERS_MAX`]), else taken by expectation for a placement that
+//! spreads PGs evenly at random over the allowed OSD sets (host failure
+//! domain; averaged over the cluster's disks and hosts, so rough for a
+//! mixed cluster). Tests check the expectation against counts on random
+//! tables, and the count against [`simulate`], which runs the process on
+//! the table's rows.
 //!
 //! The annual probability of losing data is 1 − e^(−rate · 1 year).
 
@@ -45,15 +47,18 @@ use std::collections::{BinaryHeap, HashSet};
 use nacre_types::SplitMix;
 use serde::Serialize;
 
-use crate::desc::{Cluster, FailureDomain, Scheme};
-use crate::estimate::{pgs_per_osd, recovery, Parallel, Recovery};
+use crate::desc::{Cluster, FailureDomain};
+use crate::estimate::pgs_per_osd;
+use crate::table::PgTable;
 use crate::PlanError;
 
 const SECONDS_PER_YEAR: f64 = 365.25 * 86_400.0;
 
 /// Most loss sets the count enumerates (distinct placement rows ×
-/// C(width, f + 1)); beyond it the expectation is used.
+/// C(width, f + 1)), and covers it builds (each set's f + 1 remainders,
+/// 2^f covers each at most); beyond them the expectation is used.
 pub const EXACT_LOSS_SETS_MAX: u64 = 300_000;
+pub const COVERS_MAX: u64 = 20_000_000;
 
 /// Failure figures of every disk and host, per year.
 #[derive(Clone, Debug)]
@@ -74,11 +79,9 @@ fn failure_rate(rate: f64, window: f64) -> f64 {
 }
 
 impl Units {
-    /// The cluster's disks (numbered host by host) and hosts, with their
-    /// windows from the recovery estimate: from `placed`'s re-placement
-    /// of the first host of each group where given, else for an even
-    /// spread.
-    pub fn of(c: &Cluster, placed: Option<&Placed>) -> Result<Units, PlanError> {
+    /// The cluster's disks (numbered host by host) and hosts, with each
+    /// host's windows (a disk of it lost, and all of it), in seconds.
+    pub fn of(c: &Cluster, windows_s: &[(f64, f64)]) -> Units {
         let mut u = Units {
             disk_host: Vec::new(),
             disk_rate: Vec::new(),
@@ -86,31 +89,17 @@ impl Units {
             host_rate: Vec::new(),
             host_window_years: Vec::new(),
         };
-        let mut windows: Vec<Option<(f64, f64)>> =
-            vec![None; c.group.iter().max().map_or(0, |g| g + 1)];
         for (h, disks) in c.hosts.iter().enumerate() {
-            let g = c.group[h];
-            let (one, all) = match windows[g] {
-                Some(w) => w,
-                None => {
-                    let (disk, host) = recoveries(c, h, placed)?;
-                    let w = (
-                        disk.window_s / SECONDS_PER_YEAR,
-                        host.window_s / SECONDS_PER_YEAR,
-                    );
-                    windows[g] = Some(w);
-                    w
-                }
-            };
+            let (one, all) = windows_s[h];
             for d in disks {
                 u.disk_host.push(h as u32);
                 u.disk_rate.push(d.afr);
-                u.disk_window_years.push(one);
+                u.disk_window_years.push(one / SECONDS_PER_YEAR);
             }
             u.host_rate.push(c.host_afr);
-            u.host_window_years.push(all);
+            u.host_window_years.push(all / SECONDS_PER_YEAR);
         }
-        Ok(u)
+        u
     }
 
     fn p_disk(&self, d: u32) -> f64 {
@@ -172,129 +161,37 @@ fn subsets(items: &[u32], size: usize, f: &mut impl FnMut(&[u32])) {
     }
 }
 
-/// The table `nacre-placement` makes for the planned cluster.
-pub struct Placed {
-    osds: Vec<nacre_placement::Osd>,
-    pool: nacre_placement::Pool,
-    table: nacre_placement::Table,
-    pub disk_host: Vec<u32>,
-}
-
-/// The first disk of host `h`, and all of its disks, lost: how long each
-/// takes to rebuild.
-pub fn recoveries(
-    c: &Cluster,
-    h: usize,
-    placed: Option<&Placed>,
-) -> Result<(Recovery, Recovery), PlanError> {
-    let n = c.hosts[h].len();
-    let first: u32 = c.hosts[..h].iter().map(|d| d.len() as u32).sum();
-    let lost: Vec<u32> = (first..first + n as u32).collect();
-    let par = |k: usize| match placed {
-        Some(p) => p.parallel(&lost[..k]),
-        None => Ok(Parallel::even(c, k)),
-    };
-    Ok((recovery(c, h, 1, par(1)?), recovery(c, h, n, par(n)?)))
-}
-
-impl Placed {
-    pub fn of(c: &Cluster) -> Result<Placed, PlanError> {
-        let mut osds = Vec::new();
-        let mut disk_host = Vec::new();
-        for (h, disks) in c.hosts.iter().enumerate() {
-            for d in disks {
-                osds.push(nacre_placement::Osd {
-                    id: disk_host.len() as u32,
-                    host: h as u32,
-                    rack: h as u32,
-                    weight: (d.size_tb * 1000.0).round().max(1.0) as u32,
-                    up: true,
-                });
-                disk_host.push(h as u32);
-            }
-        }
-        let pool = nacre_placement::Pool {
-            pgs: c.pgs,
-            size: c.scheme.width() as u8,
-            domain: match c.domain {
-                FailureDomain::Host => nacre_placement::FailureDomain::Host,
-                FailureDomain::Osd => nacre_placement::FailureDomain::Osd,
-            },
-            positional: matches!(c.scheme, Scheme::Ec { .. }),
-        };
-        let table = nacre_placement::place(&osds, &pool, None)
-            .map_err(|e| PlanError::Invalid(format!("placement: {e}")))?;
-        Ok(Placed {
-            osds,
-            pool,
-            table,
-            disk_host,
-        })
+/// Distinct loss sets of `table`, or None when enumerating their covers
+/// would cost more than [`COVERS_MAX`].
+pub fn loss_sets(table: &PgTable, tolerates: u32, disk_host: &[u32]) -> Option<LossSets> {
+    let width = table.width;
+    let mut rows: HashSet<Box<[u32]>> = HashSet::new();
+    for row in table.rows.chunks(width) {
+        let mut sorted: Box<[u32]> = row.into();
+        sorted.sort_unstable();
+        rows.insert(sorted);
     }
-
-    /// Who rebuilds the slots of `lost` OSDs: the placement run again
-    /// with them down, from this table (as the leader does).
-    pub fn parallel(&self, lost: &[u32]) -> Result<Parallel, PlanError> {
-        let mut osds = self.osds.clone();
-        for &d in lost {
-            osds[d as usize].up = false;
-        }
-        let next = match nacre_placement::place(&osds, &self.pool, Some(&self.table)) {
-            Ok(t) => t,
-            // Nowhere to rebuild: the slots wait for the host's return.
-            Err(nacre_placement::PlacementError::TooFewDomains { .. }) => {
-                return Ok(Parallel {
-                    pgs: 0.0,
-                    primaries: 0.0,
-                    targets: 0.0,
-                })
-            }
-            Err(e) => return Err(PlanError::Invalid(format!("placement: {e}"))),
-        };
-        let mut pgs = 0u64;
-        let mut primaries = HashSet::new();
-        let mut targets: HashSet<u32> = HashSet::new();
-        for pg in 0..self.table.pgs() {
-            let (old, new) = (self.table.pg(pg), next.pg(pg));
-            if !old.iter().any(|o| lost.contains(o)) {
-                continue;
-            }
-            pgs += 1;
-            primaries.insert(next.primary(pg));
-            targets.extend(new.iter().filter(|o| !old.contains(o)));
-        }
-        Ok(Parallel {
-            pgs: pgs as f64,
-            primaries: primaries.len() as f64,
-            targets: targets.len() as f64,
-        })
+    let s = tolerates + 1;
+    let sets = rows.len() as f64 * choose(width as f64, s);
+    let covers = sets * f64::from(s) * 2f64.powi(tolerates as i32);
+    if sets > EXACT_LOSS_SETS_MAX as f64
+        || covers > COVERS_MAX as f64
+        || tolerates as usize >= COVER_MEMBERS_MAX
+    {
+        return None;
     }
-
-    /// The distinct loss sets of the table, or None when there are more
-    /// than [`EXACT_LOSS_SETS_MAX`].
-    pub fn loss_sets(&self, tolerates: u32) -> Option<LossSets> {
-        let width = usize::from(self.table.size);
-        let mut rows: HashSet<Box<[u32]>> = HashSet::new();
-        for row in self.table.osds.chunks(width) {
-            let mut sorted: Box<[u32]> = row.into();
-            sorted.sort_unstable();
-            rows.insert(sorted);
-        }
-        let per_row = choose(width as f64, tolerates + 1);
-        if rows.len() as f64 * per_row > EXACT_LOSS_SETS_MAX as f64
-            || tolerates as usize >= COVER_MEMBERS_MAX
-        {
-            return None;
-        }
-        let flat: Vec<u32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
-        Some(LossSets::of_rows(&flat, width, tolerates, &self.disk_host))
-    }
+    let flat: Vec<u32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+    Some(LossSets::of_rows(&flat, width, tolerates, disk_host))
 }
 
 impl LossSets {
     /// The loss sets of placement rows (`rows` of `width` OSD ids, which
     /// index `disk_host`).
     pub fn of_rows(osds: &[u32], width: usize, tolerates: u32, disk_host: &[u32]) -> LossSets {
+        assert!(
+            (tolerates as usize) < COVER_MEMBERS_MAX,
+            "covers of {tolerates} members are not enumerated"
+        );
         let hosts = disk_host.iter().max().map_or(0, |&h| h as usize + 1);
         let mut sets: HashSet<Box<[u32]>> = HashSet::new();
         for row in osds.chunks(width) {
@@ -383,9 +280,9 @@ fn cover_probability(cover: &[Unit], u: &Units) -> f64 {
         .product()
 }
 
-/// Members per loss set above which covers are not enumerated (2^members
+/// Members per remainder up to which covers are enumerated (2^members
 /// covers each).
-const COVER_MEMBERS_MAX: usize = 12;
+const COVER_MEMBERS_MAX: usize = 9;
 
 /// The loss rate per year from counted loss sets.
 pub fn rate_counted(sets: &LossSets, u: &Units) -> f64 {
@@ -394,7 +291,7 @@ pub fn rate_counted(sets: &LossSets, u: &Units) -> f64 {
     for (d, rests) in sets.by_disk.iter().enumerate() {
         let h = u.disk_host[d];
         seen.clear();
-        for r in rests.iter().filter(|r| r.len() <= COVER_MEMBERS_MAX) {
+        for r in rests {
             covers(r, u, Some(h), &mut seen);
         }
         let p: f64 = seen.iter().map(|c| cover_probability(c, u)).sum();
@@ -403,7 +300,7 @@ pub fn rate_counted(sets: &LossSets, u: &Units) -> f64 {
     }
     for (h, rests) in sets.by_host.iter().enumerate() {
         seen.clear();
-        for (off, _) in rests.iter().filter(|r| r.0.len() <= COVER_MEMBERS_MAX) {
+        for (off, _) in rests {
             covers(off, u, None, &mut seen);
         }
         let p: f64 = seen.iter().map(|c| cover_probability(c, u)).sum();
@@ -493,32 +390,25 @@ impl Loss {
     }
 }
 
-/// The loss on Nacre's placement of `c` (counted where the table's loss
-/// sets are few enough, else expected), with windows from its
-/// re-placement.
-pub fn loss(c: &Cluster, placed: &Placed) -> Result<Loss, PlanError> {
-    let u = Units::of(c, Some(placed))?;
-    match placed.loss_sets(c.scheme.tolerates()) {
+/// The loss on `table` with windows `u`: counted where its loss sets
+/// are few enough, else expected for an even random spread (which a
+/// table with that many distinct sets resembles).
+pub fn loss_on(c: &Cluster, table: &PgTable, u: &Units) -> Result<Loss, PlanError> {
+    match loss_sets(table, c.scheme.tolerates(), &u.disk_host) {
         Some(sets) => Ok(Loss::of_rate(
-            rate_counted(&sets, &u),
+            rate_counted(&sets, u),
             "counted",
             Some(sets.count),
         )),
-        None => loss_even(c, &u),
-    }
-}
-
-/// The loss were PGs spread evenly at random (as CRUSH does), with
-/// windows for that spread when `u` is None.
-pub fn loss_even(c: &Cluster, u: &Units) -> Result<Loss, PlanError> {
-    if c.domain != FailureDomain::Host {
-        return Err(PlanError::Invalid(format!(
-            "failure_domain osd with {} PGs of {}: the planner counts at most {EXACT_LOSS_SETS_MAX} loss sets (give fewer pgs, or failure_domain host)",
+        None if c.domain == FailureDomain::Host => {
+            Ok(Loss::of_rate(rate_expected(c, u), "expected", None))
+        }
+        None => Err(PlanError::Invalid(format!(
+            "failure_domain osd with {} PGs of {}: too many loss sets to count (give fewer pgs, or failure_domain host)",
             c.pgs,
             c.scheme.label()
-        )));
+        ))),
     }
-    Ok(Loss::of_rate(rate_expected(c, u), "expected", None))
 }
 
 /// What a simulation saw.
@@ -545,11 +435,25 @@ enum Event {
 }
 
 /// Simulates `years` of the process the model describes (every disk and
-/// host failing at its rate and down for its window) and counts the
-/// failures that complete a loss set — independent of the arithmetic
-/// above, to check it.
-pub fn simulate(sets: &LossSets, u: &Units, years: u64, seed: u64) -> Simulated {
+/// host failing at its rate and down for its window) on the PG rows of
+/// `table` and counts the failures after which some PG has more than
+/// `tolerates` slots down that it did not have before — from the rows
+/// themselves, sharing nothing with the arithmetic above but `u`'s
+/// figures, to check it.
+pub fn simulate(table: &PgTable, tolerates: u32, u: &Units, years: u64, seed: u64) -> Simulated {
     let mut rng = SplitMix(seed);
+    // The PGs each disk and each host holds a slot of.
+    let mut pgs_of_disk: Vec<Vec<u32>> = vec![Vec::new(); u.disk_host.len()];
+    let mut pgs_of_host: Vec<Vec<u32>> = vec![Vec::new(); u.host_rate.len()];
+    for pg in 0..table.pgs() {
+        for &o in table.row(pg) {
+            pgs_of_disk[o as usize].push(pg as u32);
+            let h = u.disk_host[o as usize] as usize;
+            if pgs_of_host[h].last() != Some(&(pg as u32)) {
+                pgs_of_host[h].push(pg as u32);
+            }
+        }
+    }
     // Times as the bits of positive f64s (ordered like the numbers).
     let mut queue: BinaryHeap<std::cmp::Reverse<(u64, Event)>> = BinaryHeap::new();
     let at = |q: &mut BinaryHeap<_>, t: f64, e: Event| {
@@ -572,34 +476,39 @@ pub fn simulate(sets: &LossSets, u: &Units, years: u64, seed: u64) -> Simulated 
         losses: 0,
         years_with_loss: 0,
     };
+    let down_slots = |pg: u32, dd: &[bool], hd: &[bool]| {
+        table
+            .row(pg as usize)
+            .iter()
+            .filter(|&&o| dd[o as usize] || hd[u.disk_host[o as usize] as usize])
+            .count() as u32
+    };
     let mut last_loss_year = u64::MAX;
     while let Some(std::cmp::Reverse((bits, event))) = queue.pop() {
         let t = f64::from_bits(bits);
         if t >= years as f64 {
             break;
         }
-        let down = |d: u32, dd: &[bool], hd: &[bool]| {
-            dd[d as usize] || hd[u.disk_host[d as usize] as usize]
-        };
         let lost = match event {
             Event::DiskFails(d) => {
-                let h = u.disk_host[d as usize];
-                let was_up = !host_down[h as usize];
+                let before: Vec<u32> = pgs_of_disk[d as usize]
+                    .iter()
+                    .map(|&pg| down_slots(pg, &disk_down, &host_down))
+                    .collect();
                 disk_down[d as usize] = true;
                 at(
                     &mut queue,
                     t + u.disk_window_years[d as usize],
                     Event::DiskBack(d),
                 );
-                was_up
-                    && sets.by_disk[d as usize]
-                        .iter()
-                        .any(|r| r.iter().all(|&x| down(x, &disk_down, &host_down)))
+                (pgs_of_disk[d as usize].iter().zip(before)).any(|(&pg, b)| {
+                    b <= tolerates && down_slots(pg, &disk_down, &host_down) > tolerates
+                })
             }
             Event::HostFails(h) => {
-                let before: Vec<bool> = sets.by_host[h as usize]
+                let before: Vec<u32> = pgs_of_host[h as usize]
                     .iter()
-                    .map(|(_, on)| on.iter().all(|&x| disk_down[x as usize]))
+                    .map(|&pg| down_slots(pg, &disk_down, &host_down))
                     .collect();
                 host_down[h as usize] = true;
                 at(
@@ -607,8 +516,8 @@ pub fn simulate(sets: &LossSets, u: &Units, years: u64, seed: u64) -> Simulated 
                     t + u.host_window_years[h as usize],
                     Event::HostBack(h),
                 );
-                (sets.by_host[h as usize].iter().zip(before)).any(|((off, _), all_on_were_down)| {
-                    !all_on_were_down && off.iter().all(|&x| down(x, &disk_down, &host_down))
+                (pgs_of_host[h as usize].iter().zip(before)).any(|(&pg, b)| {
+                    b <= tolerates && down_slots(pg, &disk_down, &host_down) > tolerates
                 })
             }
             Event::DiskBack(d) => {
