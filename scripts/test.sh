@@ -7,7 +7,8 @@
 # members on free loopback ports, and iproute2 for the multi-host tests,
 # whose hosts are network namespaces (they need root), losetup (mount)
 # and mkfs.ext4 (e2fsprogs) for `nacre disk check` on loop devices (root
-# too), and ISA-L
+# too), a TrueType font (fonts-dejavu-core) for `nacre bench --plot`, and
+# ISA-L
 # (libisal-dev) for the erasure code, which the tests then require
 # (NACRE_REQUIRE_ISAL: its pure-Rust fallback is tested against it). Run
 # from anywhere inside the checkout.
@@ -29,6 +30,7 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v losetup >/dev/null 2>&1 || need+=(mount)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 compgen -G '/usr/lib/*/libisal.so.2' >/dev/null || need+=(libisal-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "== apt-get install ${need[*]}"

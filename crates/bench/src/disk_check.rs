@@ -1,25 +1,35 @@
 //! `nacre disk check`: the disk tests an operator runs before trusting a
 //! device with an OSD (the team's LESSONS, *How storage is benchmarked*):
-//! 4 MiB linear write and read at QD16; 4 KiB random reads at QD128 and
-//! QD1; 4 KiB random writes at QD128 and QD1, plain (O_DIRECT), with an
-//! fdatasync after each, and through an O_DSYNC descriptor. From the QD1
-//! writes it says whether the device behaves as if it has power-loss
-//! protection (a durable write barely slower than a plain one), and with
-//! the device's volatile write cache setting it recommends the store's
-//! `immediate_commit`.
+//! the standard suite (`suite::run`, O_DIRECT: 4 MiB linear write and
+//! read at QD16, 4 KiB random writes and reads at QD128 and QD1, the QD1
+//! write with an fdatasync after each), then 4 KiB QD1 writes with no
+//! flush and with RWF_DSYNC (O_DSYNC per write) back to back. From the
+//! QD1 writes it says whether the device behaves as if it has power-loss
+//! protection (a durable write barely slower than one with no flush), and
+//! from what the kernel and the device report about the volatile write
+//! cache it advises the store's `immediate_commit`.
 //!
 //! Safety, in order:
 //! - a directory or a regular file is never written: the tests run on a
-//!   scratch file in the directory (or beside the file), removed after;
-//! - a block device is opened exclusively (O_EXCL: refused while mounted
-//!   or held by LVM, md, swap) and locked (a running OSD holds it);
-//! - a block device whose first MiB holds a file system, a partition
-//!   table, a Nacre or Ceph store, or any data at all, is refused unless
-//!   `destructive`; then what it held is named before anything is written
-//!   and its first MiB zeroed after, so no stale signature outlives the
-//!   data it described;
-//! - the tests write only past the first MiB: a blank device stays blank
-//!   where signatures live, and a second check needs no `destructive`.
+//!   scratch file created there (refused if the name exists, even as a
+//!   symlink) and unlinked at once, so it vanishes however the check
+//!   ends;
+//! - a block device is opened once, exclusively (O_EXCL: refused while
+//!   mounted, a swap area, an active LVM or md member) and locked (a
+//!   running Nacre OSD holds that lock), and every read and write goes
+//!   through that one descriptor;
+//! - a device whose first 4 MiB or last MiB hold a file system, a
+//!   partition table (the backup GPT sits at the end), a Nacre or Ceph
+//!   store, or any data at all, is refused unless `destructive`; then what
+//!   it held is named and those regions are zeroed before anything else
+//!   is written, so no stale signature outlives its data;
+//! - the tests write only between those regions: a blank device stays
+//!   blank where signatures live, and a second check needs no
+//!   `destructive`.
+//!
+//! Not seen: users that open a device without O_EXCL (a VM on a logical
+//! volume, a raw-device database); compressing or deduplicating devices
+//! see mostly-zero blocks and report more than they sustain.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -30,18 +40,25 @@ use anyhow::{bail, Context};
 use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
 use serde::Serialize;
 
-use crate::load::{mix, run_for};
-use crate::stats::Summary;
+use crate::load::mix;
+use crate::suite::{self, measure, stamp, FileTarget, SuiteOpts, SuiteResult};
 
-/// The head of a device that is read for signatures and never written by
-/// the tests.
-pub const HEAD_BYTES: u64 = 1 << 20;
-/// The smallest test area worth measuring.
+/// The head and tail of a device, read for signatures and never written
+/// by the tests.
+pub const HEAD_BYTES: u64 = 4 << 20;
+pub const TAIL_BYTES: u64 = 1 << 20;
+/// The smallest test area worth measuring (a smaller one fits in caches).
 pub const AREA_MIN_BYTES: u64 = 64 << 20;
+/// The shortest test, and the fewest QD1 writes a verdict is drawn from.
+pub const RUNTIME_MIN: Duration = Duration::from_millis(100);
+pub const VERDICT_OPS_MIN: u64 = 50;
 const LINEAR_BYTES: u64 = 4 << 20;
 const SMALL_BYTES: u64 = 4096;
+/// The two tests after the suite's six.
+pub const NOFLUSH_QD1: &str = "randwrite-4k-qd1-noflush";
+pub const DSYNC_QD1: &str = "randwrite-4k-qd1-dsync";
 
-/// What a device's first MiB says it holds.
+/// What a device's first bytes say it holds.
 pub fn identify(head: &[u8]) -> Option<String> {
     let at = |off: usize, magic: &[u8]| head.get(off..off + magic.len()) == Some(magic);
     let named = [
@@ -60,6 +77,8 @@ pub fn identify(head: &[u8]) -> Option<String> {
         (82, b"FAT32   ", "a FAT32 file system"),
         (54, b"FAT1", "a FAT file system"),
         (32_769, b"CD001", "an ISO 9660 image"),
+        (4_096, b"\xfc\x4e\x2b\xa9", "an md RAID member"),
+        (1 << 20, b"\x0d\xd0\x01\xc0", "a VMFS volume"),
     ];
     for (off, magic, what) in named {
         if at(off, magic) {
@@ -72,7 +91,19 @@ pub fn identify(head: &[u8]) -> Option<String> {
     }
     head.iter()
         .any(|&b| b != 0)
-        .then(|| "data of a kind not recognised (non-zero bytes in its first MiB)".into())
+        .then(|| "data of a kind not recognised (non-zero bytes in its first 4 MiB)".into())
+}
+
+/// What a device's last bytes say it holds (the backup GPT header in its
+/// last sector, md 0.90/1.0 superblocks, and anything else not zero).
+pub fn identify_tail(tail: &[u8]) -> Option<String> {
+    let n = tail.len();
+    if n >= 512 && &tail[n - 512..n - 504] == b"EFI PART" {
+        return Some("a GPT partition table (its backup header)".into());
+    }
+    tail.iter()
+        .any(|&b| b != 0)
+        .then(|| "data of a kind not recognised (non-zero bytes in its last MiB)".into())
 }
 
 #[derive(Clone, Debug)]
@@ -82,14 +113,8 @@ pub struct DiskCheckOpts {
     pub size_bytes: u64,
     pub runtime: Duration,
     pub destructive: bool,
-    /// A progress bar on stderr (drawn only on a terminal).
+    /// A progress line on stderr.
     pub progress: bool,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct DiskTest {
-    pub name: &'static str,
-    pub summary: Summary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -97,46 +122,32 @@ pub struct DiskCheckReport {
     /// What was written: the device, or the scratch file (removed).
     pub target: String,
     pub block_device: bool,
+    /// `io_uring`, or `pread/pwrite` (then one op at a time: the QD128
+    /// and QD16 tests run at QD1).
+    pub io_engine: &'static str,
     /// The kernel's block device under the target, its volatile write
-    /// cache ("write back", "write through") and whether it spins.
+    /// cache as the kernel sees it ("write back", "write through"), as
+    /// the device reports it where it can be read (SCSI), and whether it
+    /// spins.
     pub device: Option<String>,
     pub write_cache: Option<String>,
+    pub device_cache: Option<String>,
     pub rotational: Option<bool>,
     pub area_bytes: u64,
-    pub tests: Vec<DiskTest>,
-    /// A QD1 4 KiB write with no flush, and durable (the worse of fsync
-    /// and O_DSYNC).
-    pub plain_write_lat_us: f64,
-    pub durable_write_lat_us: f64,
-    /// The durable write within twice the plain one (+ 20 µs): the device
-    /// acknowledges flushes as if its cache survived power loss.
-    pub behaves_as_plp: bool,
+    pub tests: Vec<SuiteResult>,
+    /// Median QD1 4 KiB write with no flush, and durable (the worse of
+    /// fdatasync and RWF_DSYNC).
+    pub noflush_write_p50_us: f64,
+    pub durable_write_p50_us: f64,
+    /// The durable write within twice the one with no flush (+ 20 µs):
+    /// the device acknowledges flushes as if its cache survived power
+    /// loss. None when it cannot be told: the kernel sends no flush to a
+    /// device it sees as write-through, or too few writes completed.
+    pub behaves_as_plp: Option<bool>,
     pub immediate_commit: bool,
     pub immediate_commit_why: String,
     /// What a destructive check destroyed.
     pub destroyed: Option<String>,
-}
-
-/// The test area and how it was found.
-struct Target {
-    path: PathBuf,
-    block: bool,
-    /// Where the tests start (past the head on a device).
-    start: u64,
-    area: u64,
-    scratch: bool,
-    destroyed: Option<String>,
-}
-
-/// Removes a scratch file however the check ends.
-struct Scratch(Option<PathBuf>);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
-        }
-    }
 }
 
 fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
@@ -149,108 +160,139 @@ fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
     Ok(s.f_bavail as u64 * s.f_frsize as u64)
 }
 
-fn read_head(path: &Path) -> anyhow::Result<(Vec<u8>, u64)> {
-    use std::io::Seek;
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_EXCL)
-        .open(path)
-        .with_context(|| {
-            format!(
-                "open {} exclusively (is it mounted, a swap area, or held by LVM or md?)",
-                path.display()
-            )
-        })?;
-    let size = f.seek(std::io::SeekFrom::End(0))?;
-    let mut head = vec![0u8; HEAD_BYTES.min(size) as usize];
-    f.read_exact_at(&mut head, 0)
-        .with_context(|| format!("read the first MiB of {}", path.display()))?;
-    Ok((head, size))
+/// The test target, opened: a device (checked, maybe wiped) or a scratch
+/// file (already unlinked).
+struct Target {
+    dev: Rc<FileDev>,
+    shown: String,
+    block: bool,
+    start: u64,
+    area: u64,
+    /// Where its file system's or its own device is found.
+    sys_path: PathBuf,
+    destroyed: Option<String>,
 }
 
-fn target(o: &DiskCheckOpts) -> anyhow::Result<(Target, Scratch)> {
-    let meta = std::fs::metadata(&o.path).with_context(|| {
+fn flags(create: Option<u64>) -> OpenFlags {
+    OpenFlags {
+        create_bytes: create,
+        create_new: create.is_some(),
+        exclusive_device: true,
+        ..OpenFlags::default()
+    }
+}
+
+/// Opens the device, reads its head and tail through the same descriptor
+/// the tests use, and refuses it or wipes them.
+async fn open_device(o: &DiskCheckOpts) -> anyhow::Result<Target> {
+    let dev = FileDev::open(&o.path, &flags(None)).with_context(|| {
         format!(
-            "{}: give a directory or a file (tested on a scratch file there) or a block device",
+            "open {} exclusively (is it mounted, a swap area, held by LVM or md, or a running OSD's?)",
             o.path.display()
         )
     })?;
-    if meta.file_type().is_block_device() {
-        let (head, size) = read_head(&o.path)?;
-        let destroyed = match identify(&head) {
-            Some(what) if !o.destructive => bail!(
+    let size = dev.size_bytes();
+    if size < HEAD_BYTES + TAIL_BYTES + AREA_MIN_BYTES {
+        bail!(
+            "{}: {} MiB; the check needs at least {} MiB",
+            o.path.display(),
+            size >> 20,
+            (HEAD_BYTES + TAIL_BYTES + AREA_MIN_BYTES) >> 20
+        );
+    }
+    let head = dev.read_at(AlignedBuf::new(HEAD_BYTES as usize), 0).await?;
+    let tail_at = size - TAIL_BYTES;
+    let tail = dev
+        .read_at(AlignedBuf::new(TAIL_BYTES as usize), tail_at)
+        .await?;
+    let held = identify(&head).or_else(|| identify_tail(&tail));
+    if let Some(what) = &held {
+        if !o.destructive {
+            bail!(
                 "{} holds {what}: refusing to write to it (give --destructive to destroy it)",
                 o.path.display()
-            ),
-            other => other,
-        };
-        if size < HEAD_BYTES + AREA_MIN_BYTES {
-            bail!(
-                "{}: {size} bytes; the check needs at least {} MiB",
-                o.path.display(),
-                (HEAD_BYTES + AREA_MIN_BYTES) >> 20
             );
         }
-        let area = o.size_bytes.min(size - HEAD_BYTES);
-        return Ok((
-            Target {
-                path: o.path.clone(),
-                block: true,
-                start: HEAD_BYTES,
-                area: area / LINEAR_BYTES * LINEAR_BYTES,
-                scratch: false,
-                destroyed,
-            },
-            Scratch(None),
-        ));
-    }
-    let dir = if meta.is_dir() {
-        o.path.clone()
-    } else if meta.is_file() {
-        (o.path.parent())
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_path_buf()
-    } else {
-        bail!(
-            "{}: neither a directory, a file nor a block device",
+        eprintln!(
+            "nacre disk check: destroying {what} on {} (--destructive)",
             o.path.display()
         );
-    };
-    if o.size_bytes < AREA_MIN_BYTES {
-        bail!("--size: at least {} MiB", AREA_MIN_BYTES >> 20);
+        // Before anything else: no signature survives over test data.
+        dev.write_at(AlignedBuf::new(HEAD_BYTES as usize), 0)
+            .await?;
+        dev.write_at(AlignedBuf::new(TAIL_BYTES as usize), tail_at)
+            .await?;
+        dev.sync().await?;
     }
+    let room = size - HEAD_BYTES - TAIL_BYTES;
+    Ok(Target {
+        dev: Rc::new(dev),
+        shown: o.path.display().to_string(),
+        block: true,
+        start: HEAD_BYTES,
+        area: o.size_bytes.min(room) / LINEAR_BYTES * LINEAR_BYTES,
+        sys_path: o.path.clone(),
+        destroyed: held,
+    })
+}
+
+/// Creates the scratch file in `dir` (never an existing name), unlinks
+/// it, and writes it once whole (so no test times block allocation, and
+/// no read meets a hole).
+async fn open_scratch(o: &DiskCheckOpts, dir: &Path) -> anyhow::Result<Target> {
     let area = o.size_bytes / LINEAR_BYTES * LINEAR_BYTES;
-    let free = free_bytes(&dir)?;
-    if free < area + (64 << 20) {
+    let free = free_bytes(dir)?;
+    let need = area.saturating_add(64 << 20);
+    if free < need {
         bail!(
-            "{}: {} MiB free, the scratch file needs {} MiB (and 64 MiB to spare): give a smaller --size",
+            "{}: {} MiB free, the scratch file needs {} MiB and 64 MiB to spare: give a smaller --size",
             dir.display(),
             free >> 20,
             area >> 20
         );
     }
     let path = dir.join(format!(".nacre-disk-check.{}", std::process::id()));
-    Ok((
-        Target {
-            path: path.clone(),
-            block: false,
-            start: 0,
-            area,
-            scratch: true,
-            destroyed: None,
-        },
-        Scratch(Some(path)),
-    ))
+    let dev = FileDev::open(&path, &flags(Some(area))).with_context(|| {
+        format!(
+            "create {} (a file system without O_DIRECT, such as tmpfs, cannot be checked)",
+            path.display()
+        )
+    })?;
+    std::fs::remove_file(&path).with_context(|| format!("unlink {}", path.display()))?;
+    let dev = Rc::new(dev);
+    let mut pos = 0;
+    while pos < area {
+        let mut batch = Vec::new();
+        while batch.len() < 16 && pos < area {
+            let d = dev.clone();
+            let mut b = AlignedBuf::new(LINEAR_BYTES as usize);
+            stamp(&mut b, pos);
+            batch.push(rt::spawn(async move { d.write_at(b, pos).await.map(drop) }));
+            pos += LINEAR_BYTES;
+        }
+        for h in batch {
+            h.await?;
+        }
+    }
+    dev.sync().await?;
+    Ok(Target {
+        dev,
+        shown: format!("{} (scratch file, removed)", path.display()),
+        block: false,
+        start: 0,
+        area,
+        sys_path: dir.to_path_buf(),
+        destroyed: None,
+    })
 }
 
 /// The kernel's block device under `path` (itself, or the one holding
-/// its file system), with its write cache and rotational settings.
-fn device_of(path: &Path) -> (Option<String>, Option<String>, Option<bool>) {
+/// its file system), its write cache as the kernel and (SCSI) the device
+/// report it, and whether it spins.
+fn device_of(path: &Path) -> (Option<String>, Option<String>, Option<String>, Option<bool>) {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(path) else {
-        return (None, None, None);
+        return (None, None, None, None);
     };
     let dev = if meta.file_type().is_block_device() {
         meta.rdev()
@@ -259,7 +301,7 @@ fn device_of(path: &Path) -> (Option<String>, Option<String>, Option<bool>) {
     };
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let Ok(sys) = std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")) else {
-        return (None, None, None);
+        return (None, None, None, None);
     };
     // A partition's queue settings are its disk's.
     let disk = if sys.join("partition").exists() {
@@ -267,288 +309,207 @@ fn device_of(path: &Path) -> (Option<String>, Option<String>, Option<bool>) {
     } else {
         sys.clone()
     };
-    let read = |f: &str| {
-        std::fs::read_to_string(disk.join("queue").join(f))
+    let read = |p: PathBuf| {
+        std::fs::read_to_string(p)
             .ok()
             .map(|s| s.trim().to_string())
     };
-    let name = sys.file_name().map(|n| n.to_string_lossy().into_owned());
+    let device_cache = std::fs::read_dir(disk.join("device/scsi_disk"))
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .and_then(|e| read(e.path().join("cache_type")));
+    let name = disk.file_name().map(|n| n.to_string_lossy().into_owned());
     (
         name,
-        read("write_cache"),
-        read("rotational").map(|r| r == "1"),
+        read(disk.join("queue/write_cache")),
+        device_cache,
+        read(disk.join("queue/rotational")).map(|r| r == "1"),
     )
 }
 
-fn stamp(buf: &mut AlignedBuf, n: u64) {
-    for chunk in buf.chunks_mut(SMALL_BYTES as usize) {
-        chunk[..8].copy_from_slice(&n.to_le_bytes());
-        chunk[8..16].copy_from_slice(&mix(7, n).to_le_bytes());
-    }
-}
-
-/// The tests, in the order they run (the linear write first: it also
-/// fills the area, so no read meets a hole).
-pub const TEST_NAMES: [&str; 8] = [
-    "write-4m-qd16",
-    "read-4m-qd16",
-    "randread-4k-qd128",
-    "randread-4k-qd1",
-    "randwrite-4k-qd128",
-    "randwrite-4k-qd1",
-    "randwrite-4k-qd1-fsync",
-    "randwrite-4k-qd1-osync",
-];
-
-async fn one(
-    dev: &Rc<FileDev>,
+/// 4 KiB QD1 writes over the target's window: with no flush, or each
+/// with RWF_DSYNC.
+async fn qd1_writes(
     t: &Target,
     name: &str,
-    runtime: Duration,
-) -> anyhow::Result<Summary> {
-    let d = dev.clone();
-    let (start, area) = (t.start, t.area);
-    let small =
-        move |stream: u64, n: u64| start + mix(stream, n) % (area / SMALL_BYTES) * SMALL_BYTES;
-    let s = match name {
-        "write-4m-qd16" | "read-4m-qd16" => {
-            let write = name.starts_with("write");
-            run_for(16, runtime, move |n| {
-                let d = d.clone();
-                async move {
-                    let pos = start + n % (area / LINEAR_BYTES) * LINEAR_BYTES;
-                    if write {
-                        let mut b = AlignedBuf::new(LINEAR_BYTES as usize);
-                        stamp(&mut b, n);
-                        d.write_at(b, pos).await?;
-                    } else {
-                        d.read_at(AlignedBuf::new(LINEAR_BYTES as usize), pos)
-                            .await?;
-                    }
-                    Ok(LINEAR_BYTES)
-                }
-            })
-            .await?
-        }
-        "randread-4k-qd128" | "randread-4k-qd1" => {
-            let qd = if name.ends_with("qd1") { 1 } else { 128 };
-            run_for(qd, runtime, move |n| {
-                let d = d.clone();
-                async move {
-                    d.read_at(AlignedBuf::new(SMALL_BYTES as usize), small(3, n))
-                        .await?;
-                    Ok(SMALL_BYTES)
-                }
-            })
-            .await?
-        }
-        _ => {
-            let qd = if name.contains("qd128") { 128 } else { 1 };
-            let fsync = name.ends_with("fsync");
-            run_for(qd, runtime, move |n| {
-                let d = d.clone();
-                async move {
-                    let mut b = AlignedBuf::new(SMALL_BYTES as usize);
-                    stamp(&mut b, n);
-                    d.write_at(b, small(2, n)).await?;
-                    if fsync {
-                        d.sync().await?;
-                    }
-                    Ok(SMALL_BYTES)
-                }
-            })
-            .await?
-        }
-    };
-    Ok(s)
-}
-
-fn open(t: &Target, sync_writes: bool) -> anyhow::Result<Rc<FileDev>> {
-    let flags = OpenFlags {
-        create_bytes: t.scratch.then_some(t.area),
-        sync_writes,
-        exclusive_device: true,
-        ..OpenFlags::default()
-    };
-    let dev = FileDev::open(&t.path, &flags).with_context(|| {
-        format!(
-            "{} (a file system without O_DIRECT, such as tmpfs, cannot be checked)",
-            t.path.display()
-        )
-    })?;
-    Ok(Rc::new(dev))
-}
-
-/// Fills the area once (so reads meet written blocks, and a scratch file
-/// is allocated before anything is timed).
-async fn fill(dev: &Rc<FileDev>, t: &Target) -> anyhow::Result<()> {
-    let mut pos = t.start;
-    while pos < t.start + t.area {
-        let mut batch = Vec::new();
-        for _ in 0..16 {
-            if pos >= t.start + t.area {
-                break;
+    step: usize,
+    dsync: bool,
+    o: &SuiteOpts,
+) -> anyhow::Result<SuiteResult> {
+    let (dev, start, slots) = (t.dev.clone(), t.start, t.area / SMALL_BYTES);
+    measure(name, step, 1, o, move |n| {
+        let d = dev.clone();
+        async move {
+            let mut b = AlignedBuf::new(SMALL_BYTES as usize);
+            stamp(&mut b, n);
+            let at = start + mix(5, n) % slots * SMALL_BYTES;
+            if dsync {
+                d.write_dsync_at(b, at).await?;
+            } else {
+                d.write_at(b, at).await?;
             }
-            let d = dev.clone();
-            let mut b = AlignedBuf::new(LINEAR_BYTES as usize);
-            stamp(&mut b, pos);
-            batch.push(rt::spawn(
-                async move { d.write_at(b, pos).await.map(|_| ()) },
-            ));
-            pos += LINEAR_BYTES;
+            Ok(SMALL_BYTES)
         }
-        for h in batch {
-            h.await?;
-        }
-    }
-    dev.sync().await?;
-    Ok(())
+    })
+    .await
 }
 
+/// Whether it behaves as if it had PLP, and the advice on
+/// `immediate_commit` with its reason.
 fn verdict(
-    plain: f64,
-    durable: f64,
+    noflush_us: f64,
+    durable_us: f64,
+    measured: bool,
     block: bool,
-    write_cache: Option<&str>,
-) -> (bool, bool, String) {
-    let plp = durable <= 2.0 * plain + 20.0;
-    let (ic, why) = if !block {
-        (
+    kernel_cache: Option<&str>,
+    device_cache: Option<&str>,
+    device: Option<&str>,
+) -> (Option<bool>, bool, String) {
+    let write_through = kernel_cache == Some("write through");
+    let plp = (measured && !write_through).then_some(durable_us <= 2.0 * noflush_us + 20.0);
+    if !block {
+        return (
+            plp,
             false,
-            "a file in a file system: its metadata needs fsync whatever the device".to_string(),
-        )
-    } else {
-        match (write_cache, plp) {
-            (Some("write through"), true) => (
+            "a file in a file system: its metadata needs fsync whatever the device".into(),
+        );
+    }
+    let why = match (kernel_cache, device_cache) {
+        (Some("write through"), Some(d)) if !d.contains("write back") => {
+            return (
+                plp,
                 true,
-                "no volatile write cache, and a durable write costs no more than a plain one".into(),
-            ),
-            (Some("write through"), false) => (
-                false,
-                format!(
-                    "the kernel sees no volatile cache, but a durable write takes {durable:.0} µs against {plain:.0} µs: something below flushes; keep fsync"
-                ),
-            ),
-            (Some(wc), _) => (
-                false,
-                format!(
-                    "volatile write cache {wc:?}: only fsync makes a write durable (if the device has power-loss protection, set the cache to write through and check again)"
-                ),
-            ),
-            (None, _) => (
-                false,
-                "the write cache setting is unknown: keep fsync".into(),
-            ),
+                format!("the kernel and the device ({d:?}) report no volatile write cache"),
+            )
         }
+        (Some("write through"), Some(d)) => format!(
+            "the device reports a volatile cache ({d:?}) though the kernel was told write through: flushes are dropped; keep fsync"
+        ),
+        (Some("write through"), None) if device.is_some_and(|d| d.starts_with("nvme")) => {
+            return (
+                plp,
+                true,
+                "the NVMe controller reports no volatile write cache (as the kernel read it at probe; a write_cache set by hand would fool this)".into(),
+            )
+        }
+        (Some("write through"), None) => "the kernel sees no volatile cache, but what the device itself does cannot be read here (a loop, virtual or network device): keep fsync".into(),
+        (Some(c), _) => format!(
+            "volatile write cache ({c:?}): only a flush makes a write durable"
+        ),
+        (None, _) => "the write cache setting is unknown: keep fsync".into(),
     };
-    (plp, ic, why)
+    (plp, false, why)
 }
 
 /// Runs every test; must not be called inside a runtime.
 pub fn run(o: &DiskCheckOpts) -> anyhow::Result<DiskCheckReport> {
-    let (t, _scratch) = target(o)?;
-    if let Some(what) = &t.destroyed {
-        eprintln!(
-            "nacre disk check: destroying {what} on {} (--destructive)",
-            t.path.display()
-        );
+    if o.size_bytes < AREA_MIN_BYTES {
+        bail!("--size: at least {} MiB", AREA_MIN_BYTES >> 20);
     }
-    let bar = if o.progress {
-        let b = indicatif::ProgressBar::new(TEST_NAMES.len() as u64 + 1);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
-        );
-        b.enable_steady_tick(Duration::from_millis(200));
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    let (target_path, area, runtime) = (t.path.clone(), t.area, o.runtime);
-    let tests = rt::block_on(async {
-        bar.set_message(format!("filling {} MiB", area >> 20));
-        let dev = open(&t, false)?;
-        fill(&dev, &t).await?;
-        bar.inc(1);
-        let mut out = Vec::new();
-        for name in &TEST_NAMES[..TEST_NAMES.len() - 1] {
-            bar.set_message(*name);
-            let summary = one(&dev, &t, name, runtime).await?;
-            out.push(DiskTest { name, summary });
-            bar.inc(1);
-        }
-        if t.destroyed.is_some() {
-            // The head is never tested; zero it so no stale signature
-            // outlives what it described.
-            dev.write_at(AlignedBuf::new(HEAD_BYTES as usize), 0)
-                .await?;
-            dev.sync().await?;
-        }
-        // The O_DSYNC test on its own descriptor, the other one closed
-        // (both lock the file, and a device is opened exclusively).
-        drop(dev);
-        let name = TEST_NAMES[TEST_NAMES.len() - 1];
-        bar.set_message(name);
-        let dsync = open(&t, true)?;
-        let summary = one(&dsync, &t, name, runtime).await?;
-        out.push(DiskTest { name, summary });
-        bar.inc(1);
-        anyhow::Ok(out)
+    if o.runtime < RUNTIME_MIN {
+        bail!("--runtime: at least {} ms", RUNTIME_MIN.as_millis());
+    }
+    let meta = std::fs::metadata(&o.path).with_context(|| {
+        format!(
+            "{}: give a directory or a file (tested on a scratch file there) or a block device",
+            o.path.display()
+        )
     })?;
-    bar.finish_and_clear();
-    let lat = |n: &str| {
-        (tests.iter())
-            .find(|x| x.name == n)
-            .map_or(0.0, |x| x.summary.lat_us.avg)
+    let scratch_dir = if meta.file_type().is_block_device() {
+        None
+    } else if meta.is_dir() {
+        Some(o.path.clone())
+    } else if meta.is_file() {
+        Some(
+            (o.path.parent())
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
+        )
+    } else {
+        bail!(
+            "{}: neither a directory, a file nor a block device",
+            o.path.display()
+        );
     };
-    let plain = lat("randwrite-4k-qd1");
-    let durable = lat("randwrite-4k-qd1-fsync").max(lat("randwrite-4k-qd1-osync"));
-    let (device, write_cache, rotational) = device_of(&o.path);
-    let (behaves_as_plp, immediate_commit, immediate_commit_why) =
-        verdict(plain, durable, t.block, write_cache.as_deref());
+    let opts = SuiteOpts {
+        runtime: o.runtime,
+        steps: 8,
+        area_bytes: u64::MAX,
+        progress: o.progress,
+        extra_cpu: None,
+    };
+    let (t, tests) = rt::block_on(async {
+        let t = match &scratch_dir {
+            Some(dir) => open_scratch(o, dir).await?,
+            None => open_device(o).await?,
+        };
+        let window = FileTarget {
+            dev: t.dev.clone(),
+            start: t.start,
+            len: t.area,
+        };
+        let mut out = suite::run(Rc::new(window), &opts).await?;
+        out.push(qd1_writes(&t, NOFLUSH_QD1, 7, false, &opts).await?);
+        out.push(qd1_writes(&t, DSYNC_QD1, 8, true, &opts).await?);
+        anyhow::Ok((t, out))
+    })?;
+    let find = |n: &str| tests.iter().find(|x| x.name == n).map(|x| x.summary);
+    let (noflush, fsync, dsync) = (
+        find(NOFLUSH_QD1).unwrap_or_default(),
+        // The suite's QD1 write is followed by fdatasync.
+        find("randwrite-4k-qd1").unwrap_or_default(),
+        find(DSYNC_QD1).unwrap_or_default(),
+    );
+    let measured = [noflush.ops, fsync.ops, dsync.ops]
+        .iter()
+        .all(|&n| n >= VERDICT_OPS_MIN);
+    let durable = fsync.lat_us.p50.max(dsync.lat_us.p50);
+    let (device, write_cache, device_cache, rotational) = device_of(&t.sys_path);
+    let (behaves_as_plp, immediate_commit, immediate_commit_why) = verdict(
+        noflush.lat_us.p50,
+        durable,
+        measured,
+        t.block,
+        write_cache.as_deref(),
+        device_cache.as_deref(),
+        device.as_deref(),
+    );
     Ok(DiskCheckReport {
-        target: if t.scratch {
-            format!("{} (scratch file, removed)", target_path.display())
-        } else {
-            target_path.display().to_string()
-        },
+        target: t.shown.clone(),
         block_device: t.block,
+        io_engine: if t.dev.uses_uring() {
+            "io_uring"
+        } else {
+            "pread/pwrite"
+        },
         device,
         write_cache,
+        device_cache,
         rotational,
-        area_bytes: area,
+        area_bytes: t.area,
         tests,
-        plain_write_lat_us: plain,
-        durable_write_lat_us: durable,
+        noflush_write_p50_us: noflush.lat_us.p50,
+        durable_write_p50_us: durable,
         behaves_as_plp,
         immediate_commit,
         immediate_commit_why,
-        destroyed: t.destroyed,
+        destroyed: t.destroyed.clone(),
     })
 }
 
 pub fn table(r: &DiskCheckReport) -> String {
-    let mut out = format!(
-        "{:<24} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
-        "test", "IOPS", "MiB/s", "avg µs", "p99 µs", "p99.9 µs", "max µs"
-    );
-    for t in &r.tests {
-        let s = &t.summary;
-        out.push_str(&format!(
-            "{:<24} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.1}\n",
-            t.name, s.iops, s.mib_s, s.lat_us.avg, s.lat_us.p99, s.lat_us.p999, s.lat_us.max
-        ));
-    }
+    let mut out = suite::table(&[("disk", &r.tests)]);
     let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "unknown".into());
     out.push_str(&format!(
-        "\ntarget: {} ({} MiB tested)\ndevice: {}, write cache {}, {}\n",
+        "\ntarget: {} ({} MiB tested, {})\ndevice: {}, write cache {} (kernel), {} (device), {}\n",
         r.target,
         r.area_bytes >> 20,
+        r.io_engine,
         opt(&r.device),
         opt(&r.write_cache),
+        opt(&r.device_cache),
         match r.rotational {
             Some(true) => "rotational",
             Some(false) => "non-rotational",
@@ -556,13 +517,13 @@ pub fn table(r: &DiskCheckReport) -> String {
         }
     ));
     out.push_str(&format!(
-        "durable 4 KiB write at QD1: {:.0} µs (the worse of fsync and O_DSYNC) against {:.0} µs plain: {}\n",
-        r.durable_write_lat_us,
-        r.plain_write_lat_us,
-        if r.behaves_as_plp {
-            "behaves as if it has power-loss protection"
-        } else {
-            "no sign of power-loss protection (each durable write waits for the media)"
+        "durable 4 KiB write at QD1: p50 {:.0} µs (the worse of fdatasync and RWF_DSYNC) against {:.0} µs with no flush: {}\n",
+        r.durable_write_p50_us,
+        r.noflush_write_p50_us,
+        match r.behaves_as_plp {
+            Some(true) => "behaves as if it has power-loss protection",
+            Some(false) => "no sign of power-loss protection (each durable write waits for the media)",
+            None => "cannot tell (no flush reaches a device the kernel sees as write-through, or too few writes)",
         }
     ));
     out.push_str(&format!(
@@ -570,7 +531,9 @@ pub fn table(r: &DiskCheckReport) -> String {
         r.immediate_commit, r.immediate_commit_why
     ));
     if let Some(d) = &r.destroyed {
-        out.push_str(&format!("destroyed: {d} (first MiB zeroed)\n"));
+        out.push_str(&format!(
+            "destroyed: {d} (its first 4 MiB and last MiB zeroed)\n"
+        ));
     }
     out
 }
@@ -588,13 +551,14 @@ mod tests {
     #[test]
     fn identifies_what_a_device_holds() {
         assert_eq!(identify(&vec![0u8; HEAD_BYTES as usize]), None);
-        let cases: [(usize, &[u8], &str); 6] = [
+        let cases: [(usize, &[u8], &str); 7] = [
             (1080, b"\x53\xef", "ext2/3/4"),
             (0, b"NACREBS\0", "Nacre store"),
             (512, b"EFI PART", "GPT"),
             (65_600, b"_BHRfS_M", "btrfs"),
             (0, b"XFSB", "XFS"),
             (4086, b"SWAPSPACE2", "swap"),
+            (1 << 20, b"\x0d\xd0\x01\xc0", "VMFS"),
         ];
         for (off, magic, want) in cases {
             let got = identify(&head_with(off, magic)).unwrap();
@@ -603,21 +567,41 @@ mod tests {
         let mut mbr = head_with(510, b"\x55\xaa");
         mbr[446 + 4] = 0x83;
         assert!(identify(&mbr).unwrap().contains("DOS partition"));
-        assert!(identify(&head_with(700_000, b"x"))
+        assert!(identify(&head_with(3_000_000, b"x"))
             .unwrap()
             .contains("not recognised"));
         // A short head (a tiny device) is read as far as it goes.
         assert_eq!(identify(&[0u8; 100]), None);
+        let mut tail = vec![0u8; TAIL_BYTES as usize];
+        assert_eq!(identify_tail(&tail), None);
+        let n = tail.len();
+        tail[n - 512..n - 504].copy_from_slice(b"EFI PART");
+        assert!(identify_tail(&tail).unwrap().contains("backup"));
     }
 
     #[test]
-    fn recommends_immediate_commit_only_without_a_volatile_cache() {
-        assert!(verdict(20.0, 25.0, true, Some("write through")).1);
-        assert!(!verdict(20.0, 900.0, true, Some("write through")).1);
-        assert!(!verdict(20.0, 25.0, true, Some("write back")).1);
-        assert!(!verdict(20.0, 25.0, false, Some("write through")).1);
-        assert!(!verdict(20.0, 25.0, true, None).1);
-        assert!(verdict(20.0, 50.0, true, None).0);
-        assert!(!verdict(20.0, 500.0, true, None).0);
+    fn recommends_immediate_commit_only_when_the_device_says_so() {
+        let v = |kernel, device, name| verdict(20.0, 25.0, true, true, kernel, device, name);
+        assert!(v(Some("write through"), Some("write through"), Some("sda")).1);
+        assert!(!v(Some("write through"), Some("write back"), Some("sda")).1);
+        assert!(v(Some("write through"), None, Some("nvme0n1")).1);
+        assert!(!v(Some("write through"), None, Some("loop0")).1);
+        assert!(!v(Some("write back"), Some("write back"), Some("sda")).1);
+        assert!(!v(None, None, None).1);
+        // A file never; and nothing measured where no flush is sent.
+        assert!(!verdict(20.0, 25.0, true, false, Some("write through"), None, None).1);
+        assert_eq!(v(Some("write through"), None, Some("loop0")).0, None);
+        assert_eq!(
+            verdict(20.0, 25.0, false, true, Some("write back"), None, None).0,
+            None
+        );
+        assert_eq!(
+            verdict(20.0, 50.0, true, true, Some("write back"), None, None).0,
+            Some(true)
+        );
+        assert_eq!(
+            verdict(20.0, 500.0, true, true, Some("write back"), None, None).0,
+            Some(false)
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nacre_io::rt;
 
-use crate::stats::{process_cpu, Recorder, Summary};
+use crate::stats::{process_cpu, Recorder, Sample, Series, Summary};
 
 /// Runs `op` from `qd` workers for `runtime` (all ops in flight at the
 /// deadline finish and count). `op` returns the bytes it moved.
@@ -18,22 +18,38 @@ where
     Op: Fn(u64) -> Fut + 'static,
     Fut: Future<Output = anyhow::Result<u64>> + 'static,
 {
+    Ok(run_for_series(qd, runtime, op).await?.0)
+}
+
+/// [`run_for`], with the run's time series.
+pub async fn run_for_series<Op, Fut>(
+    qd: usize,
+    runtime: Duration,
+    op: Op,
+) -> anyhow::Result<(Summary, Vec<Sample>)>
+where
+    Op: Fn(u64) -> Fut + 'static,
+    Fut: Future<Output = anyhow::Result<u64>> + 'static,
+{
     let op = Rc::new(op);
     let rec = Rc::new(RefCell::new(Recorder::new()));
+    let series = Rc::new(RefCell::new(Series::new(runtime)));
     let seq = Rc::new(Cell::new(0u64));
     let cpu0 = process_cpu();
     let t0 = Instant::now();
     let deadline = t0 + runtime;
     let mut workers = Vec::with_capacity(qd);
     for _ in 0..qd {
-        let (op, rec, seq) = (op.clone(), rec.clone(), seq.clone());
+        let (op, rec, seq, series) = (op.clone(), rec.clone(), seq.clone(), series.clone());
         workers.push(rt::spawn(async move {
             while Instant::now() < deadline {
                 let n = seq.get();
                 seq.set(n + 1);
                 let t = Instant::now();
                 let bytes = op(n).await?;
-                rec.borrow_mut().record(t.elapsed(), bytes);
+                let done = Instant::now();
+                rec.borrow_mut().record(done - t, bytes);
+                series.borrow_mut().record(done - t0, done - t);
             }
             Ok::<(), anyhow::Error>(())
         }));
@@ -44,7 +60,9 @@ where
     let elapsed = t0.elapsed();
     let cpu = process_cpu().saturating_sub(cpu0);
     let s = rec.borrow().summary(elapsed, cpu);
-    Ok(s)
+    let samples =
+        std::mem::replace(&mut *series.borrow_mut(), Series::new(runtime)).finish(elapsed);
+    Ok((s, samples))
 }
 
 /// Runs futures as tasks and waits for all of them; the first error wins.

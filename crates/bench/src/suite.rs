@@ -14,11 +14,11 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use nacre_io::{rt, AlignedBuf};
-use serde::Serialize;
+use nacre_io::{rt, AlignedBuf, BlockDev, FileDev};
+use serde::{Deserialize, Serialize};
 
-use crate::load::{mix, run_for};
-use crate::stats::Summary;
+use crate::load::{mix, run_for_series};
+use crate::stats::{Sample, Summary};
 
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = anyhow::Result<T>>>>;
 
@@ -38,6 +38,9 @@ const FILL_QD: usize = 16;
 #[derive(Clone)]
 pub struct SuiteOpts {
     pub runtime: Duration,
+    /// Tests the progress line counts: the suite's six, and any the
+    /// caller runs after them with [`measure`].
+    pub steps: usize,
     /// Bytes of the target the tests use (from its start).
     pub area_bytes: u64,
     pub progress: bool,
@@ -46,14 +49,75 @@ pub struct SuiteOpts {
     pub extra_cpu: Option<Rc<dyn Fn() -> Duration>>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SuiteResult {
     pub name: String,
     #[serde(flatten)]
     pub summary: Summary,
+    /// The run cut into intervals (absent in results of older versions).
+    #[serde(default)]
+    pub series: Vec<Sample>,
 }
 
-fn stamp(buf: &mut AlignedBuf, n: u64) {
+/// The suite's tests, in the order they run.
+pub const TEST_NAMES: [&str; 6] = [
+    "write-4m-qd16",
+    "randwrite-4k-qd128",
+    "randwrite-4k-qd1",
+    "randread-4k-qd128",
+    "randread-4k-qd1",
+    "read-4m-qd16",
+];
+
+/// A window of a local file or device with O_DIRECT, from `start` for
+/// `len` bytes; durable writes are followed by fdatasync.
+pub struct FileTarget {
+    pub dev: Rc<FileDev>,
+    pub start: u64,
+    pub len: u64,
+}
+
+impl FileTarget {
+    /// The whole of `dev`.
+    pub fn whole(dev: Rc<FileDev>) -> FileTarget {
+        let len = dev.size_bytes();
+        FileTarget { dev, start: 0, len }
+    }
+}
+
+impl BlockTarget for FileTarget {
+    fn size_bytes(&self) -> u64 {
+        self.len
+    }
+    fn read(&self, offset: u64, len: u32) -> BoxFut<()> {
+        let (d, at) = (self.dev.clone(), self.start + offset);
+        assert!(
+            offset + u64::from(len) <= self.len,
+            "a read past the window"
+        );
+        Box::pin(async move {
+            Ok(d.read_at(AlignedBuf::new(len as usize), at)
+                .await
+                .map(drop)?)
+        })
+    }
+    fn write(&self, offset: u64, data: AlignedBuf, durable: bool) -> BoxFut<()> {
+        let (d, at) = (self.dev.clone(), self.start + offset);
+        assert!(
+            offset + data.len() as u64 <= self.len,
+            "a write past the window"
+        );
+        Box::pin(async move {
+            d.write_at(data, at).await?;
+            if durable {
+                d.sync().await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+pub fn stamp(buf: &mut AlignedBuf, n: u64) {
     for chunk in buf.chunks_mut(SMALL_BYTES as usize) {
         chunk[..8].copy_from_slice(&n.to_le_bytes());
         chunk[8..16].copy_from_slice(&mix(7, n).to_le_bytes());
@@ -83,46 +147,13 @@ pub async fn run(t: Rc<dyn BlockTarget>, o: &SuiteOpts) -> anyhow::Result<Vec<Su
     );
     let linear_slots = area / LINEAR_BYTES;
     let small_slots = area / SMALL_BYTES;
-    let tty = o.progress && std::io::stderr().is_terminal();
-    let total = 6;
     let mut out = Vec::new();
     let mut step = 0;
     let highest = Rc::new(Cell::new(0u64));
     macro_rules! test {
         ($name:expr, $qd:expr, $op:expr) => {{
             step += 1;
-            if o.progress && !tty {
-                eprintln!("nacre bench: [{step}/{total}] {}", $name);
-            }
-            let t0 = Instant::now();
-            let ticker = if tty {
-                let (name, runtime, st) = ($name, o.runtime, step);
-                Some(rt::spawn(async move {
-                    loop {
-                        progress_line(name, st, total, t0, runtime);
-                        rt::sleep(Duration::from_millis(250)).await;
-                    }
-                }))
-            } else {
-                None
-            };
-            let ext0 = o.extra_cpu.as_ref().map(|f| f());
-            let mut s = run_for($qd, o.runtime, $op).await?;
-            if let (Some(f), Some(c0)) = (o.extra_cpu.as_ref(), ext0) {
-                let extra = f().saturating_sub(c0);
-                if s.ops > 0 {
-                    s.cpu_us_per_op += extra.as_secs_f64() * 1e6 / s.ops as f64;
-                }
-            }
-            drop(ticker);
-            if tty {
-                progress_line($name, step, total, t0, o.runtime);
-                eprintln!();
-            }
-            out.push(SuiteResult {
-                name: $name.to_string(),
-                summary: s,
-            });
+            out.push(measure($name, step, $qd, o, $op).await?);
         }};
     }
     {
@@ -195,6 +226,57 @@ pub async fn run(t: Rc<dyn BlockTarget>, o: &SuiteOpts) -> anyhow::Result<Vec<Su
         });
     }
     Ok(out)
+}
+
+/// Runs test `name` (step `step` of `o.steps`) from `qd` workers for
+/// `o.runtime`, with its progress line, CPU per op (the cluster's too,
+/// where `o.extra_cpu` counts it) and time series.
+pub async fn measure<Op, Fut>(
+    name: &str,
+    step: usize,
+    qd: usize,
+    o: &SuiteOpts,
+    op: Op,
+) -> anyhow::Result<SuiteResult>
+where
+    Op: Fn(u64) -> Fut + 'static,
+    Fut: Future<Output = anyhow::Result<u64>> + 'static,
+{
+    let tty = o.progress && std::io::stderr().is_terminal();
+    let total = o.steps;
+    if o.progress && !tty {
+        eprintln!("nacre bench: [{step}/{total}] {name}");
+    }
+    let t0 = Instant::now();
+    let ticker = if tty {
+        let (label, runtime) = (name.to_string(), o.runtime);
+        Some(rt::spawn(async move {
+            loop {
+                progress_line(&label, step, total, t0, runtime);
+                rt::sleep(Duration::from_millis(250)).await;
+            }
+        }))
+    } else {
+        None
+    };
+    let ext0 = o.extra_cpu.as_ref().map(|f| f());
+    let (mut s, series) = run_for_series(qd, o.runtime, op).await?;
+    if let (Some(f), Some(c0)) = (o.extra_cpu.as_ref(), ext0) {
+        let extra = f().saturating_sub(c0);
+        if s.ops > 0 {
+            s.cpu_us_per_op += extra.as_secs_f64() * 1e6 / s.ops as f64;
+        }
+    }
+    drop(ticker);
+    if tty {
+        progress_line(name, step, total, t0, o.runtime);
+        eprintln!();
+    }
+    Ok(SuiteResult {
+        name: name.to_string(),
+        summary: s,
+        series,
+    })
 }
 
 /// Writes the linear slots `from..slots` so that reads find data.
@@ -297,6 +379,62 @@ pub fn table(columns: &[(&str, &[SuiteResult])]) -> String {
     out
 }
 
+/// Results saved by `nacre bench --format json` (an object of columns,
+/// each a list of tests): the column named `prefer`, else the first.
+pub fn load_results(text: &str, prefer: &str) -> anyhow::Result<(String, Vec<SuiteResult>)> {
+    let cols: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
+        .map_err(|e| anyhow::anyhow!("not the JSON of `nacre bench --format json`: {e}"))?;
+    let (name, v) = cols
+        .get_key_value(prefer)
+        .or_else(|| cols.iter().next())
+        .ok_or_else(|| anyhow::anyhow!("no results in it"))?;
+    let results: Vec<SuiteResult> = serde_json::from_value(v.clone())
+        .map_err(|e| anyhow::anyhow!("column {name:?} is not a list of test results: {e}"))?;
+    Ok((name.clone(), results))
+}
+
+/// The new results beside the old: per test, each figure and new ÷ old
+/// (IOPS above 1: faster; latency below 1: faster).
+pub fn compare_table(new: &[SuiteResult], old: &[SuiteResult]) -> String {
+    let mut out = format!(
+        "{:<20} {:>10} {:>10} {:>7} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7}\n",
+        "test", "IOPS", "old", "÷ old", "avg µs", "old", "÷ old", "p99 µs", "old", "÷ old"
+    );
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}×", a / b)
+        } else {
+            "–".into()
+        }
+    };
+    for r in new {
+        let s = &r.summary;
+        match old.iter().find(|o| o.name == r.name) {
+            Some(o) => {
+                let t = &o.summary;
+                out.push_str(&format!(
+                    "{:<20} {:>10.0} {:>10.0} {:>7} {:>9.1} {:>9.1} {:>7} {:>9.1} {:>9.1} {:>7}\n",
+                    r.name,
+                    s.iops,
+                    t.iops,
+                    ratio(s.iops, t.iops),
+                    s.lat_us.avg,
+                    t.lat_us.avg,
+                    ratio(s.lat_us.avg, t.lat_us.avg),
+                    s.lat_us.p99,
+                    t.lat_us.p99,
+                    ratio(s.lat_us.p99, t.lat_us.p99),
+                ));
+            }
+            None => out.push_str(&format!(
+                "{:<20} {:>10.0} {:>10} {:>7} {:>9.1} {:>9} {:>7} {:>9.1} {:>9} {:>7}\n",
+                r.name, s.iops, "–", "", s.lat_us.avg, "–", "", s.lat_us.p99, "–", ""
+            )),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,7 +446,40 @@ mod tests {
                 iops,
                 ..Default::default()
             },
+            series: Vec::new(),
         }
+    }
+
+    /// Saved results load back (the column asked for, else the first),
+    /// and compare test by test.
+    #[test]
+    fn saved_results_load_and_compare() {
+        let old = [
+            result("write-4m-qd16", 100.0),
+            result("randread-4k-qd1", 2000.0),
+        ];
+        let new = [
+            result("write-4m-qd16", 150.0),
+            result("randwrite-4k-qd1", 10.0),
+        ];
+        let json = serde_json::json!({ "nbd": old, "nacre": new }).to_string();
+        let (col, back) = load_results(&json, "nacre").unwrap();
+        assert_eq!((col.as_str(), back.len()), ("nacre", 2));
+        let (col, back) = load_results(&json, "absent").unwrap();
+        assert!(col == "nbd" || col == "nacre");
+        assert!(!back.is_empty());
+        assert!(load_results("[1, 2]", "nacre").is_err());
+        assert!(load_results("{\"nacre\": [{\"x\": 1}]}", "nacre").is_err());
+        let t = compare_table(&new, &old);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[1].starts_with("write-4m-qd16") && lines[1].contains("1.50×"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("randwrite-4k-qd1") && lines[2].contains('–'),
+            "{t}"
+        );
     }
 
     /// Rows keep the order the tests ran; the last target is the baseline

@@ -19,7 +19,7 @@ use nacre_nbd::client::NbdClient;
 use crate::args::{parse_duration, parse_rate, parse_ratio, parse_size};
 use crate::at::{ask_leader_now, Ask, At};
 use crate::cluster::{self, UpOpts};
-use crate::targets::{FileTarget, NbdTarget, VolumeTarget};
+use crate::targets::{NbdTarget, VolumeTarget};
 use crate::Format;
 use nacre_types::PgId;
 
@@ -1466,6 +1466,45 @@ pub struct BenchArgs {
     /// Output: a table for people, or JSON for scripts.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// Results of an earlier run (`--format json`) to compare with: each
+    /// test's figures beside the old ones, with new ÷ old; drawn in the
+    /// --plot too.
+    #[arg(long)]
+    compare: Option<PathBuf>,
+    /// Draw IOPS and latency percentiles over time for each test into
+    /// FILE.svg or FILE.png.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// What `nacre bench` does with its results besides printing them: the
+/// comparison with an earlier run, the picture.
+fn compare_and_plot(a: &BenchArgs, label: &str, results: &[SuiteResult]) -> anyhow::Result<()> {
+    let old = match &a.compare {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("--compare {}", p.display()))?;
+            let (col, old) = suite::load_results(&text, label)
+                .with_context(|| format!("--compare {}", p.display()))?;
+            if a.format == Format::Table {
+                println!("\ncompared with {} ({col}):\n", p.display());
+                print!("{}", suite::compare_table(results, &old));
+            }
+            Some(old)
+        }
+        None => None,
+    };
+    if let Some(path) = &a.plot {
+        let mut runs: Vec<(&str, &[SuiteResult])> = vec![(label, results)];
+        if let Some(old) = &old {
+            runs.push(("old", old));
+        }
+        nacre_bench::plot::plot(path, &runs)?;
+        if a.format == Format::Table {
+            println!("\nplot: {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 /// CPU time (user + system) of process `pid`, from /proc.
@@ -1605,22 +1644,34 @@ fn nbd_suite(uri: &str, opts: &SuiteOpts, force: bool) -> anyhow::Result<Vec<Sui
 }
 
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    if let Some(p) = &a.plot {
+        nacre_bench::plot::ready(p).context("--plot")?;
+    }
     let mut opts = SuiteOpts {
         runtime: a.runtime,
+        steps: 6,
         area_bytes: a.size,
         progress: a.format == Format::Table,
         extra_cpu: None,
     };
     if let Some(uri) = &a.nbd {
+        // Checked before the run, not after it.
+        if let Some(p) = a.compare.as_ref().filter(|p| !p.exists()) {
+            bail!("--compare {}: no such file", p.display());
+        }
         let r = nbd_suite(uri, &opts, a.force)?;
-        return print_results(
+        print_results(
             a.format,
             &[("nbd", &r)],
             &format!(
                 "nacre bench: {uri}, {} per test (CPU: this process only)",
                 humantime(a.runtime)
             ),
-        );
+        )?;
+        return compare_and_plot(&a, "nbd", &r);
+    }
+    if let Some(p) = a.compare.as_ref().filter(|p| !p.exists()) {
+        bail!("--compare {}: no such file", p.display());
     }
     let at = At {
         dir: a.dir.clone(),
@@ -1681,7 +1732,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 "this process only"
             }
         ),
-    )
+    )?;
+    compare_and_plot(&a, "nacre", &r)
 }
 
 fn humantime(d: Duration) -> String {
@@ -1779,6 +1831,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
         let mut running = cluster::start(&o)?;
         let opts = SuiteOpts {
             runtime: a.runtime,
+            steps: 6,
             area_bytes: a.size,
             progress,
             // This process runs the gateway, the leader and the meta store;
@@ -1813,7 +1866,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
                 ..OpenFlags::default()
             };
             let dev = Rc::new(FileDev::open(&local_path, &flags)?);
-            suite::run(Rc::new(FileTarget(dev)), &opts).await
+            suite::run(Rc::new(suite::FileTarget::whole(dev)), &opts).await
         })?;
         Ok((nacre, local))
     })();

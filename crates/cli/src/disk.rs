@@ -20,6 +20,8 @@ pub enum DiskCmd {
     /// system, a partition table, a store or any data is refused unless
     /// --destructive; its first MiB is never tested.
     Check {
+        /// A block device, or a directory or file whose file system is
+        /// tested (on a scratch file created there).
         path: PathBuf,
         /// Bytes to test over (a scratch file's size; on a device, at most
         /// the device past its first MiB).

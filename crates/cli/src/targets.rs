@@ -1,11 +1,12 @@
 //! The block targets `nacre bench` and `nacre demo` measure: a volume
-//! through the client library, an NBD export, a local file.
+//! through the client library, an NBD export (a local file's is
+//! `nacre_bench::suite::FileTarget`).
 
 use std::rc::Rc;
 
 use nacre_bench::suite::{BlockTarget, BoxFut};
 use nacre_client::Volume;
-use nacre_io::{AlignedBuf, BlockDev, FileDev};
+use nacre_io::AlignedBuf;
 use nacre_nbd::client::NbdClient;
 
 pub struct VolumeTarget(pub Rc<Volume>);
@@ -39,32 +40,5 @@ impl BlockTarget for NbdTarget {
     fn write(&self, offset: u64, data: AlignedBuf, durable: bool) -> BoxFut<()> {
         let c = self.0.clone();
         Box::pin(async move { Ok(c.write(offset, data, durable).await?) })
-    }
-}
-
-/// A local file with O_DIRECT; durable writes are followed by fdatasync.
-pub struct FileTarget(pub Rc<FileDev>);
-
-impl BlockTarget for FileTarget {
-    fn size_bytes(&self) -> u64 {
-        self.0.size_bytes()
-    }
-    fn read(&self, offset: u64, len: u32) -> BoxFut<()> {
-        let d = self.0.clone();
-        Box::pin(async move {
-            Ok(d.read_at(AlignedBuf::new(len as usize), offset)
-                .await
-                .map(drop)?)
-        })
-    }
-    fn write(&self, offset: u64, data: AlignedBuf, durable: bool) -> BoxFut<()> {
-        let d = self.0.clone();
-        Box::pin(async move {
-            d.write_at(data, offset).await?;
-            if durable {
-                d.sync().await?;
-            }
-            Ok(())
-        })
     }
 }

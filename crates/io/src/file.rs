@@ -27,10 +27,12 @@ pub struct OpenFlags {
     pub direct: bool,
     /// Use pread/pwrite even when io_uring is available.
     pub force_pread: bool,
-    /// Every write durable when it completes (O_DSYNC).
-    pub sync_writes: bool,
-    /// A block device only: refuse it while the kernel has it in use —
-    /// mounted, a swap area, an LVM or md member (O_EXCL).
+    /// With `create_bytes`: the file must not exist yet, and the last part
+    /// of the path must not be a symlink (O_EXCL, O_NOFOLLOW).
+    pub create_new: bool,
+    /// A block device only: refuse it while the kernel has it open
+    /// exclusively — mounted, a swap area, an active LVM or md member
+    /// (O_EXCL).
     pub exclusive_device: bool,
 }
 
@@ -40,7 +42,7 @@ impl Default for OpenFlags {
             create_bytes: None,
             direct: true,
             force_pread: false,
-            sync_writes: false,
+            create_new: false,
             exclusive_device: false,
         }
     }
@@ -164,14 +166,18 @@ impl FileDev {
         let mut oo = OpenOptions::new();
         oo.read(true).write(true);
         if flags.create_bytes.is_some() {
-            oo.create(true);
+            if flags.create_new {
+                oo.create_new(true);
+            } else {
+                oo.create(true);
+            }
         }
         let mut custom = 0;
         if flags.direct {
             custom |= libc::O_DIRECT;
         }
-        if flags.sync_writes {
-            custom |= libc::O_DSYNC;
+        if flags.create_new {
+            custom |= libc::O_NOFOLLOW;
         }
         if flags.exclusive_device && is_block_device(path) {
             custom |= libc::O_EXCL;
@@ -221,11 +227,46 @@ impl FileDev {
         types::Fd(self.file.as_raw_fd())
     }
 
-    async fn uring_rw(
+    /// Writes `buf` at `offset`, durable when it completes (RWF_DSYNC: on
+    /// a device with a volatile cache, a FUA write or a flush after it).
+    pub async fn write_dsync_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf> {
+        check_range(self.size, self.align, offset, buf.len() as u64)?;
+        if self.uring {
+            return self.uring_op(buf, offset, true, libc::RWF_DSYNC).await;
+        }
+        let iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // SAFETY: one iovec over the buffer, which outlives the call.
+        let n = unsafe {
+            libc::pwritev2(
+                self.file.as_raw_fd(),
+                &iov,
+                1,
+                offset as libc::off_t,
+                libc::RWF_DSYNC,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != buf.len() {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "short write"));
+        }
+        Ok(buf)
+    }
+
+    async fn uring_rw(&self, buf: AlignedBuf, offset: u64, write: bool) -> io::Result<AlignedBuf> {
+        self.uring_op(buf, offset, write, 0).await
+    }
+
+    async fn uring_op(
         &self,
         mut buf: AlignedBuf,
         offset: u64,
         write: bool,
+        rw_flags: i32,
     ) -> io::Result<AlignedBuf> {
         let len = buf.len();
         let mut done = 0usize;
@@ -235,7 +276,10 @@ impl FileDev {
             let n = (len - done) as u32;
             let pos = offset + done as u64;
             let entry = if write {
-                opcode::Write::new(self.fd(), ptr, n).offset(pos).build()
+                opcode::Write::new(self.fd(), ptr, n)
+                    .offset(pos)
+                    .rw_flags(rw_flags)
+                    .build()
             } else {
                 opcode::Read::new(self.fd(), ptr, n).offset(pos).build()
             };
@@ -389,6 +433,30 @@ impl BlockDev for FileDev {
 mod tests {
     use super::*;
 
+    /// A new file is created only where nothing (no file, no symlink) has
+    /// the name.
+    #[test]
+    fn create_new_refuses_what_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, link) = (dir.path().join("f"), dir.path().join("l"));
+        std::fs::write(&file, b"keep").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &link).unwrap();
+        rt::block_on(async {
+            let flags = OpenFlags {
+                create_bytes: Some(1 << 20),
+                create_new: true,
+                ..OpenFlags::default()
+            };
+            for p in [&file, &link] {
+                let e = FileDev::open(p, &flags).err().expect("refused");
+                assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+            }
+            assert!(!dir.path().join("elsewhere").exists());
+            assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+            FileDev::open(&dir.path().join("new"), &flags).unwrap();
+        });
+    }
+
     fn roundtrip(force_pread: bool) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dev");
@@ -409,7 +477,11 @@ mod tests {
                 AlignedBuf::from_slice(&[9u8; 4096]),
             ];
             dev.writev_at(parts, 65536).await.unwrap();
+            let d = AlignedBuf::from_slice(&[5u8; 4096]);
+            dev.write_dsync_at(d, 8192 * 16).await.unwrap();
             dev.sync().await.unwrap();
+            let r = dev.read_at(AlignedBuf::new(4096), 8192 * 16).await.unwrap();
+            assert!(r.iter().all(|&b| b == 5));
             let r = dev.read_at(AlignedBuf::new(8192), 4096).await.unwrap();
             assert!(r.iter().enumerate().all(|(i, &b)| b == i as u8));
             let r = dev.read_at(AlignedBuf::new(8192), 65536).await.unwrap();
