@@ -140,6 +140,8 @@ fn draw<DB: DrawingBackend>(
                 .configure_mesh()
                 .x_desc("seconds")
                 .label_style(("sans-serif", 12))
+                .light_line_style(TRANSPARENT)
+                .y_label_formatter(&|v| format!("{v:.0}"))
                 .draw(),
         )?;
         for (k, label, r) in &found {
@@ -185,6 +187,8 @@ fn draw<DB: DrawingBackend>(
                 .configure_mesh()
                 .x_desc("seconds")
                 .label_style(("sans-serif", 12))
+                .light_line_style(TRANSPARENT)
+                .y_label_formatter(&|v| format!("{v:.0}"))
                 .draw(),
         )?;
         for (k, label, r) in &found {

@@ -148,10 +148,12 @@ impl Series {
         self.start = end;
     }
 
-    /// The samples of a run that ended `at` after the start (the last
-    /// interval as long as it lasted).
+    /// The samples of a run that ended `at` after the start: the last
+    /// interval as long as it lasted, unless under half a tick (the ops
+    /// in flight at the deadline, whose rate over a sliver of time would
+    /// mean nothing).
     pub fn finish(mut self, at: Duration) -> Vec<Sample> {
-        if !self.hist.is_empty() && at > self.start {
+        if !self.hist.is_empty() && at >= self.start + self.tick / 2 {
             self.flush(at);
         }
         self.samples
@@ -204,6 +206,11 @@ mod tests {
         }
         let v = s.finish(Duration::from_millis(250));
         assert_eq!(v.len(), 3);
+        // A tail under half a tick is left out.
+        let mut t = Series::new(Duration::from_secs(5));
+        t.record(Duration::from_millis(50), Duration::from_millis(1));
+        t.record(Duration::from_millis(101), Duration::from_millis(1));
+        assert_eq!(t.finish(Duration::from_millis(102)).len(), 1);
         assert!((v[0].iops - 100.0).abs() < 1e-6 && (v[0].p50_us - 1000.0).abs() < 10.0);
         assert_eq!((v[1].iops, v[1].p50_us), (0.0, 0.0));
         assert!((v[2].t_s - 0.25).abs() < 1e-9 && (v[2].iops - 100.0).abs() < 1e-6);
