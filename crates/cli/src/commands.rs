@@ -1396,7 +1396,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                 human(sum("write_bytes_per_s") as u64)
             );
             println!(
-                "\n{:<6} {:<5} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12}",
+                "\n{:<6} {:<5} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12} {:>12}",
                 "osd",
                 "state",
                 "used",
@@ -1404,7 +1404,8 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                 "objects",
                 "reads/s",
                 "writes/s",
-                "write avg µs"
+                "write avg µs",
+                "write p99 µs"
             );
             for (id, v) in &stats {
                 let state = if v.is_none() {
@@ -1414,8 +1415,13 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                 } else {
                     "down"
                 };
+                // The last complete 10 s window's, if it saw a write.
+                let p99 = match get(v, "write_latency_us_p99") {
+                    x if x > 0.0 => format!("{x:.0}"),
+                    _ => "-".into(),
+                };
                 println!(
-                    "{:<6} {:<5} {:>12} {:>12} {:>10} {:>9.0} {:>9.0} {:>12.1}",
+                    "{:<6} {:<5} {:>12} {:>12} {:>10} {:>9.0} {:>9.0} {:>12.1} {:>12}",
                     format!("osd.{id}"),
                     state,
                     human(get(v, "used_bytes") as u64),
@@ -1423,7 +1429,8 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
                     get(v, "objects") as u64,
                     get(v, "read_iops"),
                     get(v, "write_iops"),
-                    get(v, "write_latency_us_avg")
+                    get(v, "write_latency_us_avg"),
+                    p99
                 );
             }
         }

@@ -20,8 +20,106 @@ const DAMAGED_OBJECTS_KEPT: usize = 1024;
 /// recovered and their bytes, and of those the moves (rebalance).
 const RATES: usize = 8;
 
+/// Buckets of a latency window: a quarter of a power of two each, from
+/// 1 µs to about 2^31 µs (36 minutes: anything slower lands in the last).
+const LATENCY_BUCKETS: usize = 128;
+/// How long a latency window lasts; the last complete one is reported.
+pub const LATENCY_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Op latencies of the last complete [`LATENCY_WINDOW`], for percentiles
+/// (what slow-OSD detection compares between OSDs): a few increments per
+/// op, no allocation.
+pub struct LatencyWindow {
+    start: Cell<Option<Instant>>,
+    current: RefCell<[u32; LATENCY_BUCKETS]>,
+    last: RefCell<[u32; LATENCY_BUCKETS]>,
+}
+
+impl Default for LatencyWindow {
+    fn default() -> Self {
+        LatencyWindow {
+            start: Cell::new(None),
+            current: RefCell::new([0; LATENCY_BUCKETS]),
+            last: RefCell::new([0; LATENCY_BUCKETS]),
+        }
+    }
+}
+
+/// The bucket of `us`: below 4 µs one per µs, then four per power of two.
+fn latency_bucket(us: u64) -> usize {
+    if us < 4 {
+        return us as usize;
+    }
+    let lg = 63 - u64::from(us.leading_zeros());
+    ((4 * lg + ((us >> (lg - 2)) & 3)) as usize).min(LATENCY_BUCKETS - 1)
+}
+
+/// The largest latency bucket `b` holds, in µs.
+fn latency_bucket_top(b: usize) -> u64 {
+    if b < 4 {
+        return b as u64;
+    }
+    let (lg, frac) = ((b / 4) as u64, (b % 4) as u64);
+    ((4 + frac + 1) << (lg - 2)) - 1
+}
+
+impl LatencyWindow {
+    pub fn record(&self, us: u64) {
+        self.record_at(Instant::now(), us);
+    }
+
+    fn record_at(&self, now: Instant, us: u64) {
+        self.rotate(now);
+        self.current.borrow_mut()[latency_bucket(us)] += 1;
+    }
+
+    /// Starts a new window once the current one is over; the one before
+    /// becomes the last (or an empty one, if a whole window passed idle).
+    fn rotate(&self, now: Instant) {
+        match self.start.get() {
+            None => self.start.set(Some(now)),
+            Some(t0) if now.saturating_duration_since(t0) >= LATENCY_WINDOW => {
+                let idle = now.saturating_duration_since(t0) >= 2 * LATENCY_WINDOW;
+                let done = std::mem::replace(&mut *self.current.borrow_mut(), [0; LATENCY_BUCKETS]);
+                *self.last.borrow_mut() = if idle { [0; LATENCY_BUCKETS] } else { done };
+                self.start.set(Some(now));
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Quantile `q` of the last complete window (the top of its bucket:
+    /// within a quarter of a power of two above the truth), or None if it
+    /// saw no op.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        self.quantile_at(Instant::now(), q)
+    }
+
+    fn quantile_at(&self, now: Instant, q: f64) -> Option<f64> {
+        self.rotate(now);
+        let last = self.last.borrow();
+        let n: u64 = last.iter().map(|&c| u64::from(c)).sum();
+        if n == 0 {
+            return None;
+        }
+        let want = ((q * n as f64).ceil() as u64).clamp(1, n);
+        let mut seen = 0u64;
+        for (b, &c) in last.iter().enumerate() {
+            seen += u64::from(c);
+            if seen >= want {
+                return Some(latency_bucket_top(b) as f64);
+            }
+        }
+        None
+    }
+}
+
 #[derive(Default)]
 pub struct OsdStats {
+    /// Client reads and writes served as primary: latencies of the last
+    /// complete window.
+    read_window: LatencyWindow,
+    write_window: LatencyWindow,
     reads: Cell<u64>,
     writes: Cell<u64>,
     read_bytes: Cell<u64>,
@@ -98,6 +196,18 @@ pub struct OsdReport {
     pub direct_reads_refused: u64,
     pub read_latency_us_avg: f64,
     pub write_latency_us_avg: f64,
+    /// Client reads and writes this OSD served as primary in the last
+    /// complete 10 s window: p50 and p99, each the top of its bucket
+    /// (within a quarter of a power of two above the truth); absent when
+    /// the window saw none.
+    #[serde(default)]
+    pub read_latency_us_p50: Option<f64>,
+    #[serde(default)]
+    pub read_latency_us_p99: Option<f64>,
+    #[serde(default)]
+    pub write_latency_us_p50: Option<f64>,
+    #[serde(default)]
+    pub write_latency_us_p99: Option<f64>,
     pub read_iops: f64,
     pub write_iops: f64,
     pub read_bytes_per_s: f64,
@@ -276,16 +386,20 @@ impl OsdStats {
     }
 
     pub fn read_done(&self, t: Instant, bytes: usize) {
+        let us = t.elapsed().as_micros() as u64;
         add(&self.reads, 1);
         add(&self.read_bytes, bytes as u64);
-        add(&self.read_us_sum, t.elapsed().as_micros() as u64);
+        add(&self.read_us_sum, us);
+        self.read_window.record(us);
         self.tick();
     }
 
     pub fn write_done(&self, t: Instant, bytes: usize) {
+        let us = t.elapsed().as_micros() as u64;
         add(&self.writes, 1);
         add(&self.write_bytes, bytes as u64);
-        add(&self.write_us_sum, t.elapsed().as_micros() as u64);
+        add(&self.write_us_sum, us);
+        self.write_window.record(us);
         self.tick();
     }
 
@@ -456,6 +570,10 @@ impl OsdStats {
             direct_reads_refused: self.direct_refused.get(),
             read_latency_us_avg: avg(self.read_us_sum.get(), self.reads.get()),
             write_latency_us_avg: avg(self.write_us_sum.get(), self.writes.get()),
+            read_latency_us_p50: self.read_window.quantile(0.5),
+            read_latency_us_p99: self.read_window.quantile(0.99),
+            write_latency_us_p50: self.write_window.quantile(0.5),
+            write_latency_us_p99: self.write_window.quantile(0.99),
             read_iops: r[0],
             write_iops: r[1],
             read_bytes_per_s: r[2],
@@ -496,5 +614,48 @@ impl OsdStats {
                 .collect(),
             ..OsdReport::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_latency_in_order() {
+        let mut last = 0;
+        for us in 0..100_000u64 {
+            let b = latency_bucket(us);
+            assert!(b >= last, "{us} µs in bucket {b} after {last}");
+            assert!(latency_bucket_top(b) >= us, "{us} above its bucket's top");
+            // Within a quarter of a power of two.
+            assert!(latency_bucket_top(b) as f64 <= (us as f64 * 1.25).max(us as f64 + 1.0));
+            last = b;
+        }
+        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+    }
+
+    /// Percentiles come from the last complete window: none before one
+    /// ends, the last one's after, none once a whole window passed idle.
+    #[test]
+    fn percentiles_of_the_last_complete_window() {
+        let w = LatencyWindow::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + std::time::Duration::from_millis(s * 1000);
+        // 98 ops of 100 µs and 2 of 10 ms in the first window.
+        for _ in 0..98 {
+            w.record_at(at(0), 100);
+        }
+        w.record_at(at(1), 10_000);
+        w.record_at(at(2), 10_000);
+        assert_eq!(w.quantile_at(at(5), 0.5), None);
+        let p50 = w.quantile_at(at(11), 0.5).unwrap();
+        let p99 = w.quantile_at(at(11), 0.99).unwrap();
+        assert!((100.0..=125.0).contains(&p50), "{p50}");
+        assert!((10_000.0..=12_500.0).contains(&p99), "{p99}");
+        // The window that started at 11 s saw nothing and ended at 21 s.
+        assert_eq!(w.quantile_at(at(21), 0.5), None);
+        w.record_at(at(22), 300);
+        assert_eq!(w.quantile_at(at(52), 0.5), None, "a whole window idle");
     }
 }
