@@ -41,7 +41,7 @@ use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
 use serde::Serialize;
 
 use crate::load::mix;
-use crate::suite::{self, measure, stamp, FileTarget, SuiteOpts, SuiteResult};
+use crate::suite::{self, measure, stamp, BlockTarget, FileTarget, SuiteOpts, SuiteResult};
 
 /// The head and tail of a device, read for signatures and never written
 /// by the tests.
@@ -260,20 +260,8 @@ async fn open_scratch(o: &DiskCheckOpts, dir: &Path) -> anyhow::Result<Target> {
     })?;
     std::fs::remove_file(&path).with_context(|| format!("unlink {}", path.display()))?;
     let dev = Rc::new(dev);
-    let mut pos = 0;
-    while pos < area {
-        let mut batch = Vec::new();
-        while batch.len() < 16 && pos < area {
-            let d = dev.clone();
-            let mut b = AlignedBuf::new(LINEAR_BYTES as usize);
-            stamp(&mut b, pos);
-            batch.push(rt::spawn(async move { d.write_at(b, pos).await.map(drop) }));
-            pos += LINEAR_BYTES;
-        }
-        for h in batch {
-            h.await?;
-        }
-    }
+    let whole: Rc<dyn BlockTarget> = Rc::new(FileTarget::whole(dev.clone()));
+    suite::fill(&whole, 0, area / LINEAR_BYTES, false).await?;
     dev.sync().await?;
     Ok(Target {
         dev,

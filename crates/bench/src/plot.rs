@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use anyhow::{anyhow, bail, Context};
-use plotters::coord::Shift;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use crate::suite::SuiteResult;
@@ -108,6 +110,52 @@ pub fn plot(path: &Path, runs: &[(&str, &[SuiteResult])]) -> anyhow::Result<()> 
     .with_context(|| format!("writing {}", path.display()))
 }
 
+/// A panel with its caption and axes: seconds across, `y` up.
+fn panel<'a, DB, Y>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: String,
+    t_max: f64,
+    y: Y,
+) -> anyhow::Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y::CoordDescType>>>
+where
+    DB: DrawingBackend,
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let mut chart = drew(
+        ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..t_max, y),
+    )?;
+    drew(
+        chart
+            .configure_mesh()
+            .x_desc("seconds")
+            .label_style(("sans-serif", 12))
+            .light_line_style(TRANSPARENT)
+            .y_label_formatter(&|v| format!("{v:.0}"))
+            .draw(),
+    )?;
+    Ok(chart)
+}
+
+/// The series' labels, in a box.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> anyhow::Result<()> {
+    drew(
+        chart
+            .configure_series_labels()
+            .label_font(("sans-serif", 12))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw(),
+    )
+}
+
 fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     runs: &[(&str, &[SuiteResult])],
@@ -127,22 +175,11 @@ fn draw<DB: DrawingBackend>(
         let iops_max = (found.iter())
             .flat_map(|(_, _, r)| r.series.iter().map(|s| s.iops))
             .fold(1.0, f64::max);
-        let mut chart = drew(
-            ChartBuilder::on(&panels[2 * i])
-                .caption(format!("{name}: IOPS"), ("sans-serif", 18))
-                .margin(10)
-                .x_label_area_size(30)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..t_max, 0.0..iops_max * 1.1),
-        )?;
-        drew(
-            chart
-                .configure_mesh()
-                .x_desc("seconds")
-                .label_style(("sans-serif", 12))
-                .light_line_style(TRANSPARENT)
-                .y_label_formatter(&|v| format!("{v:.0}"))
-                .draw(),
+        let mut chart = panel(
+            &panels[2 * i],
+            format!("{name}: IOPS"),
+            t_max,
+            0.0..iops_max * 1.1,
         )?;
         for (k, label, r) in &found {
             let c = COLOURS[k % COLOURS.len()];
@@ -151,14 +188,7 @@ fn draw<DB: DrawingBackend>(
                 .label(*label)
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], c.stroke_width(2)));
         }
-        drew(
-            chart
-                .configure_series_labels()
-                .label_font(("sans-serif", 12))
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw(),
-        )?;
+        legend(&mut chart)?;
         // Latency over time, p50 and p99, on a log scale (intervals in
         // which nothing completed have none).
         let lats = || {
@@ -174,22 +204,11 @@ fn draw<DB: DrawingBackend>(
         } else {
             (1.0, 10.0)
         };
-        let mut chart = drew(
-            ChartBuilder::on(&panels[2 * i + 1])
-                .caption(format!("{name}: latency p50, p99 (µs)"), ("sans-serif", 18))
-                .margin(10)
-                .x_label_area_size(30)
-                .y_label_area_size(70)
-                .build_cartesian_2d(0.0..t_max, (lo..hi).log_scale()),
-        )?;
-        drew(
-            chart
-                .configure_mesh()
-                .x_desc("seconds")
-                .label_style(("sans-serif", 12))
-                .light_line_style(TRANSPARENT)
-                .y_label_formatter(&|v| format!("{v:.0}"))
-                .draw(),
+        let mut chart = panel(
+            &panels[2 * i + 1],
+            format!("{name}: latency p50, p99 (µs)"),
+            t_max,
+            (lo..hi).log_scale(),
         )?;
         for (k, label, r) in &found {
             let c = COLOURS[k % COLOURS.len()];
@@ -215,14 +234,7 @@ fn draw<DB: DrawingBackend>(
                     .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
             }
         }
-        drew(
-            chart
-                .configure_series_labels()
-                .label_font(("sans-serif", 12))
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw(),
-        )?;
+        legend(&mut chart)?;
     }
     Ok(())
 }

@@ -59,16 +59,6 @@ pub struct SuiteResult {
     pub series: Vec<Sample>,
 }
 
-/// The suite's tests, in the order they run.
-pub const TEST_NAMES: [&str; 6] = [
-    "write-4m-qd16",
-    "randwrite-4k-qd128",
-    "randwrite-4k-qd1",
-    "randread-4k-qd128",
-    "randread-4k-qd1",
-    "read-4m-qd16",
-];
-
 /// A window of a local file or device with O_DIRECT, from `start` for
 /// `len` bytes; durable writes are followed by fdatasync.
 pub struct FileTarget {
@@ -280,7 +270,7 @@ where
 }
 
 /// Writes the linear slots `from..slots` so that reads find data.
-async fn fill(
+pub(crate) async fn fill(
     t: &Rc<dyn BlockTarget>,
     from: u64,
     slots: u64,

@@ -64,10 +64,6 @@ fn latency_bucket_top(b: usize) -> u64 {
 }
 
 impl LatencyWindow {
-    pub fn record(&self, us: u64) {
-        self.record_at(Instant::now(), us);
-    }
-
     fn record_at(&self, now: Instant, us: u64) {
         self.rotate(now);
         self.current.borrow_mut()[latency_bucket(us)] += 1;
@@ -386,20 +382,22 @@ impl OsdStats {
     }
 
     pub fn read_done(&self, t: Instant, bytes: usize) {
-        let us = t.elapsed().as_micros() as u64;
+        let now = Instant::now();
+        let us = now.saturating_duration_since(t).as_micros() as u64;
         add(&self.reads, 1);
         add(&self.read_bytes, bytes as u64);
         add(&self.read_us_sum, us);
-        self.read_window.record(us);
+        self.read_window.record_at(now, us);
         self.tick();
     }
 
     pub fn write_done(&self, t: Instant, bytes: usize) {
-        let us = t.elapsed().as_micros() as u64;
+        let now = Instant::now();
+        let us = now.saturating_duration_since(t).as_micros() as u64;
         add(&self.writes, 1);
         add(&self.write_bytes, bytes as u64);
         add(&self.write_us_sum, us);
-        self.write_window.record(us);
+        self.write_window.record_at(now, us);
         self.tick();
     }
 

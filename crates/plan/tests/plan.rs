@@ -36,6 +36,12 @@ fn p(rate: f64, window_s: f64) -> f64 {
     rate * t / (1.0 + rate * t)
 }
 
+/// Expected distinct items when `draws` are taken evenly at random from
+/// `possible`.
+fn distinct(possible: f64, draws: f64) -> f64 {
+    possible * (1.0 - (-draws / possible).exp())
+}
+
 /// Units of `c` with every host's windows given (seconds).
 fn units(c: &nacre_plan::Cluster, disk_s: f64, host_s: f64) -> Units {
     Units::of(c, &vec![(disk_s, host_s); c.hosts.len()])
@@ -84,7 +90,6 @@ fn three_replicas_on_four_hosts_of_six_disks() {
     let (pd, ph) = (p(0.02, dw), p(0.02, hw));
     let nu_d = 0.02 / (1.0 + 0.02 * dw / YEAR_S);
     let nu_h = 0.02 / (1.0 + 0.02 * hw / YEAR_S);
-    let distinct = |possible: f64, draws: f64| possible * (1.0 - (-draws / possible).exp());
     let covers = |draws: f64| {
         distinct(108.0, draws) * pd * pd
             + distinct(36.0, 2.0 * draws) * pd * ph
@@ -153,7 +158,6 @@ fn ec_four_plus_two_across_eight_hosts() {
     let (dw, hw) = (3600.0, 4.0 * 3600.0);
     let (pd, ph) = (p(0.02, dw), p(0.02, hw));
     let nu = |w: f64| 0.02 / (1.0 + 0.02 * w / YEAR_S);
-    let distinct = |possible: f64, draws: f64| possible * (1.0 - (-draws / possible).exp());
     let covers = |draws: f64| {
         distinct(21.0 * 36.0, draws) * pd * pd
             + distinct(21.0 * 2.0 * 6.0, 2.0 * draws) * pd * ph
