@@ -47,9 +47,18 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 # 2 000 random crash sequences by default; NACRE_CRASH_CASES changes it.
 export NACRE_REQUIRE_ISAL=1
-cargo test --workspace --locked --features nacre-blockstore/strict 2>&1 | tee target/test.log
+# Into a file, followed until cargo ends (not through a pipe: a process
+# that a failed test left behind would hold a pipe open, and this script
+# with it, until that process ends).
+mkdir -p target
+cargo test --workspace --locked --features nacre-blockstore/strict >target/test.log 2>&1 &
+cargo_pid=$!
+trap 'kill "$cargo_pid" 2>/dev/null || true' EXIT
+tail -n +1 -f --pid="$cargo_pid" target/test.log
+status=0
+wait "$cargo_pid" || status=$?
 echo "== summary"
 passed=$(grep -Eo '[0-9]+ passed' target/test.log | awk '{s += $1} END {print s + 0}')
 failed=$(grep -Eo '[0-9]+ failed' target/test.log | awk '{s += $1} END {print s + 0}')
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+echo "$passed passed, $failed failed (cargo test exited $status)"
+[ "$status" -eq 0 ] && [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -338,6 +338,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             // Marked before it shows: no direct read sees it uncommitted.
             self.deleting.borrow_mut().insert(h.oid, h.obj_version);
         }
+        // Bytes that depend on none of the old (an XOR delta does), or a
+        // delete: whole, they replace a damaged copy.
+        let fresh = h.op == Op::ShardDelete || (data.is_some() && !h.xor);
         let r = match (h.op, data) {
             (Op::ShardDelete, _) => self.store.delete_logged(e).await,
             (_, None) => self.store.log_only(e).await,
@@ -360,7 +363,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             (_, Some(d)) => self.store.replace_undoable(e, h.offset, d).await,
         };
         match r {
-            Ok(()) => Status::Ok,
+            Ok(()) => {
+                if fresh {
+                    self.replaced(&e);
+                }
+                Status::Ok
+            }
             Err(err) => {
                 tracing::debug!(
                     "osd.{}: shard {} v{:#x}: {err}",

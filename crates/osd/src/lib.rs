@@ -312,6 +312,20 @@ pub fn pg_log_region(pgs: u32) -> nacre_blockstore::LogRegion {
     }
 }
 
+/// The request id a log entry of op `h` records: the client's, or 0 for
+/// an OSD's own op (client 0: a rewrite, a pushed rewrite). Such an op is
+/// sent with request id 0, which the connection replaces with one of its
+/// own, different on each copy's connection: logged, it would make the
+/// copies' entries differ at one version, and every later peering would
+/// take the entry for divergent and rewrite the object again.
+pub(crate) fn logged_request(h: &Header) -> u64 {
+    if h.client == 0 {
+        0
+    } else {
+        h.request_id
+    }
+}
+
 fn status_of(e: &StoreError) -> Status {
     match e {
         StoreError::NotFound(_) => Status::NotFound,
@@ -1060,7 +1074,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         }
     }
 
-    /// The log entry of op `h` at `version`.
+    /// The log entry of op `h` at `version` (as the primary logs it and
+    /// every replica from the sub-op: the same entry on every copy).
     fn entry(&self, h: &Header, version: u64) -> LogEntry {
         let (op, offset, len) = match h.op {
             Op::Write | Op::RepWrite => (LogOp::Write, h.offset, h.payload_len),
@@ -1074,7 +1089,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             offset,
             len,
             client: h.client,
-            request: h.request_id,
+            request: logged_request(h),
         }
     }
 

@@ -593,7 +593,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             offset: h.offset,
             len: h.length,
             client: h.client,
-            request: h.request_id,
+            request: crate::logged_request(h),
         });
         if h.oid.shard_index().is_some() {
             // A shard rebuilt (ec.rs `push_shard`): the version it
@@ -992,13 +992,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             .await?
             .finish();
         let a = &infos[&auth];
-        for oid in rewrite {
-            let data = match a.objects.get(&oid) {
-                Some(&va) => Some(self.fetch(auth, pg, epoch, oid, va).await?),
-                None => None,
-            };
-            self.rewrite(pg, epoch, &acting, oid, data).await?;
-        }
         // A copy that lacks no object takes the authoritative log now; the
         // others once recovery brought them every object.
         let mut left: BTreeMap<u32, (usize, LogSync)> = BTreeMap::new();
@@ -1006,6 +999,22 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             for &c in &w.to {
                 left.entry(c).or_default().0 += 1;
             }
+        }
+        // Those are marked recovering before anything of this interval
+        // lands on them (a rewrite below, a push, a client write once the
+        // PG serves): an entry of this epoch in the log of a copy whose
+        // objects are not its log's ops applied would let a later peering
+        // (this one cut short) compare it by its log and leave it without
+        // what it lacks (`log_delta`).
+        for &c in left.keys() {
+            self.log_sync(c, pg, epoch, &LogSync::mark()).await?;
+        }
+        for oid in rewrite {
+            let data = match a.objects.get(&oid) {
+                Some(&va) => Some(self.fetch(auth, pg, epoch, oid, va).await?),
+                None => None,
+            };
+            self.rewrite(pg, epoch, &acting, oid, data).await?;
         }
         for &c in acting.iter().filter(|&&c| c != auth) {
             let sync = LogSync::between(&infos[&c].log, &a.log);
@@ -1062,12 +1071,6 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
         }
         wants.retain(|_, w| !w.to.is_empty());
-        // The copies left to background recovery take the interval's
-        // writes, logged, before recovery brings them anything: marked
-        // first, their logs cannot pass for whole at a later peering.
-        for &c in left.keys() {
-            self.log_sync(c, pg, epoch, &LogSync::mark()).await?;
-        }
         assert!(
             !nacre_blockstore::strict() || (complete(&left) >= min_size && !left.contains_key(&source)),
             "PG {pg} goes active with {} complete copies (min_size {min_size}), source osd.{source}",

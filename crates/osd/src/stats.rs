@@ -557,6 +557,9 @@ impl OsdStats {
         let r = if idle { [0.0; RATES] } else { self.rates.get() };
         let avg = |s: u64, n: u64| if n == 0 { 0.0 } else { s as f64 / n as f64 };
         let sp = store.space();
+        // A damaged copy deleted since (a stray copy removed, a volume
+        // purged) is no damage held here any more.
+        (self.unrepaired.borrow_mut()).retain(|&oid| store.version(oid).is_some());
         OsdReport {
             id,
             reads: self.reads.get(),

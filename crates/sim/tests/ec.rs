@@ -1280,10 +1280,17 @@ fn a_write_over_damaged_bytes_rewrites_the_shard() {
                     o.store().read(a.shard(s), 0, OBJECT_BYTES).await.is_ok(),
                     "shard {s} still damaged"
                 );
+                // Nor counted so (`OSD_DAMAGED` would stay raised).
+                let st = o.stat_report();
+                assert_eq!(st.damaged_unrepaired, 0, "shard {s} counted damaged");
             }
         }
         let deep = c.scrubbed(pg, true).await;
         assert_eq!((deep.inconsistent, deep.repaired), (1, 1), "{deep:?}");
+        for &o in &row {
+            let st = c.osd(o).unwrap().stat_report();
+            assert_eq!(st.damaged_unrepaired, 0, "osd.{o}: {st:?}");
+        }
         let unit = vec![0x77; 4096];
         assert_eq!(
             write_acked(&c, a, req + 1, at as u32, &unit).await,

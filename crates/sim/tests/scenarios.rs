@@ -106,6 +106,16 @@ async fn only_on_primary(
     acting
 }
 
+/// Request 1, a write of 0x5a over the first 4 KiB of `oid`, through
+/// [`only_on_primary`]: divergent. The acting set.
+async fn write_only_on_primary(c: &Rc<Cluster>, oid: ObjectId) -> Vec<u32> {
+    let data = vec![0x5au8; 4096];
+    let mut h = Header::request(Op::Write, 1, oid).with_payload(&data);
+    h.length = data.len() as u32;
+    h.client = CLIENT;
+    only_on_primary(c, Op::RepWrite, h, Some(data), |v| v.is_some()).await
+}
+
 /// A write that reached only its primary's store (the sub-ops were lost,
 /// then the primary lost power) is divergent: the next interval goes on
 /// without it. When the old primary returns, peering undoes the write on
@@ -117,11 +127,7 @@ fn a_divergent_write_is_undone_and_its_retry_is_applied() {
         let c = cluster(1).await;
         let oid = nacre_sim::obj(1, 5);
         let (pg, _) = c.route(oid);
-        let data = vec![0x5au8; 4096];
-        let mut h = Header::request(Op::Write, 1, oid).with_payload(&data);
-        h.length = data.len() as u32;
-        h.client = CLIENT;
-        let acting = only_on_primary(&c, Op::RepWrite, h, Some(data), |v| v.is_some()).await;
+        let acting = write_only_on_primary(&c, oid).await;
         let p = acting[0];
         // An interval without the old primary, then one with it again.
         c.settle(SETTLE).await.unwrap();
@@ -166,11 +172,21 @@ fn a_divergent_delete_is_undone_by_a_rewrite_and_its_retry_is_applied() {
         c.settle(SETTLE).await.unwrap();
         c.start(p).await;
         c.settle(SETTLE).await.unwrap();
-        // Every copy holds the object again, rewritten above v1.
+        // Every copy holds the object again, rewritten above v1, and logs
+        // the same rewrite (an entry that differed between copies would
+        // pass for divergent at every later peering, rewritten again).
+        let (pg, _) = c.route(oid);
+        let mut logged = Vec::new();
         for &id in &acting {
-            let v = c.osd(id).unwrap().store().version(oid);
+            let o = c.osd(id).unwrap();
+            let store = o.store();
+            let v = store.version(oid);
             assert!(v.is_some_and(|v| v > v1), "osd.{id}: {v:?}, v1 {v1:#x}");
+            let log = store.pg_log(pg.key()).unwrap_or_default();
+            logged.push(log.entries.get(&v.unwrap()).copied());
         }
+        assert!(logged[0].is_some(), "the rewrite is not logged: {logged:?}");
+        assert!(logged.iter().all(|e| *e == logged[0]), "{logged:?}");
         assert_eq!(
             &read(&c, oid).await.expect("back")[..4096],
             &[0x11u8; 4096][..]
@@ -656,6 +672,71 @@ fn a_copy_left_to_recover_is_marked_before_it_takes_writes() {
         listed_in_a_new_epoch(&c, z, acting[1]).await;
         c.net.clear_filter();
         whole_in_the_end(&c, z, acting[1], &a).await;
+        c.stop();
+    });
+}
+
+/// A copy far behind that also holds a divergent write comes back as its
+/// PG's primary: peering lists it, plans its recovery and rewrites the
+/// divergent object on every copy, itself included. A rewrite that lands
+/// before the copy is marked recovering gives its log an entry of the new
+/// epoch over objects that are not its log's ops applied: if the peering
+/// is then cut short (here one replica's rewrite sub-op is lost, so it is
+/// tried again), the next one would take the logs' word and leave the
+/// copy without the objects it missed, serving them as absent. The copy
+/// is marked before any rewrite reaches it, so it is listed again.
+#[test]
+fn a_copy_behind_is_marked_before_a_rewrite_reaches_it() {
+    rt::block_on_virtual(async {
+        let c = cluster(41).await;
+        let pgs = c.leader.map().pg_count(1);
+        let in_pg: Vec<ObjectId> = (0..)
+            .map(|b| nacre_sim::obj(1, b))
+            .filter(|&o| PgId::of(o, pgs) == PgId::new(1, 0))
+            .take(7)
+            .collect();
+        let (d, b, a) = (in_pg[0], in_pg[1], in_pg[2..].to_vec());
+        let acting = write_only_on_primary(&c, d).await;
+        let z = acting[0];
+        c.settle(SETTLE).await.unwrap();
+        // Without it: each `a`, then more writes of `b` than a PG log holds.
+        let mut req = 10;
+        for (k, &o) in a.iter().enumerate() {
+            put(&c, o, req, k as u8 + 1).await;
+            req += 1;
+        }
+        for _ in 0..140 {
+            put(&c, b, req, 0xbb).await;
+            req += 1;
+        }
+        // The rewrite's sub-ops to one replica are lost for a while: the
+        // rewrite fails and the peering is tried again.
+        let lost = Rc::new(std::cell::Cell::new(0));
+        let seen = lost.clone();
+        let replica = c.nodes.borrow()[acting[2] as usize].addr.to_string();
+        c.net.set_filter(move |_, to, h| {
+            let hit = to == replica && h.oid == d && matches!(h.op, Op::RepWrite | Op::RepDelete);
+            lost.set(lost.get() + u32::from(hit));
+            hit
+        });
+        c.start(z).await;
+        rt::sleep(Duration::from_secs(40)).await;
+        c.net.clear_filter();
+        c.settle(SETTLE).await.unwrap();
+        assert!(seen.get() > 0, "no rewrite sub-op was lost");
+        assert_eq!(c.route(d).1[0], z, "osd.{z} is primary again");
+        for (k, &o) in a.iter().enumerate() {
+            let got = read(&c, o).await;
+            assert_eq!(
+                got.map(|g| g[0]),
+                Some(k as u8 + 1),
+                "{o} read through osd.{z}"
+            );
+            let on_z = c.osd(z).unwrap().store().read(o, 0, 4096).await;
+            assert_eq!(on_z.map(|g| g[0]).ok(), Some(k as u8 + 1), "{o} on osd.{z}");
+        }
+        assert_eq!(read(&c, d).await, None, "the divergent write is undone");
+        assert_eq!(c.log_delta_misses(), 0);
         c.stop();
     });
 }

@@ -292,13 +292,17 @@ fn run_with(seed: u64, osds: u32, paged: bool, pools: Pools) {
         }
         done.set(true);
         chaos.await;
-        // Heal: no more faults, every OSD up, every PG active again.
+        // Heal: no more faults, every OSD up, every PG active again. An
+        // OSD that was cut off until just now may still be marked down for
+        // the heartbeats it missed: that happens within the grace, before
+        // the settle.
         net.set_faults(Faults::default());
         for id in 0..osds {
             if !c.is_up(id) {
                 c.start(id).await;
             }
         }
+        rt::sleep(Duration::from_millis(2 * nacre_types::HEARTBEAT_GRACE_MS)).await;
         if let Err(e) = c.settle(Duration::from_secs(60)).await {
             panic!("seed {seed}: the cluster does not settle after healing: {e}");
         }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,13 +29,15 @@ pub fn tool(name: &str) -> std::process::Command {
 
 /// A running fio, killed if dropped before [`stop_fio`] (a failed test
 /// must not leave it running: it would hold the test harness's output
-/// open).
+/// open). fio forks a process per job: the whole process group goes.
 pub struct Fio(Option<std::process::Child>);
 
 impl Drop for Fio {
     fn drop(&mut self) {
         if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
+            // SAFETY: signalling the process group this test started
+            // (`process_group(0)`: fio leads it).
+            unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
             let _ = c.wait();
         }
     }
@@ -68,6 +71,8 @@ pub fn start_fio(uri: &str, offset: u64, size: u64, iops: u32, out: &std::path::
         ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(out.with_extension("stderr")).expect("fio's stderr file"))
+        .process_group(0)
         .spawn()
         .expect("start fio");
     Fio(Some(child))
