@@ -7,6 +7,7 @@ mod commands;
 mod daemons;
 mod disk;
 mod mon;
+mod osd_bench;
 mod osds;
 mod pg;
 mod plan;
@@ -317,6 +318,31 @@ enum OsdCmd {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
+    /// Have each OSD measure its own store, one at a time (or all at once
+    /// with --parallel): SIZE written whole, object by object, 4 KiB random
+    /// writes (each durable) and reads at QD1 and QD32 over it, then read
+    /// back whole; no replication, no network, the OSD's client I/O going
+    /// on beside it. Its objects are deleted at the end. A table ranked by
+    /// 4 KiB write latency at QD1; an OSD twice as slow as the median on
+    /// any figure is marked. Exits non-zero if a bench failed.
+    Bench {
+        /// The OSD's number (osd.ID), or all (the OSDs that are up).
+        #[arg(default_value = "all")]
+        osd: String,
+        /// Bytes each OSD writes: a number and a unit (B, K, M, G;
+        /// binary), 4M to 64G; refused where it would take a store past
+        /// its nearfull ratio.
+        #[arg(long, value_parser = args::parse_size, default_value = "256M")]
+        size: u64,
+        /// Every OSD at once (on one machine they then share its disk).
+        #[arg(long)]
+        parallel: bool,
+        #[command(flatten)]
+        at: at::At,
+        /// Output: a table for people, or JSON for scripts.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
     /// Every OSD: host, rack, weight, up or down, in or out, the PGs
     /// placement gives it and those it leads, its address.
     Ls {
@@ -576,6 +602,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             OsdCmd::Add { dir, size, format } => commands::osd_add(&dir, size, format),
             OsdCmd::Out { id, at, format } => commands::osd_mark(&at, id, true, format),
             OsdCmd::Ls { at, format } => commands::osd_ls(&at, format),
+            OsdCmd::Bench {
+                osd,
+                size,
+                parallel,
+                at,
+                format,
+            } => osd_bench::run(&at, &osd, size, parallel, format),
             OsdCmd::Rm { id, at, format } => commands::osd_rm(&at, id, format),
             OsdCmd::In { id, at, format } => commands::osd_mark(&at, id, false, format),
         },

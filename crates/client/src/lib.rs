@@ -1291,10 +1291,20 @@ impl Cluster {
         let mut h = Header::request(Op::Scrub, 0, ObjectId::default()).with_pg(pg);
         h.length = nacre_wire::SCRUB_REPORT;
         h.obj_version = ticket;
+        let what = format!("the scrub of PG {pg}");
+        self.wait_report(primary, h, &what).await
+    }
+
+    /// Asks OSD `osd` for the report `h` names (an `Op::Scrub` or
+    /// `Op::Bench` report of a ticket) every [`SCRUB_POLL`] until it
+    /// answers with one (JSON); `what` names the work in errors. An OSD
+    /// that stops answering for `CLIENT_OP_TIMEOUT_MS`, or restarts
+    /// (forgetting the ticket), fails it.
+    async fn wait_report(&self, osd: u32, h: Header, what: &str) -> Result<serde_json::Value> {
         let mut lost = 0;
         loop {
             rt::sleep(SCRUB_POLL).await;
-            let r = match self.conn(primary) {
+            let r = match self.conn(osd) {
                 Ok(c) => c.call(h, None).await.map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
@@ -1303,26 +1313,45 @@ impl Cluster {
                     lost = 0;
                     let Some(body) = f.payload else { continue };
                     return serde_json::from_slice(&body).map_err(|e| {
-                        ClientError::Unavailable(format!("osd.{primary}'s scrub report: {e}"))
+                        ClientError::Unavailable(format!("osd.{osd}'s report of {what}: {e}"))
                     });
                 }
                 Ok(f) => {
                     return Err(ClientError::Unavailable(format!(
-                        "osd.{primary} has no report of the scrub of PG {pg} ({:?}): it restarted; scrub again",
+                        "osd.{osd} has no report of {what} ({:?}): it restarted; ask again",
                         f.h.status
                     )))
                 }
                 Err(e) => {
-                    self.conns.borrow_mut().remove(&primary);
+                    self.conns.borrow_mut().remove(&osd);
                     lost += 1;
                     if lost * SCRUB_POLL > Duration::from_millis(CLIENT_OP_TIMEOUT_MS) {
-                        return Err(ClientError::Unavailable(format!(
-                            "osd.{primary}, scrubbing PG {pg}: {e}"
-                        )));
+                        return Err(ClientError::Unavailable(format!("osd.{osd}, {what}: {e}")));
                     }
                 }
             }
         }
+    }
+
+    /// Has OSD `osd` measure its own store over `bytes` (`nacre osd
+    /// bench`) and waits for its report (`nacre_osd::BenchReport`, JSON):
+    /// the OSD answers with a ticket, then its report once done
+    /// ([`Self::wait_report`]). An OSD that refuses says why.
+    pub async fn osd_bench(&self, osd: u32, bytes: u64) -> Result<serde_json::Value> {
+        let mut h = Header::request(Op::Bench, 0, ObjectId::default());
+        (h.length, h.obj_version) = (nacre_wire::BENCH_START, bytes);
+        let f = (self.conn(osd)?.call(h, None).await)
+            .map_err(|e| ClientError::Unavailable(format!("osd.{osd}: {e}")))?;
+        if f.h.status != Status::Ok {
+            let why = String::from_utf8_lossy(f.payload.as_deref().unwrap_or(&[])).into_owned();
+            return Err(match f.h.status {
+                Status::Invalid => ClientError::Invalid(format!("osd.{osd}: {why}")),
+                s => ClientError::Unavailable(format!("osd.{osd}: {s:?} {why}")),
+            });
+        }
+        h.length = nacre_wire::BENCH_REPORT;
+        h.obj_version = f.h.obj_version;
+        self.wait_report(osd, h, "its bench").await
     }
 
     /// Asks PG `pg`'s primary to scrub it; the primary and its ticket.

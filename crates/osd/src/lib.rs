@@ -34,6 +34,7 @@
 //! copy stops the PG and ends the interval (the leader starts a new epoch),
 //! so copies never drift apart under one version.
 
+mod bench;
 mod ec;
 pub mod leader;
 pub mod map;
@@ -60,6 +61,7 @@ use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
 use nacre_types::{ObjectId, PgId, DAMAGED_OBJECTS_OUT, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
+pub use bench::{BenchReport, BenchTest, BENCH_BYTES_MAX, BENCH_BYTES_MIN, BENCH_VOLUME};
 pub use map::{OsdMap, PgEvent, PoolChange};
 pub use peering::PG_QUERY_PAGE_OBJECTS;
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
@@ -231,6 +233,7 @@ pub struct Osd<D: BlockDev + 'static = FileDev, T: Transport = Sockets> {
     /// Scrubs admins asked for: the last ticket given, those queued or
     /// running (ticket, PG, deep), and the reports of those done.
     scrub_tickets: Cell<u64>,
+    benches: bench::Benches,
     scrub_asked: RefCell<Vec<(u64, PgId, bool)>>,
     scrub_reports: RefCell<BTreeMap<u64, ScrubReport>>,
     /// Per erasure-coded pool, its code and layout (`ec.rs`).
@@ -547,6 +550,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             scrub_next: Cell::new(Duration::ZERO),
             purged: RefCell::new(HashSet::new()),
             scrub_tickets: Cell::new(0),
+            benches: bench::Benches::default(),
             scrub_asked: RefCell::new(Vec::new()),
             scrub_reports: RefCell::new(BTreeMap::new()),
             schemes: RefCell::new(HashMap::new()),
@@ -808,6 +812,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                                 rt::spawn(Self::heartbeat(Rc::downgrade(self)));
                                 rt::spawn(Self::stray_loop(Rc::downgrade(self)));
                                 rt::spawn(Self::scrub_loop(Rc::downgrade(self)));
+                                rt::spawn(self.clone().bench_leftovers());
                             }
                             return Ok(());
                         }
@@ -1723,7 +1728,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         match h.op {
             Op::Read | Op::ShardRead | Op::DirectRead => h.length as usize,
             Op::Pull => self.store.block_bytes() as usize,
-            Op::Stat | Op::Scrub => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
+            Op::Stat | Op::Scrub | Op::Bench => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
             Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
             Op::List | Op::ShardList => {
                 h.length.min(nacre_wire::LIST_PAGE_MAX) as usize * nacre_wire::LIST_ENTRY_BYTES
@@ -1936,6 +1941,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             Op::PgQuery => self.answer_query(&h, f.payload).await,
             Op::Pull => self.answer_pull(&h).await,
             Op::Scrub => self.answer_scrub(&h, f.payload).await,
+            Op::Bench => self.answer_bench(&h),
             Op::Push => {
                 let s = self.answer_push(&h, f.payload).await;
                 (h.reply(s), None)

@@ -1444,3 +1444,90 @@ fn a_client_op_on_a_reserved_block_index_is_refused() {
         assert_eq!(c.leader.map().epoch(), epoch, "an interval ended");
     });
 }
+
+/// Starts a bench of `bytes` on OSD `osd`; its ticket.
+async fn bench_start(c: &Cluster, osd: u32, bytes: u64) -> u64 {
+    let mut h = Header::request(Op::Bench, 0, ObjectId::default());
+    (h.length, h.obj_version) = (nacre_wire::BENCH_START, bytes);
+    let f = c.call_osd(osd, h, None).await.unwrap();
+    let why = f.payload.as_deref().map(String::from_utf8_lossy);
+    assert_eq!(f.h.status, Status::Ok, "{why:?}");
+    f.h.obj_version
+}
+
+/// The objects of benches OSD `osd` holds.
+fn bench_objects(c: &Cluster, osd: u32) -> usize {
+    let o = c.osd(osd).unwrap();
+    let held = o
+        .store()
+        .list_where(|o| o.volume == nacre_osd::BENCH_VOLUME);
+    held.len()
+}
+
+/// `Op::Bench`: an OSD measures its own store — every test runs, its
+/// report says what each did — and deletes the objects it wrote, which no
+/// PG holds (the PGs stay clean throughout); one bench at a time. An OSD
+/// that stops in a bench deletes what it left when it starts again.
+#[test]
+fn an_osd_bench_leaves_nothing_even_when_cut_short() {
+    rt::block_on_virtual(async {
+        let c = cluster(43).await;
+        let ticket = bench_start(&c, 1, 4 << 20).await;
+        let mut h = Header::request(Op::Bench, 0, ObjectId::default());
+        (h.length, h.obj_version) = (nacre_wire::BENCH_START, 4 << 20);
+        let again = c.call_osd(1, h, None).await.unwrap();
+        assert_eq!(
+            again.h.status,
+            Status::Unavailable,
+            "a second bench at once"
+        );
+        (h.length, h.obj_version) = (nacre_wire::BENCH_REPORT, ticket);
+        let report: nacre_osd::BenchReport = loop {
+            let f = c.call_osd(1, h, None).await.unwrap();
+            assert_eq!(f.h.status, Status::Ok);
+            if let Some(body) = f.payload {
+                break serde_json::from_slice(&body).unwrap();
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(report.error, None, "{report:?}");
+        assert_eq!(report.tests.len(), 6, "{report:?}");
+        assert!(report.tests.iter().all(|t| t.ops > 0), "{report:?}");
+        assert_eq!(bench_objects(&c, 1), 0);
+        c.settle(SETTLE).await.unwrap();
+        // Cut short: the power goes while it writes.
+        bench_start(&c, 2, 8 << 20).await;
+        for _ in 0..1000 {
+            if bench_objects(&c, 2) > 8 {
+                break;
+            }
+            rt::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(bench_objects(&c, 2) > 8, "the bench wrote nothing");
+        c.crash(2, 5);
+        c.start(2).await;
+        c.settle(SETTLE).await.unwrap();
+        for _ in 0..100 {
+            if bench_objects(&c, 2) == 0 {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            bench_objects(&c, 2),
+            0,
+            "what the bench left is still there"
+        );
+        // An unknown ticket, a size out of bounds.
+        (h.length, h.obj_version) = (nacre_wire::BENCH_REPORT, 99);
+        assert_eq!(
+            c.call_osd(2, h, None).await.unwrap().h.status,
+            Status::NotFound
+        );
+        (h.length, h.obj_version) = (nacre_wire::BENCH_START, 1 << 20);
+        let f = c.call_osd(2, h, None).await.unwrap();
+        assert_eq!(f.h.status, Status::Invalid);
+        assert!(String::from_utf8_lossy(&f.payload.unwrap()).contains("a bench writes"));
+        c.stop();
+    });
+}

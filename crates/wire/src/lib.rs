@@ -236,7 +236,18 @@ pub enum Op {
     /// holds every acknowledged op of the PG, and may answer
     /// [`Op::DirectRead`]s in this epoch.
     ShardActive = 34,
+    /// Admin → an OSD: measure its own store (`nacre osd bench`). `length`
+    /// [`BENCH_START`]: write `obj_version` bytes of objects of its own
+    /// and read them (no replication), answered at once with a ticket in
+    /// `obj_version`, or refused with the reason as UTF-8 text;
+    /// [`BENCH_REPORT`]: the report of the ticket in `obj_version` (JSON),
+    /// no payload while it runs.
+    Bench = 35,
 }
+
+/// [`Op::Bench`] kinds, in `length`.
+pub const BENCH_START: u32 = 1;
+pub const BENCH_REPORT: u32 = 2;
 
 /// [`Op::ShardSettle`] kinds, in `offset`.
 pub const SETTLE_ROLL_BACK: u32 = 0;
@@ -279,6 +290,7 @@ impl Op {
             32 => Op::ShardVersion,
             33 => Op::DirectRead,
             34 => Op::ShardActive,
+            35 => Op::Bench,
             _ => return None,
         })
     }
@@ -614,7 +626,13 @@ impl Header {
             // A statistics report, a leader's reason for a refusal, a
             // scrub's objects and findings.
             (
-                Op::Stat | Op::MarkOut | Op::AddOsd | Op::Scrub | Op::RmOsd | Op::PoolChange,
+                Op::Stat
+                | Op::MarkOut
+                | Op::AddOsd
+                | Op::Scrub
+                | Op::RmOsd
+                | Op::PoolChange
+                | Op::Bench,
                 true,
             )
             | (Op::AddOsd | Op::PoolChange, false) => {
