@@ -339,7 +339,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             self.deleting.borrow_mut().insert(h.oid, h.obj_version);
         }
         // Bytes that depend on none of the old (an XOR delta does), or a
-        // delete: whole, they replace a damaged copy.
+        // delete: they replace a damaged copy if they cover the whole
+        // shard (`Osd::replaced` checks).
         let fresh = h.op == Op::ShardDelete || (data.is_some() && !h.xor);
         let r = match (h.op, data) {
             (Op::ShardDelete, _) => self.store.delete_logged(e).await,

@@ -40,7 +40,7 @@
 //!    still incomplete, refill the PG's request cache from the
 //!    authoritative log, then serve.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -988,7 +988,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             })
             .map(|(&id, _)| id)
             .ok_or_else(|| Retry("no member of the last active interval answered".into()))?;
-        let (mut wants, rewrite) = (self.compare(pg, epoch, auth, &acting, &mut infos))
+        let recovery::Finished {
+            mut wants,
+            rewrite,
+            behind,
+        } = (self.compare(pg, epoch, auth, &acting, &mut infos))
             .await?
             .finish();
         let a = &infos[&auth];
@@ -1000,13 +1004,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 left.entry(c).or_default().0 += 1;
             }
         }
-        // Those are marked recovering before anything of this interval
-        // lands on them (a rewrite below, a push, a client write once the
-        // PG serves): an entry of this epoch in the log of a copy whose
-        // objects are not its log's ops applied would let a later peering
-        // (this one cut short) compare it by its log and leave it without
-        // what it lacks (`log_delta`).
-        for &c in left.keys() {
+        // Those, and the copies that lack only objects rewritten below, are
+        // marked recovering before anything of this interval lands on them
+        // (a rewrite below, a push, a client write once the PG serves): an
+        // entry of this epoch in the log of a copy whose objects are not
+        // its log's ops applied would let a later peering (this one cut
+        // short) compare it by its log and leave it without what it lacks
+        // (`log_delta`).
+        let marked: BTreeSet<u32> = left.keys().copied().chain(behind).collect();
+        for &c in &marked {
             self.log_sync(c, pg, epoch, &LogSync::mark()).await?;
         }
         for oid in rewrite {
@@ -1026,6 +1032,14 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                         unmark: true,
                         ..sync
                     }
+                }
+                // Marked, it lacked only rewritten objects: whole now.
+                None if marked.contains(&c) => {
+                    let sync = LogSync {
+                        unmark: true,
+                        ..sync
+                    };
+                    self.log_sync(c, pg, epoch, &sync).await?
                 }
                 None if !sync.is_empty() => self.log_sync(c, pg, epoch, &sync).await?,
                 None => {}

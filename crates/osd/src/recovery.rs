@@ -232,15 +232,33 @@ impl Plan {
         }
     }
 
-    /// What each copy lacks, without the objects to rewrite; and those.
-    pub(crate) fn finish(mut self) -> (BTreeMap<ObjectId, Want>, Vec<ObjectId>) {
+    /// What each copy lacks, without the objects to rewrite; those; and
+    /// the copies that lacked one of those (a rewrite brings it to them,
+    /// so they lack nothing else perhaps, but they must be marked
+    /// recovering before the first rewrite lands like any copy that lacks
+    /// objects: `Osd::try_peer`).
+    pub(crate) fn finish(mut self) -> Finished {
         self.rewrite.sort_unstable();
         self.rewrite.dedup();
+        let mut behind = std::collections::BTreeSet::new();
         for oid in &self.rewrite {
-            self.wants.remove(oid);
+            if let Some(w) = self.wants.remove(oid) {
+                behind.extend(w.to);
+            }
         }
-        (self.wants, self.rewrite)
+        Finished {
+            wants: self.wants,
+            rewrite: self.rewrite,
+            behind,
+        }
     }
+}
+
+/// A [`Plan`] finished.
+pub(crate) struct Finished {
+    pub wants: BTreeMap<ObjectId, Want>,
+    pub rewrite: Vec<ObjectId>,
+    pub behind: std::collections::BTreeSet<u32>,
 }
 
 /// The newest entry of `oid` in `log`.
@@ -706,8 +724,14 @@ mod tests {
         );
         // Lacks everything; holds 6, which the authority never had.
         plan.compare(&log, &auth, 2, &objects(&[(6, 1)]), &none);
-        let (wants, rewrite) = plan.finish();
+        let Finished {
+            wants,
+            rewrite,
+            behind,
+        } = plan.finish();
         assert_eq!(rewrite, vec![o(5), o(6)]);
+        // 2 lacked 5, which is rewritten: no want, but behind.
+        assert_eq!(behind.into_iter().collect::<Vec<_>>(), vec![2]);
         assert_eq!(
             wants[&o(1)],
             Want {
@@ -761,7 +785,7 @@ mod tests {
         // version (a push undid its divergent write), lacks 1 (named by a
         // shared entry) and 4 (its entry is below the authority's tail).
         plan.compare(&log, &auth, 1, &objects(&[(3, 4)]), &copy_log);
-        let (wants, rewrite) = plan.finish();
+        let Finished { wants, rewrite, .. } = plan.finish();
         assert_eq!(rewrite, vec![o(2), o(3)]);
         assert_eq!(wants.keys().copied().collect::<Vec<_>>(), vec![o(1), o(4)]);
     }
