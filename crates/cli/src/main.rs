@@ -7,6 +7,7 @@ mod commands;
 mod daemons;
 mod disk;
 mod mon;
+mod net;
 mod osd_bench;
 mod osds;
 mod pg;
@@ -110,6 +111,11 @@ enum Cmd {
     /// bandwidth, IOPS, QD1 latency, the time to recover a lost disk and
     /// host, and the annual probability of losing data.
     Plan(plan::PlanArgs),
+    /// The network between the OSDs' hosts.
+    Net {
+        #[command(subcommand)]
+        cmd: net::NetCmd,
+    },
     /// Disks: test one before trusting it with an OSD.
     Disk {
         #[command(subcommand)]
@@ -671,6 +677,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Demo(a) => commands::demo(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Disk { cmd } => disk::run(cmd),
+        Cmd::Net { cmd } => net::run(cmd),
     }
 }
 

@@ -49,7 +49,7 @@ fn figure(r: &BenchReport, test: &str, f: Figure) -> Option<f64> {
     })
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

@@ -1354,6 +1354,25 @@ impl Cluster {
         self.wait_report(osd, h, "its bench").await
     }
 
+    /// Has OSD `from` measure its link to OSD `to` through its own
+    /// connection (`nacre net bench`): the report (`nacre_osd::LinkReport`,
+    /// JSON), or why not.
+    pub async fn net_bench(&self, from: u32, to: u32) -> Result<serde_json::Value> {
+        let mut h = Header::request(Op::NetBench, 0, ObjectId::default());
+        h.obj_version = u64::from(to);
+        let f = (self.conn(from)?.call(h, None).await)
+            .map_err(|e| ClientError::Unavailable(format!("osd.{from}: {e}")))?;
+        let body = f.payload.as_deref().unwrap_or(&[]);
+        match f.h.status {
+            Status::Ok => serde_json::from_slice(body)
+                .map_err(|e| ClientError::Unavailable(format!("osd.{from}'s link report: {e}"))),
+            s => {
+                let why = String::from_utf8_lossy(body);
+                Err(ClientError::Unavailable(format!("osd.{from}: {s:?} {why}")))
+            }
+        }
+    }
+
     /// Asks PG `pg`'s primary to scrub it; the primary and its ticket.
     async fn scrub_start(&self, pg: PgId, deep: bool) -> Result<(u32, u64)> {
         let mut h = Header::request(Op::Scrub, 0, ObjectId::default());

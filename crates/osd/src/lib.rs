@@ -38,6 +38,7 @@ mod bench;
 mod ec;
 pub mod leader;
 pub mod map;
+mod netbench;
 mod peering;
 mod recovery;
 mod scrub;
@@ -63,6 +64,7 @@ use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
 
 pub use bench::{BenchReport, BenchTest, BENCH_BYTES_MAX, BENCH_BYTES_MIN, BENCH_VOLUME};
 pub use map::{OsdMap, PgEvent, PoolChange};
+pub use netbench::LinkReport;
 pub use peering::PG_QUERY_PAGE_OBJECTS;
 pub use recovery::RECOVERY_BYTES_PER_S_DEFAULT;
 pub use scrub::{
@@ -1728,7 +1730,10 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         match h.op {
             Op::Read | Op::ShardRead | Op::DirectRead => h.length as usize,
             Op::Pull => self.store.block_bytes() as usize,
-            Op::Stat | Op::Scrub | Op::Bench => nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize,
+            Op::Stat | Op::Scrub | Op::Bench | Op::NetBench => {
+                nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize
+            }
+            Op::Echo => h.length.min(nacre_wire::ECHO_REPLY_MAX) as usize,
             Op::PgQuery | Op::VolumeUsage => nacre_wire::PAYLOAD_MAX_BYTES as usize,
             Op::List | Op::ShardList => {
                 h.length.min(nacre_wire::LIST_PAGE_MAX) as usize * nacre_wire::LIST_ENTRY_BYTES
@@ -1942,6 +1947,8 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             Op::Pull => self.answer_pull(&h).await,
             Op::Scrub => self.answer_scrub(&h, f.payload).await,
             Op::Bench => self.answer_bench(&h),
+            Op::Echo => self.answer_echo(&h),
+            Op::NetBench => self.answer_net_bench(&h).await,
             Op::Push => {
                 let s = self.answer_push(&h, f.payload).await;
                 (h.reply(s), None)

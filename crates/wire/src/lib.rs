@@ -243,7 +243,19 @@ pub enum Op {
     /// [`BENCH_REPORT`]: the report of the ticket in `obj_version` (JSON),
     /// no payload while it runs.
     Bench = 35,
+    /// Anyone → an OSD: answered at once with `length` bytes (at most
+    /// [`ECHO_REPLY_MAX`]); the request's payload (any, up to an object)
+    /// is read and dropped. What `nacre net bench` times.
+    Echo = 36,
+    /// Admin → an OSD: measure its link to OSD `obj_version` through its
+    /// own connection to it ([`Op::Echo`]s: 4 KiB round trips, then a
+    /// stream of large messages); answered when done (a few seconds) with
+    /// the figures (JSON), or refused with the reason as UTF-8 text.
+    NetBench = 37,
 }
+
+/// Largest reply an [`Op::Echo`] asks for.
+pub const ECHO_REPLY_MAX: u32 = 4096;
 
 /// [`Op::Bench`] kinds, in `length`.
 pub const BENCH_START: u32 = 1;
@@ -291,6 +303,8 @@ impl Op {
             33 => Op::DirectRead,
             34 => Op::ShardActive,
             35 => Op::Bench,
+            36 => Op::Echo,
+            37 => Op::NetBench,
             _ => return None,
         })
     }
@@ -632,7 +646,8 @@ impl Header {
                 | Op::Scrub
                 | Op::RmOsd
                 | Op::PoolChange
-                | Op::Bench,
+                | Op::Bench
+                | Op::NetBench,
                 true,
             )
             | (Op::AddOsd | Op::PoolChange, false) => {
@@ -649,6 +664,14 @@ impl Header {
                     || !(len as usize).is_multiple_of(LIST_ENTRY_BYTES)
                 {
                     return bad("not a page of listed objects");
+                }
+                return Ok(());
+            }
+            // A link's measure: any payload out, a small one back.
+            (Op::Echo, false) => return Ok(()),
+            (Op::Echo, true) => {
+                if len > ECHO_REPLY_MAX {
+                    return bad("larger than an echo");
                 }
                 return Ok(());
             }
