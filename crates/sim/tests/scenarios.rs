@@ -741,6 +741,142 @@ fn a_copy_behind_is_marked_before_a_rewrite_reaches_it() {
     });
 }
 
+/// The case an adversarial review of the mark's fix found: a copy that
+/// lacks only objects the peering rewrites. `z` is away while `x2` is
+/// written once and `x1` so often that the logs no longer name `x2`; the
+/// primary `w` then takes a write of each alone and loses power, and an
+/// interval of `y` and a fourth OSD `r` goes on. Back in the first
+/// placement with `w`, `z` leads: it lacks `x1` and `x2`, and `w`'s
+/// divergent writes make the peering rewrite both, so `z` has no object
+/// to recover. The rewrite of `x2` is held up and `w` goes down: the next
+/// peering, without `w`, rewrites nothing, and must still list `z` —
+/// marked before the first rewrite — rather than take its log's word and
+/// serve `x2` as absent.
+#[test]
+fn a_copy_that_lacks_only_rewritten_objects_is_marked_before_the_rewrites() {
+    rt::block_on_virtual(async {
+        let c = Cluster::new(Net::new(44, Duration::from_millis(500)), 4, 3, 2, 4).await;
+        c.settle(SETTLE).await.unwrap();
+        let pgs = c.leader.map().pg_count(1);
+        let in_pg: Vec<ObjectId> = (0..)
+            .map(|b| nacre_sim::obj(1, b))
+            .filter(|&o| PgId::of(o, pgs) == PgId::new(1, 0))
+            .take(2)
+            .collect();
+        let (x1, x2) = (in_pg[0], in_pg[1]);
+        let first = c.placement(x1);
+        let (z, w, y) = (first[0], first[1], first[2]);
+        let r = (0..4).find(|o| !first.contains(o)).unwrap();
+        let addr = |id: u32| c.nodes.borrow()[id as usize].addr.to_string();
+        c.crash(z, 1);
+        c.settle(SETTLE).await.unwrap();
+        assert_eq!(c.route(x1).1, vec![w, y], "w leads without z");
+        put(&c, x2, 1, 0x22).await;
+        for req in 2..142 {
+            put(&c, x1, req, 0x11).await;
+        }
+        // w takes a write of each alone, then loses power.
+        let to_y = addr(y);
+        c.net
+            .set_filter(move |_, to, h| h.op == Op::RepWrite && to == to_y);
+        let sends: Vec<_> = [(x1, 0x1du8), (x2, 0x2d)]
+            .into_iter()
+            .map(|(o, b)| {
+                let c = c.clone();
+                rt::spawn(async move { send(&c, o, 1000 + u64::from(b), b).await })
+            })
+            .collect();
+        let ahead = |o: ObjectId| {
+            let v = |id: u32| c.osd(id).unwrap().store().version(o);
+            v(w) > v(y)
+        };
+        while !(ahead(x1) && ahead(x2)) {
+            rt::sleep(Duration::from_millis(1)).await;
+        }
+        c.crash(w, 3);
+        for s in sends {
+            assert!(s.await.map_or(true, |f| f.h.status != Status::Ok));
+        }
+        c.net.clear_filter();
+        // An interval of y and r (w, down, stays a temporary member of
+        // the PGs that move: no settle).
+        c.mark_out(w, true).unwrap();
+        let pg0 = PgId::new(1, 0);
+        for _ in 0..600 {
+            let m = c.leader.map();
+            let active = (m.primary(pg0).and_then(|p| c.osd(p))).is_some_and(|o| {
+                o.epoch() == m.epoch() && o.pg_state(pg0) == Some(PgState::Active)
+            });
+            if active && c.route(x1).1.contains(&r) && !c.osd(y).unwrap().pg_recovering(pg0) {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        let (_, acting) = c.route(x1);
+        assert!(
+            acting.contains(&y) && acting.contains(&r),
+            "{acting:?}, y {y}, r {r}"
+        );
+        assert!(c
+            .leader
+            .map()
+            .last_active(pg0)
+            .is_some_and(|i| i.acting.contains(&r)));
+        // z and w back in one epoch, no peering in between (the queries
+        // of the epochs on the way are lost), z leading.
+        c.net.set_filter(|_, _, h| h.op == Op::PgQuery);
+        c.start(w).await;
+        c.mark_out(w, false).unwrap();
+        c.start(z).await;
+        // (r stays a temporary member while the PG moves back.)
+        let (_, acting) = c.route(x1);
+        assert!(acting[0] == z && acting.contains(&w), "{acting:?}");
+        let epoch = c.leader.map().epoch();
+        // The rewrite of x2 is held up (its bytes cannot be fetched from
+        // the authority) until w is gone; the one of x1, first, lands.
+        c.net
+            .set_filter(move |_, _, h| h.op == Op::Pull && h.oid == x2);
+        let zo = c.osd(z).unwrap();
+        for _ in 0..3000 {
+            if zo.store().version(x1).is_some_and(|v| v >> 32 == epoch) {
+                break;
+            }
+            rt::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            zo.store().version(x1).map(|v| v >> 32),
+            Some(epoch),
+            "x1 not rewritten"
+        );
+        assert_eq!(zo.store().version(x2), None);
+        drop(zo);
+        c.crash(w, 4);
+        // The fetch stays stalled until the map has w down (it would
+        // otherwise complete the rewrite on z in this epoch).
+        while c.leader.map().is_up(w) {
+            rt::sleep(Duration::from_millis(10)).await;
+        }
+        c.net.clear_filter();
+        // (r stays a temporary member without w: no settle.)
+        for _ in 0..600 {
+            let m = c.leader.map();
+            if !m.is_up(w)
+                && c.osd(z).unwrap().epoch() == m.epoch()
+                && c.osd(z).unwrap().pg_state(pg0) == Some(PgState::Active)
+                && !c.osd(z).unwrap().pg_recovering(pg0)
+            {
+                break;
+            }
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(c.route(x2).1[0], z, "z leads");
+        let got = read(&c, x2).await;
+        assert_eq!(got.map(|d| d[0]), Some(0x22), "x2 through z");
+        assert_eq!(c.log_delta_misses(), 0);
+        c.stop();
+    });
+}
+
 /// A volume deleted (its objects purged on every OSD) while its objects are
 /// still being recovered leaves nothing for recovery to wait for: the PGs
 /// end clean instead of retrying pulls of purged objects for ever.
