@@ -68,15 +68,20 @@ pub fn slow_links(links: &[&LinkReport]) -> Vec<Vec<String>> {
     why
 }
 
-fn bench(at: &At, format: Format) -> anyhow::Result<()> {
+/// Each host with an OSD up, and the OSD that speaks for it (its lowest).
+pub type Hosts = BTreeMap<String, u32>;
+/// Each link measured: from host, to host, the report or why not.
+pub type Measured = Vec<(String, String, Result<LinkReport, String>)>;
+
+/// Measures every link between two hosts with an OSD up, one at a time
+/// (`progress`: a line on stderr for each).
+pub fn measure(at: &At, progress: bool) -> anyhow::Result<(Hosts, Measured)> {
     let meta = at.meta()?;
-    let progress = format == Format::Table;
-    type Measured = Vec<(String, String, Result<LinkReport, String>)>;
-    let (hosts, measured): (BTreeMap<String, u32>, Measured) = rt::block_on(async {
+    rt::block_on(async {
         let c = Cluster::connect(meta)?;
         let m = c.map();
         // The lowest OSD up on each host.
-        let mut hosts: BTreeMap<String, u32> = BTreeMap::new();
+        let mut hosts = Hosts::new();
         for o in m.osds.iter().filter(|o| m.is_up(o.id)) {
             let id = hosts.entry(o.host.clone()).or_insert(o.id);
             *id = (*id).min(o.id);
@@ -98,7 +103,11 @@ fn bench(at: &At, format: Format) -> anyhow::Result<()> {
             }
         }
         Ok((hosts, out))
-    })?;
+    })
+}
+
+fn bench(at: &At, format: Format) -> anyhow::Result<()> {
+    let (hosts, measured) = measure(at, format == Format::Table)?;
     let done: Vec<(&String, &String, &LinkReport)> = (measured.iter())
         .filter_map(|(a, b, r)| r.as_ref().ok().map(|r| (a, b, r)))
         .collect();

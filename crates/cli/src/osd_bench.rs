@@ -102,10 +102,24 @@ pub fn run(at: &At, which: &str, size: u64, parallel: bool, format: Format) -> a
                 .with_context(|| format!("{s:?}: an OSD's number (osd.ID), or all"))?,
         ),
     };
+    let rows = measure(at, one, size, parallel, format == Format::Table)?;
+    report(&rows, size, parallel, format)
+}
+
+/// An OSD benched: its id, its host, its report or why not.
+pub type Row = (u32, String, Result<BenchReport, String>);
+
+/// Benches OSD `one`, or every OSD that is up, over `size` bytes each,
+/// one at a time or all at once (`progress`: a line on stderr for each).
+pub fn measure(
+    at: &At,
+    one: Option<u32>,
+    size: u64,
+    parallel: bool,
+    progress: bool,
+) -> anyhow::Result<Vec<Row>> {
     let meta = at.meta()?;
-    let progress = format == Format::Table;
-    type Row = (u32, String, Result<BenchReport, String>);
-    let rows: Vec<Row> = rt::block_on(async {
+    rt::block_on(async {
         let c = Cluster::connect(meta)?;
         let m = c.map();
         let osds: Vec<(u32, String)> = match one {
@@ -155,7 +169,10 @@ pub fn run(at: &At, which: &str, size: u64, parallel: bool, format: Format) -> a
             }
         }
         Ok(rows)
-    })?;
+    })
+}
+
+fn report(rows: &[Row], size: u64, parallel: bool, format: Format) -> anyhow::Result<()> {
     let done: Vec<&BenchReport> = rows
         .iter()
         .filter_map(|(_, _, r)| r.as_ref().ok())

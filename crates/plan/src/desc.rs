@@ -432,6 +432,82 @@ impl Description {
 }
 
 /// A description to start from (`nacre plan --example`).
+impl Description {
+    /// The description as TOML that [`Description::parse`] reads back
+    /// (`nacre plan --from-cluster` prints it to keep and edit).
+    pub fn to_toml(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let opt = |s: &mut String, name: &str, v: Option<f64>| {
+            if let Some(v) = v {
+                let _ = write!(s, ", {name} = {v:?}");
+            }
+        };
+        for g in &self.hosts {
+            let d = &g.disk;
+            let _ = write!(
+                s,
+                "[[hosts]]\ncount = {}\ndisks = {}\ndisk = {{ ",
+                g.count, g.disks
+            );
+            if let Some(k) = d.kind {
+                let name = match k {
+                    DiskKind::Nvme => "nvme",
+                    DiskKind::Ssd => "ssd",
+                    DiskKind::DesktopSsd => "desktop-ssd",
+                    DiskKind::Hdd => "hdd",
+                };
+                let _ = write!(s, "kind = \"{name}\", ");
+            }
+            let _ = write!(s, "size_tb = {:?}", d.size_tb);
+            opt(&mut s, "read_iops", d.read_iops);
+            opt(&mut s, "write_iops", d.write_iops);
+            opt(&mut s, "read_mbps", d.read_mbps);
+            opt(&mut s, "write_mbps", d.write_mbps);
+            opt(&mut s, "read_lat_us", d.read_lat_us);
+            opt(&mut s, "write_lat_us", d.write_lat_us);
+            opt(&mut s, "afr", d.afr);
+            s.push_str(" }\n\n");
+        }
+        let _ = write!(s, "[network]\ngbps = {:?}\n", self.network.gbps);
+        if let Some(r) = self.network.rtt_us {
+            let _ = writeln!(s, "rtt_us = {r:?}");
+        }
+        let p = &self.pool;
+        s.push_str("\n[pool]\n");
+        if let Some(r) = p.replicas {
+            let _ = writeln!(s, "replicas = {r}");
+        }
+        if let Some(ec) = &p.ec {
+            let _ = writeln!(s, "ec = {ec:?}");
+        }
+        if let Some(f) = p.failure_domain {
+            let f = match f {
+                FailureDomain::Osd => "osd",
+                FailureDomain::Host => "host",
+            };
+            let _ = writeln!(s, "failure_domain = \"{f}\"");
+        }
+        if let Some(n) = p.pgs {
+            let _ = writeln!(s, "pgs = {n}");
+        }
+        if let Some(f) = p.fill {
+            let _ = writeln!(s, "fill = {f:?}");
+        }
+        let f = &self.failures;
+        s.push_str("\n[failures]\n");
+        if let Some(a) = f.disk_afr {
+            let _ = writeln!(s, "disk_afr = {a:?}");
+        }
+        let _ = write!(
+            s,
+            "host_afr = {:?}\nout_delay_min = {:?}\nrecovery_mbps_per_osd = {:?}\nhost_repair_hours = {:?}\n",
+            f.host_afr, f.out_delay_min, f.recovery_mbps_per_osd, f.host_repair_hours
+        );
+        s
+    }
+}
+
 pub const EXAMPLE: &str = r#"# A cluster for `nacre plan`. Units: TB (10^12 bytes), MB/s, Gbit/s, µs;
 # afr = fraction failing per year. A disk's `kind` (nvme, ssd, desktop-ssd,
 # hdd) fills in any figure left out; `nacre disk check` measures them.

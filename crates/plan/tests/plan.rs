@@ -460,3 +460,30 @@ fn the_example_plans() {
     assert_eq!(p_.osds, 24);
     assert!(p_.nacre.loss.annual_probability > 0.0 && p_.nacre.loss.annual_probability < 1e-3);
 }
+
+/// A description written as TOML (what `nacre plan --from-cluster`
+/// prints) reads back as the same cluster: every example and a
+/// description with every optional field given.
+#[test]
+fn a_description_written_as_toml_reads_back_the_same() {
+    let full = "[[hosts]]\ncount = 2\ndisks = 3\ndisk = { kind = \"desktop-ssd\", size_tb = 1.92, \
+                read_iops = 81234.5, write_iops = 20000, read_mbps = 510, write_mbps = 450.25, \
+                read_lat_us = 95, write_lat_us = 1400, afr = 0.03 }\n\n\
+                [[hosts]]\ncount = 1\ndisks = 4\ndisk = { kind = \"hdd\", size_tb = 8 }\n\n\
+                [network]\ngbps = 25\nrtt_us = 42.5\n\n\
+                [pool]\nec = \"4+2\"\nfailure_domain = \"osd\"\npgs = 256\nfill = 0.5\n\n\
+                [failures]\ndisk_afr = 0.02\nhost_afr = 0.01\nout_delay_min = 5\n\
+                recovery_mbps_per_osd = 200\nhost_repair_hours = 24\n";
+    let mut texts = vec![full.to_string(), nacre_plan::EXAMPLE.to_string()];
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/plan");
+    for e in std::fs::read_dir(dir).unwrap() {
+        texts.push(std::fs::read_to_string(e.unwrap().path()).unwrap());
+    }
+    assert!(texts.len() >= 4);
+    for t in texts {
+        let d = Description::parse(&t).unwrap();
+        let again =
+            Description::parse(&d.to_toml()).unwrap_or_else(|e| panic!("{e}\n{}", d.to_toml()));
+        assert_eq!(format!("{d:?}"), format!("{again:?}"), "{}", d.to_toml());
+    }
+}
