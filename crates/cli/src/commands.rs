@@ -798,6 +798,29 @@ fn space_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::V
     out
 }
 
+/// `SLOW_OSD` for each OSD whose own store writes stood far above the
+/// others' in each recent window (`nacre_osd::slow`), saying what was
+/// measured.
+fn slow_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::Value> {
+    let reports: Vec<(u32, Vec<Option<f64>>)> = (stats.iter())
+        .filter_map(|(id, v)| {
+            let w = v.as_ref()?["store_write_us_p99"].as_array()?;
+            Some((*id, w.iter().map(|x| x.as_f64()).collect()))
+        })
+        .collect();
+    (nacre_osd::slow::slow_osds(&reports).iter())
+        .map(|s| {
+            serde_json::json!({
+                "code": "SLOW_OSD",
+                "severity": "HEALTH_WARN",
+                "osd": s.osd,
+                "message": s.message(),
+                "measured": s,
+            })
+        })
+        .collect()
+}
+
 /// Health checks for OSDs that hold damaged data: reads that failed their
 /// checksum and were not repaired from another copy, or a journal whose
 /// replay stopped before its end; and for OSDs whose copies needed
@@ -1170,6 +1193,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         }));
     }
     checks.extend(space_checks(&stats));
+    checks.extend(slow_checks(&stats));
     checks.extend(pg_checks);
     let late = late_scrubs(&m, &stats, &map::scrub_stamps(&*meta)?, map::now_s());
     let (scrub, scrub_checks) = scrub_summary(&stats, late);

@@ -106,12 +106,52 @@ pub fn measure(at: &At, progress: bool) -> anyhow::Result<(Hosts, Measured)> {
     })
 }
 
+/// The hosts that stand out: a host's median round trip over the links
+/// it is an end of at least [`OUTLIER_FACTOR`] times the median of the
+/// hosts' medians, or its median throughput that many times below (with
+/// at least three hosts). One slow host is an end of 2 (n − 1) of the
+/// n (n − 1) links, enough to drag the links' own median on a small
+/// cluster: the hosts' medians keep it apart.
+pub fn slow_hosts(links: &[(&String, &String, &LinkReport)]) -> Vec<(String, Vec<String>)> {
+    let mut per: BTreeMap<&String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for (a, b, r) in links {
+        for h in [a, b] {
+            let e = per.entry(h).or_default();
+            e.0.push(r.rtt_p50_us as f64);
+            e.1.push(r.mb_per_s);
+        }
+    }
+    if per.len() < SLOW_LINKS_MIN {
+        return Vec::new();
+    }
+    let host: Vec<(&String, f64, f64)> = (per.into_iter())
+        .filter_map(|(h, (rtt, mbs))| Some((h, median(rtt)?, median(mbs)?)))
+        .collect();
+    let rtt = median(host.iter().map(|h| h.1).collect());
+    let mbs = median(host.iter().map(|h| h.2).collect());
+    let mut out = Vec::new();
+    for (h, r, m) in host {
+        let mut why = Vec::new();
+        if let Some(mr) = rtt.filter(|&x| x > 0.0 && r / x >= OUTLIER_FACTOR) {
+            why.push(format!("round trip {:.1}× the hosts' median", r / mr));
+        }
+        if let Some(mm) = mbs.filter(|&x| m > 0.0 && x / m >= OUTLIER_FACTOR) {
+            why.push(format!("throughput {:.1}× below the hosts' median", mm / m));
+        }
+        if !why.is_empty() {
+            out.push((h.clone(), why));
+        }
+    }
+    out
+}
+
 fn bench(at: &At, format: Format) -> anyhow::Result<()> {
     let (hosts, measured) = measure(at, format == Format::Table)?;
     let done: Vec<(&String, &String, &LinkReport)> = (measured.iter())
         .filter_map(|(a, b, r)| r.as_ref().ok().map(|r| (a, b, r)))
         .collect();
     let why = slow_links(&done.iter().map(|d| d.2).collect::<Vec<_>>());
+    let hosts_slow = slow_hosts(&done);
     let failed: Vec<(&String, &String, &String)> = (measured.iter())
         .filter_map(|(a, b, r)| r.as_ref().err().map(|e| (a, b, e)))
         .collect();
@@ -125,6 +165,7 @@ fn bench(at: &At, format: Format) -> anyhow::Result<()> {
                     "report": r,
                     "slow": w,
                 })).collect::<Vec<_>>(),
+                "slow_hosts": hosts_slow.iter().map(|(h, w)| serde_json::json!({"host": h, "slow": w})).collect::<Vec<_>>(),
                 "failed": failed.iter().map(|(a, b, e)| serde_json::json!({
                     "from_host": a, "to_host": b, "error": e,
                 })).collect::<Vec<_>>(),
@@ -169,12 +210,17 @@ fn bench(at: &At, format: Format) -> anyhow::Result<()> {
                 .collect();
             if done.len() < SLOW_LINKS_MIN {
                 println!("(fewer than {SLOW_LINKS_MIN} links: none named slow)");
-            } else if slow.is_empty() {
+            } else if slow.is_empty() && hosts_slow.is_empty() {
                 println!("no slow link");
             } else {
-                println!("SLOW LINKS:");
-                for s in slow {
-                    println!("  {s}");
+                for (h, w) in &hosts_slow {
+                    println!("SLOW HOST {h}: {}", w.join(", "));
+                }
+                if !slow.is_empty() {
+                    println!("SLOW LINKS:");
+                    for s in slow {
+                        println!("  {s}");
+                    }
                 }
             }
             for (a, b, e) in &failed {
@@ -222,5 +268,34 @@ mod tests {
         assert_eq!(why[2], vec!["round trip 4.6× the median"]);
         assert_eq!(why[3], vec!["throughput 3.4× below the median"]);
         assert!(slow_links(&refs[..2]).iter().all(Vec::is_empty));
+    }
+
+    /// One slow host among four drags the links' median (half the links
+    /// are its own): named by the hosts' medians.
+    #[test]
+    fn a_slow_host_is_named_by_the_hosts_medians() {
+        let names: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+        let mut ls = Vec::new();
+        for a in &names {
+            for b in names.iter().filter(|b| *b != a) {
+                let slow = a == "d" || b == "d";
+                ls.push((a, b, link(if slow { 300 } else { 100 }, 1000.0)));
+            }
+        }
+        let refs: Vec<(&String, &String, &LinkReport)> =
+            ls.iter().map(|(a, b, l)| (*a, *b, l)).collect();
+        let links: Vec<&LinkReport> = refs.iter().map(|r| r.2).collect();
+        assert!(
+            slow_links(&links).iter().all(Vec::is_empty),
+            "the links' median is dragged"
+        );
+        let hosts = slow_hosts(&refs);
+        assert_eq!(
+            hosts,
+            vec![(
+                "d".to_string(),
+                vec!["round trip 3.0× the hosts' median".to_string()]
+            )]
+        );
     }
 }

@@ -40,7 +40,11 @@ enum Figure {
     MbPerS,
 }
 
+/// A figure of `r`'s (none from a bench that stopped short).
 fn figure(r: &BenchReport, test: &str, f: Figure) -> Option<f64> {
+    if r.error.is_some() {
+        return None;
+    }
     let t: &BenchTest = r.tests.iter().find(|t| t.name == test)?;
     (t.ops > 0).then_some(match f {
         Figure::P50 => t.lat_p50_us as f64,
@@ -72,7 +76,11 @@ pub fn outliers(reports: &[&BenchReport]) -> Vec<Vec<String>> {
     }
     for (test, f, higher_worse, name) in COMPARED {
         let got: Vec<Option<f64>> = reports.iter().map(|r| figure(r, test, f)).collect();
-        let Some(mid) = median(got.iter().flatten().copied().collect()) else {
+        let known: Vec<f64> = got.iter().flatten().copied().collect();
+        if known.len() < OUTLIER_OSDS_MIN {
+            continue;
+        }
+        let Some(mid) = median(known) else {
             continue;
         };
         for (w, x) in why.iter_mut().zip(&got) {

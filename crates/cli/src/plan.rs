@@ -129,6 +129,23 @@ fn describe_cluster(at: &At, pool: Option<&str>, bench_size: u64) -> anyhow::Res
             .with_context(|| format!("no pool named {name:?}"))?,
         None => m.pools.first().context("the cluster has no pool")?,
     };
+    let domain = match p.failure_domain.as_str() {
+        "osd" => nacre_plan::desc::FailureDomain::Osd,
+        "host" => nacre_plan::desc::FailureDomain::Host,
+        f => anyhow::bail!(
+            "pool {:?} places its copies across {f}s: the planner knows hosts and OSDs only",
+            p.name
+        ),
+    };
+    let down: Vec<String> = (m.osds.iter())
+        .filter(|o| !m.is_up(o.id))
+        .map(|o| format!("osd.{}", o.id))
+        .collect();
+    anyhow::ensure!(
+        down.is_empty(),
+        "{} down: --from-cluster measures every OSD (describe the cluster in a file instead)",
+        down.join(", ")
+    );
     let capacity: std::collections::HashMap<u32, u64> = rt::block_on(async {
         let c = nacre_client::Cluster::connect(meta.clone())?;
         let stats = c.osd_stats().await;
@@ -154,28 +171,30 @@ fn describe_cluster(at: &At, pool: Option<&str>, bench_size: u64) -> anyhow::Res
         "OSD benches failed: {}",
         failed.join("; ")
     );
-    let (_, links) = net::measure(at, true)?;
+    let (_, links) = net::measure(at, true)
+        .context("--from-cluster measures the network between the hosts (a one-host cluster: describe it in a file)")?;
     let links: Vec<&nacre_osd::LinkReport> = (links.iter())
         .map(|(a, b, r)| r.as_ref().map_err(|e| anyhow::anyhow!("{a} → {b}: {e}")))
         .collect::<anyhow::Result<_>>()?;
-    // Hosts grouped by how many OSDs they have up.
+    // A group per host; past the planner's groups, hosts grouped by how
+    // many OSDs they have (their disks then the median of the group's).
     let mut per_host: std::collections::BTreeMap<&str, Vec<&nacre_osd::BenchReport>> =
         Default::default();
     for (_, host, r) in &rows {
-        per_host
-            .entry(host)
-            .or_default()
-            .push(r.as_ref().expect("checked above"));
+        (per_host.entry(host).or_default()).push(r.as_ref().expect("checked above"));
     }
-    let mut groups: std::collections::BTreeMap<usize, Vec<&nacre_osd::BenchReport>> =
+    let by_host = per_host.len() <= nacre_plan::desc::GROUPS_MAX;
+    type Key<'a> = (usize, &'a str);
+    let mut groups: std::collections::BTreeMap<Key, Vec<&nacre_osd::BenchReport>> =
         Default::default();
-    let mut counts: std::collections::BTreeMap<usize, u32> = Default::default();
-    for reports in per_host.values() {
+    let mut counts: std::collections::BTreeMap<Key, u32> = Default::default();
+    for (host, reports) in &per_host {
+        let key = (reports.len(), if by_host { *host } else { "" });
         groups
-            .entry(reports.len())
+            .entry(key)
             .or_default()
             .extend(reports.iter().copied());
-        *counts.entry(reports.len()).or_default() += 1;
+        *counts.entry(key).or_default() += 1;
     }
     let figure =
         |rs: &[&nacre_osd::BenchReport], test: &str, f: fn(&nacre_osd::BenchTest) -> f64| {
@@ -187,18 +206,19 @@ fn describe_cluster(at: &At, pool: Option<&str>, bench_size: u64) -> anyhow::Res
             .map(|x| round(x, 1))
         };
     let hosts = (groups.iter())
-        .map(|(&disks, rs)| {
-            let size = median_of(
-                (rs.iter())
-                    .filter_map(|r| capacity.get(&r.osd).map(|&b| b as f64 / 1e12))
-                    .collect(),
-            );
+        .map(|(&key, rs)| {
+            // The mean: the group's capacity is the sum of its disks'.
+            let sizes: Vec<f64> = (rs.iter())
+                .filter_map(|r| capacity.get(&r.osd).map(|&b| b as f64 / 1e12))
+                .collect();
+            let size = sizes.iter().sum::<f64>() / sizes.len().max(1) as f64;
+            let disks = key.0;
             nacre_plan::desc::HostGroup {
-                count: counts[&disks],
+                count: counts[&key],
                 disks: disks as u32,
                 disk: nacre_plan::desc::Disk {
                     kind: None,
-                    size_tb: round(size.unwrap_or(0.0), 6),
+                    size_tb: round(size, 6),
                     read_iops: figure(rs, "randread-4k-qd32", |t| t.iops),
                     write_iops: figure(rs, "randwrite-4k-qd32", |t| t.iops),
                     read_mbps: figure(rs, "read-objects", |t| t.mb_per_s),
@@ -212,10 +232,6 @@ fn describe_cluster(at: &At, pool: Option<&str>, bench_size: u64) -> anyhow::Res
         .collect();
     let mbps = median_of(links.iter().map(|l| l.mb_per_s).collect()).unwrap_or(0.0);
     let rtt = median_of(links.iter().map(|l| l.rtt_p50_us as f64).collect());
-    let domain = match p.failure_domain.as_str() {
-        "osd" => nacre_plan::desc::FailureDomain::Osd,
-        _ => nacre_plan::desc::FailureDomain::Host,
-    };
     Ok(Description {
         hosts,
         network: nacre_plan::desc::Network {

@@ -103,8 +103,14 @@ pub struct BenchReport {
 #[derive(Default)]
 pub(crate) struct Benches {
     last: Cell<u64>,
+    /// The ticket of the bench running, or 0 while the objects an earlier
+    /// bench left are deleted (no bench starts meanwhile: its objects
+    /// have the same names).
     running: Cell<Option<u64>>,
     reports: RefCell<std::collections::BTreeMap<u64, BenchReport>>,
+    /// A link measure runs (`Op::NetBench`: one at a time, each holding
+    /// megabytes in flight).
+    pub(crate) measuring_link: Cell<bool>,
 }
 
 type OpFut = Pin<Box<dyn Future<Output = Result<(), String>>>>;
@@ -215,7 +221,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     return text(Status::Invalid, &why);
                 }
                 if self.benches.running.get().is_some() {
-                    return text(Status::Unavailable, "a bench runs on this OSD already");
+                    return text(
+                        Status::Unavailable,
+                        "a bench runs on this OSD already (or what one left is being deleted)",
+                    );
                 }
                 let ticket = self.benches.last.get() + 1;
                 self.benches.last.set(ticket);
@@ -272,7 +281,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if self.benches.running.get().is_some() {
             return;
         }
-        match self.bench_clean().await {
+        self.benches.running.set(Some(0));
+        let r = self.bench_clean().await;
+        self.benches.running.set(None);
+        match r {
             Ok(0) => {}
             Ok(n) => tracing::info!("osd.{}: deleted {n} objects an earlier bench left", self.id),
             Err(e) => tracing::warn!("osd.{}: deleting what an earlier bench left: {e}", self.id),
@@ -337,29 +349,39 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 Box::pin(async move { store.read(oid(n), off, len).await.map(drop).map_err(err) })
             })
         };
-        let small = move |seed: u64, n: u64| -> (u64, u32) {
-            let r = mix(seed, n);
-            let slots = u64::from(ob / SMALL_BYTES).max(1);
-            (r % objects, ((r >> 32) % slots) as u32 * SMALL_BYTES)
+        // The objects the first test wrote (all, unless its time ran out):
+        // the others use those only.
+        let written = Rc::new(Cell::new(objects));
+        let small = {
+            let written = written.clone();
+            Rc::new(move |seed: u64, n: u64| -> (u64, u32) {
+                let r = mix(seed, n);
+                let slots = u64::from(ob / SMALL_BYTES).max(1);
+                (r % written.get(), ((r >> 32) % slots) as u32 * SMALL_BYTES)
+            })
         };
         let whole = |f: ObjectIo| -> NthOp { Rc::new(move |n| f(n, 0, ob)) };
         let random = |f: ObjectIo, seed: u64| -> NthOp {
+            let small = small.clone();
             Rc::new(move |n| {
                 let (o, off) = small(seed, n);
                 f(o, off, SMALL_BYTES)
             })
         };
         let (ob64, small64) = (u64::from(ob), u64::from(SMALL_BYTES));
-        tests.push(
-            run_test(
-                "write-objects",
-                objects,
-                QD_LINEAR,
-                ob64,
-                whole(write.clone()),
-            )
-            .await?,
+        let first = run_test(
+            "write-objects",
+            objects,
+            QD_LINEAR,
+            ob64,
+            whole(write.clone()),
         );
+        let first = first.await?;
+        written.set(first.ops);
+        tests.push(first);
+        if written.get() == 0 {
+            return Err("no object written".into());
+        }
         let plan: [(&str, u64, usize, NthOp); 4] = [
             ("randwrite-4k-qd1", QD1_OPS, 1, random(write.clone(), 1)),
             ("randwrite-4k-qd32", QDN_OPS, QD_RANDOM, random(write, 2)),
@@ -374,7 +396,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         for (name, ops, qd, op) in plan {
             tests.push(run_test(name, ops, qd, small64, op).await?);
         }
-        tests.push(run_test("read-objects", objects, QD_LINEAR, ob64, whole(read)).await?);
+        let last = run_test("read-objects", written.get(), QD_LINEAR, ob64, whole(read));
+        tests.push(last.await?);
         Ok(())
     }
 }

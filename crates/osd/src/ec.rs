@@ -342,6 +342,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // delete: they replace a damaged copy if they cover the whole
         // shard (`Osd::replaced` checks).
         let fresh = h.op == Op::ShardDelete || (data.is_some() && !h.xor);
+        let t0 = rt::monotonic();
         let r = match (h.op, data) {
             (Op::ShardDelete, _) => self.store.delete_logged(e).await,
             (_, None) => self.store.log_only(e).await,
@@ -363,6 +364,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             // undo (read to check it, not copied into the journal).
             (_, Some(d)) => self.store.replace_undoable(e, h.offset, d).await,
         };
+        self.stats.store_write_done(t0);
         match r {
             Ok(()) => {
                 if fresh {

@@ -42,6 +42,7 @@ mod netbench;
 mod peering;
 mod recovery;
 mod scrub;
+pub mod slow;
 mod stats;
 mod stray;
 
@@ -1242,6 +1243,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let replicas: Vec<_> = (acting.iter().filter(|&&r| r != self.id))
             .map(|&r| (r, rt::spawn(self.clone().to_replica(r, sub, data.clone()))))
             .collect();
+        let t0 = rt::monotonic();
         let local = match data {
             Some(d) => {
                 let d = Rc::try_unwrap(d).unwrap_or_else(|d| AlignedBuf::from_slice(&d));
@@ -1249,6 +1251,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
             None => self.store.delete_logged(entry).await,
         };
+        self.stats.store_write_done(t0);
         let mut status = match &local {
             Ok(()) => {
                 self.replaced(&entry);
@@ -1464,10 +1467,12 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     async fn replica_update(&self, h: &Header, data: Option<AlignedBuf>) -> Status {
         let _inflight = self.track(h.pg_id(), h.epoch);
         let entry = self.entry(h, h.obj_version);
+        let t0 = rt::monotonic();
         let r = match data {
             Some(d) => self.store.write_logged(entry, h.offset, d).await,
             None => self.store.delete_logged(entry).await,
         };
+        self.stats.store_write_done(t0);
         match r {
             Ok(()) => {
                 self.replaced(&entry);
@@ -1611,7 +1616,9 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     pub fn volume_usage(&self) -> VolumeUsage {
         let m = self.map.borrow();
         let mut per: BTreeMap<u64, [u64; 4]> = BTreeMap::new();
-        for (oid, _) in self.store.list() {
+        // A bench's objects are this OSD's own: no volume's, and no sweep
+        // of orphans may take them for one.
+        for (oid, _) in self.store.list_where(|o| o.volume != BENCH_VOLUME) {
             let e = per.entry(oid.volume.0).or_insert([oid.volume.0, 0, 0, 0]);
             e[1] += 1;
             let Some(pg) = m.pg_of(oid) else {
@@ -1913,6 +1920,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
                 )
             }
             Op::List => self.answer_list(&h).await,
+            Op::PurgeVolume if h.oid.volume == BENCH_VOLUME => (h.reply(Status::Invalid), None),
             Op::PurgeVolume => (h.reply(self.purge_volume(h.oid.volume.0).await), None),
             Op::PgClean => (h.reply(self.answer_pg_clean(&h)), None),
             Op::VolumeUsage => {

@@ -71,7 +71,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 format!("osd.{} cannot measure a link to osd.{to}", self.id),
             );
         }
-        match self.measure_link(to).await {
+        // One at a time: each holds megabytes in flight.
+        if self.benches.measuring_link.replace(true) {
+            return text(
+                Status::Unavailable,
+                format!("osd.{} measures a link already", self.id),
+            );
+        }
+        let r = self.measure_link(to).await;
+        self.benches.measuring_link.set(false);
+        match r {
             Ok(r) => {
                 let body = serde_json::to_vec(&r).expect("a report serialises");
                 (

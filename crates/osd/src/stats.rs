@@ -2,8 +2,8 @@
 //! latency sums, and rates over the last completed second.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
-use std::time::Instant;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use nacre_blockstore::Store;
 use nacre_io::BlockDev;
@@ -26,13 +26,19 @@ const LATENCY_BUCKETS: usize = 128;
 /// How long a latency window lasts; the last complete one is reported.
 pub const LATENCY_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Op latencies of the last complete [`LATENCY_WINDOW`], for percentiles
+/// Complete latency windows a [`LatencyWindow`] keeps: slow-OSD
+/// detection asks for a figure that stood out in each of them.
+pub const LATENCY_WINDOWS_KEPT: usize = 3;
+
+/// Op latencies of the last complete [`LATENCY_WINDOW`]s, for percentiles
 /// (what slow-OSD detection compares between OSDs): a few increments per
-/// op, no allocation.
+/// op, no allocation. Its clock is the runtime's (`rt::monotonic`:
+/// virtual in the simulator, where a slow disk is a virtual delay).
 pub struct LatencyWindow {
-    start: Cell<Option<Instant>>,
+    start: Cell<Option<Duration>>,
     current: RefCell<[u32; LATENCY_BUCKETS]>,
-    last: RefCell<[u32; LATENCY_BUCKETS]>,
+    /// The last complete windows, newest first (an idle one empty).
+    recent: RefCell<VecDeque<[u32; LATENCY_BUCKETS]>>,
 }
 
 impl Default for LatencyWindow {
@@ -40,7 +46,7 @@ impl Default for LatencyWindow {
         LatencyWindow {
             start: Cell::new(None),
             current: RefCell::new([0; LATENCY_BUCKETS]),
-            last: RefCell::new([0; LATENCY_BUCKETS]),
+            recent: RefCell::new(VecDeque::with_capacity(LATENCY_WINDOWS_KEPT + 1)),
         }
     }
 }
@@ -63,50 +69,74 @@ fn latency_bucket_top(b: usize) -> u64 {
     ((4 + frac + 1) << (lg - 2)) - 1
 }
 
+/// Quantile `q` of one window's buckets (the top of its bucket), or None
+/// if it saw no op.
+fn bucket_quantile(w: &[u32; LATENCY_BUCKETS], q: f64) -> Option<f64> {
+    let n: u64 = w.iter().map(|&c| u64::from(c)).sum();
+    if n == 0 {
+        return None;
+    }
+    let want = ((q * n as f64).ceil() as u64).clamp(1, n);
+    let mut seen = 0u64;
+    for (b, &c) in w.iter().enumerate() {
+        seen += u64::from(c);
+        if seen >= want {
+            return Some(latency_bucket_top(b) as f64);
+        }
+    }
+    None
+}
+
 impl LatencyWindow {
-    fn record_at(&self, now: Instant, us: u64) {
+    /// Counts an op of `us` µs, `now` on the runtime's clock.
+    pub fn record_at(&self, now: Duration, us: u64) {
         self.rotate(now);
         self.current.borrow_mut()[latency_bucket(us)] += 1;
     }
 
     /// Starts a new window once the current one is over; the one before
-    /// becomes the last (or an empty one, if a whole window passed idle).
-    fn rotate(&self, now: Instant) {
-        match self.start.get() {
-            None => self.start.set(Some(now)),
-            Some(t0) if now.saturating_duration_since(t0) >= LATENCY_WINDOW => {
-                let idle = now.saturating_duration_since(t0) >= 2 * LATENCY_WINDOW;
-                let done = std::mem::replace(&mut *self.current.borrow_mut(), [0; LATENCY_BUCKETS]);
-                *self.last.borrow_mut() = if idle { [0; LATENCY_BUCKETS] } else { done };
-                self.start.set(Some(now));
-            }
-            Some(_) => {}
+    /// joins the complete ones, and so does an empty one for each whole
+    /// window that passed idle since.
+    fn rotate(&self, now: Duration) {
+        let Some(t0) = self.start.get() else {
+            self.start.set(Some(now));
+            return;
+        };
+        let passed = now.saturating_sub(t0);
+        if passed < LATENCY_WINDOW {
+            return;
         }
+        let done = std::mem::replace(&mut *self.current.borrow_mut(), [0; LATENCY_BUCKETS]);
+        let mut recent = self.recent.borrow_mut();
+        recent.push_front(done);
+        let idle = (passed.as_nanos() / LATENCY_WINDOW.as_nanos()) as usize - 1;
+        for _ in 0..idle.min(LATENCY_WINDOWS_KEPT) {
+            recent.push_front([0; LATENCY_BUCKETS]);
+        }
+        recent.truncate(LATENCY_WINDOWS_KEPT);
+        self.start.set(Some(now));
     }
 
     /// Quantile `q` of the last complete window (the top of its bucket:
     /// within a quarter of a power of two above the truth), or None if it
     /// saw no op.
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        self.quantile_at(Instant::now(), q)
+        self.quantile_at(nacre_io::rt::monotonic(), q)
     }
 
-    fn quantile_at(&self, now: Instant, q: f64) -> Option<f64> {
+    fn quantile_at(&self, now: Duration, q: f64) -> Option<f64> {
+        self.recent_at(now, q).first().copied().flatten()
+    }
+
+    /// Quantile `q` of each complete window kept, newest first.
+    pub fn recent(&self, q: f64) -> Vec<Option<f64>> {
+        self.recent_at(nacre_io::rt::monotonic(), q)
+    }
+
+    fn recent_at(&self, now: Duration, q: f64) -> Vec<Option<f64>> {
         self.rotate(now);
-        let last = self.last.borrow();
-        let n: u64 = last.iter().map(|&c| u64::from(c)).sum();
-        if n == 0 {
-            return None;
-        }
-        let want = ((q * n as f64).ceil() as u64).clamp(1, n);
-        let mut seen = 0u64;
-        for (b, &c) in last.iter().enumerate() {
-            seen += u64::from(c);
-            if seen >= want {
-                return Some(latency_bucket_top(b) as f64);
-            }
-        }
-        None
+        let recent = self.recent.borrow();
+        recent.iter().map(|w| bucket_quantile(w, q)).collect()
     }
 }
 
@@ -116,6 +146,8 @@ pub struct OsdStats {
     /// complete window.
     read_window: LatencyWindow,
     write_window: LatencyWindow,
+    /// Writes to this OSD's own store, however they came.
+    store_write_window: LatencyWindow,
     reads: Cell<u64>,
     writes: Cell<u64>,
     read_bytes: Cell<u64>,
@@ -204,6 +236,12 @@ pub struct OsdReport {
     pub write_latency_us_p50: Option<f64>,
     #[serde(default)]
     pub write_latency_us_p99: Option<f64>,
+    /// This OSD's own store writes (as primary, as replica, of shards:
+    /// its disk as the OSD sees it, no network): p99 of each of the last
+    /// complete windows, newest first (None: a window without one). What
+    /// slow-OSD detection compares.
+    #[serde(default)]
+    pub store_write_us_p99: Vec<Option<f64>>,
     pub read_iops: f64,
     pub write_iops: f64,
     pub read_bytes_per_s: f64,
@@ -382,22 +420,28 @@ impl OsdStats {
     }
 
     pub fn read_done(&self, t: Instant, bytes: usize) {
-        let now = Instant::now();
-        let us = now.saturating_duration_since(t).as_micros() as u64;
+        let us = t.elapsed().as_micros() as u64;
         add(&self.reads, 1);
         add(&self.read_bytes, bytes as u64);
         add(&self.read_us_sum, us);
-        self.read_window.record_at(now, us);
+        self.read_window.record_at(nacre_io::rt::monotonic(), us);
         self.tick();
     }
 
+    /// A write to this OSD's store that started at `t0` (the runtime's
+    /// clock) ended.
+    pub fn store_write_done(&self, t0: Duration) {
+        let now = nacre_io::rt::monotonic();
+        let us = now.saturating_sub(t0).as_micros() as u64;
+        self.store_write_window.record_at(now, us);
+    }
+
     pub fn write_done(&self, t: Instant, bytes: usize) {
-        let now = Instant::now();
-        let us = now.saturating_duration_since(t).as_micros() as u64;
+        let us = t.elapsed().as_micros() as u64;
         add(&self.writes, 1);
         add(&self.write_bytes, bytes as u64);
         add(&self.write_us_sum, us);
-        self.write_window.record_at(now, us);
+        self.write_window.record_at(nacre_io::rt::monotonic(), us);
         self.tick();
     }
 
@@ -575,6 +619,7 @@ impl OsdStats {
             read_latency_us_p99: self.read_window.quantile(0.99),
             write_latency_us_p50: self.write_window.quantile(0.5),
             write_latency_us_p99: self.write_window.quantile(0.99),
+            store_write_us_p99: self.store_write_window.recent(0.99),
             read_iops: r[0],
             write_iops: r[1],
             read_bytes_per_s: r[2],
@@ -641,8 +686,7 @@ mod tests {
     #[test]
     fn percentiles_of_the_last_complete_window() {
         let w = LatencyWindow::default();
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + std::time::Duration::from_millis(s * 1000);
+        let at = |s: u64| Duration::from_secs(100 + s);
         // 98 ops of 100 µs and 2 of 10 ms in the first window.
         for _ in 0..98 {
             w.record_at(at(0), 100);
@@ -658,5 +702,14 @@ mod tests {
         assert_eq!(w.quantile_at(at(21), 0.5), None);
         w.record_at(at(22), 300);
         assert_eq!(w.quantile_at(at(52), 0.5), None, "a whole window idle");
+        // The last three kept, newest first: the idle ones empty.
+        assert_eq!(w.recent_at(at(52), 0.5), vec![None, None, Some(319.0)]);
+        for s in [53, 64, 75] {
+            w.record_at(at(s), 1000);
+        }
+        assert_eq!(
+            w.recent_at(at(86), 0.5),
+            vec![Some(1023.0), Some(1023.0), Some(1023.0)]
+        );
     }
 }
