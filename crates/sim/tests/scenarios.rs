@@ -1640,6 +1640,15 @@ fn an_osd_bench_leaves_nothing_even_when_cut_short() {
             rt::sleep(Duration::from_millis(1)).await;
         }
         assert!(bench_objects(&c, 2) > 8, "the bench wrote nothing");
+        // Its objects are no volume's: the orphan sweep neither sees them
+        // nor may purge them.
+        let usage = c.osd(2).unwrap().volume_usage();
+        let bench = nacre_osd::BENCH_VOLUME.0;
+        assert!(usage.volumes.iter().all(|v| v[0] != bench), "{usage:?}");
+        let purge = Header::request(Op::PurgeVolume, 0, ObjectId::new(bench, 0));
+        let f = c.call_osd(2, purge, None).await.unwrap();
+        assert_eq!(f.h.status, Status::Invalid);
+        assert!(bench_objects(&c, 2) > 8);
         c.crash(2, 5);
         c.start(2).await;
         c.settle(SETTLE).await.unwrap();
