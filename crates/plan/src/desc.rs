@@ -431,7 +431,6 @@ impl Description {
     }
 }
 
-/// A description to start from (`nacre plan --example`).
 impl Description {
     /// The description as TOML that [`Description::parse`] reads back
     /// (`nacre plan --from-cluster` prints it to keep and edit).
@@ -508,6 +507,7 @@ impl Description {
     }
 }
 
+/// A description to start from (`nacre plan --example`).
 pub const EXAMPLE: &str = r#"# A cluster for `nacre plan`. Units: TB (10^12 bytes), MB/s, Gbit/s, µs;
 # afr = fraction failing per year. A disk's `kind` (nvme, ssd, desktop-ssd,
 # hdd) fills in any figure left out; `nacre disk check` measures them.
