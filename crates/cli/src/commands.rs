@@ -508,14 +508,13 @@ pub fn osd_ls(at: &At, format: Format) -> anyhow::Result<()> {
     let meta = at.meta()?;
     let m = map::load(&*meta)?;
     let mut rows = Vec::new();
-    let down = &m.state.down;
     let outs = map::out_osds(&*meta, &m)?;
     for o in &m.osds {
         let (mut pgs, mut primary) = (0, 0);
         for t in &m.tables {
             for pg in 0..t.pg_count() {
                 pgs += usize::from(t.placement(pg).contains(&o.id));
-                primary += usize::from(t.primary(pg, down) == Some(o.id));
+                primary += usize::from(t.primary(pg, &m.state) == Some(o.id));
             }
         }
         let out = outs.contains(&o.id);
@@ -800,25 +799,47 @@ fn space_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::V
 
 /// `SLOW_OSD` for each OSD whose own store writes stood far above the
 /// others' in each recent window (`nacre_osd::slow`), saying what was
-/// measured.
-fn slow_checks(stats: &[(u32, Option<serde_json::Value>)]) -> Vec<serde_json::Value> {
+/// measured, and for each the leader demoted from leading PGs.
+fn slow_checks(
+    stats: &[(u32, Option<serde_json::Value>)],
+    demoted: &[u32],
+) -> Vec<serde_json::Value> {
     let reports: Vec<(u32, Vec<Option<f64>>)> = (stats.iter())
         .filter_map(|(id, v)| {
             let w = v.as_ref()?["store_write_us_p99"].as_array()?;
             Some((*id, w.iter().map(|x| x.as_f64()).collect()))
         })
         .collect();
-    (nacre_osd::slow::slow_osds(&reports).iter())
+    let demotion = |id: u32| match demoted.contains(&id) {
+        true => "; demoted: it leads no PG while another member is up",
+        false => "",
+    };
+    let slow = nacre_osd::slow::slow_osds(&reports);
+    let mut out: Vec<serde_json::Value> = (slow.iter())
         .map(|s| {
             serde_json::json!({
                 "code": "SLOW_OSD",
                 "severity": "HEALTH_WARN",
                 "osd": s.osd,
-                "message": s.message(),
+                "message": format!("{}{}", s.message(), demotion(s.osd)),
                 "measured": s,
+                "demoted": demoted.contains(&s.osd),
             })
         })
-        .collect()
+        .collect();
+    for &id in demoted
+        .iter()
+        .filter(|id| !slow.iter().any(|s| s.osd == **id))
+    {
+        out.push(serde_json::json!({
+            "code": "SLOW_OSD",
+            "severity": "HEALTH_WARN",
+            "osd": id,
+            "message": format!("osd.{id}: demoted for slow store writes until they are calm for 30 s: it leads no PG while another member is up"),
+            "demoted": true,
+        }));
+    }
+    out
 }
 
 /// Health checks for OSDs that hold damaged data: reads that failed their
@@ -902,10 +923,9 @@ fn late_scrubs(
     for t in &m.tables {
         for n in 0..t.pg_count() {
             let pg = PgId::new(t.pool, n);
-            let (Some(s), Some((li, di))) = (
-                stamps.get(&pg),
-                t.primary(n, &m.state.down).and_then(intervals),
-            ) else {
+            let (Some(s), Some((li, di))) =
+                (stamps.get(&pg), t.primary(n, &m.state).and_then(intervals))
+            else {
                 continue;
             };
             let since = |t: u64| if t > 0 { t } else { s.first_unix_s };
@@ -1193,7 +1213,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
         }));
     }
     checks.extend(space_checks(&stats));
-    checks.extend(slow_checks(&stats));
+    checks.extend(slow_checks(&stats, &m.state.demoted));
     checks.extend(pg_checks);
     let late = late_scrubs(&m, &stats, &map::scrub_stamps(&*meta)?, map::now_s());
     let (scrub, scrub_checks) = scrub_summary(&stats, late);

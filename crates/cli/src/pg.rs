@@ -81,7 +81,7 @@ fn ls(pool: Option<&str>, at: &At, format: Format) -> anyhow::Result<()> {
         })?),
         None => None,
     };
-    let down = &m.state.down;
+    let (down, state) = (&m.state.down, &m.state);
     let rows: Vec<serde_json::Value> = (m.tables.iter())
         .filter(|t| only.is_none_or(|p| p == t.pool))
         .flat_map(|t| {
@@ -94,7 +94,7 @@ fn ls(pool: Option<&str>, at: &At, format: Format) -> anyhow::Result<()> {
                     "pg": pg,
                     "placement": t.placement(n),
                     "acting": t.acting(n, down),
-                    "primary": t.primary(n, down),
+                    "primary": t.primary(n, state),
                     // The last complete scrub (a deep one is light too),
                     // the last deep one (null: never), what the last one
                     // found.

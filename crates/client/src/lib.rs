@@ -293,7 +293,7 @@ impl Cluster {
             let pg = PgId::of(oid, t.pg_count());
             let osd = *t.placement(pg.pg).get(r.shard)?;
             let down = &m.state.down;
-            if down.contains(&osd) || t.primary(pg.pg, down) == Some(osd) {
+            if down.contains(&osd) || t.primary(pg.pg, &m.state) == Some(osd) {
                 return None;
             }
             let now = rt::monotonic();
@@ -407,7 +407,7 @@ impl Cluster {
                         "PG {pg}: the pool has {count} PGs"
                     )));
                 }
-                (t.primary(pg.pg, &m.state.down), m.epoch(), pg)
+                (t.primary(pg.pg, &m.state), m.epoch(), pg)
             };
             let Some(primary) = primary else {
                 last = format!("PG {pg}: no OSD of it is up");

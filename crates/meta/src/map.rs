@@ -202,6 +202,11 @@ pub struct ClusterState {
     /// deletes what it holds of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed_pools: Vec<u32>,
+    /// OSDs too slow to lead PGs (slow-OSD detection,
+    /// `nacre_osd::slow`): a PG's primary is another member up where
+    /// there is one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub demoted: Vec<u32>,
 }
 
 /// A pool's PG → OSD table.
@@ -296,17 +301,26 @@ impl PgTable {
 
     /// The first member up; in an erasure-coded pool's table, the first
     /// placed member up from the PG's lead slot on (round the row), then
-    /// the temporary members.
-    pub fn primary(&self, pg: u32, down: &[u32]) -> Option<u32> {
-        let Some(&lead) = self.lead.get(pg as usize) else {
-            return self.members(pg).find(|o| !down.contains(o));
+    /// the temporary members. A member `state` demotes (too slow) only
+    /// when every member up is.
+    pub fn primary(&self, pg: u32, state: &ClusterState) -> Option<u32> {
+        let up = |o: &u32| !state.down.contains(o);
+        let lead = |skip_demoted: bool| -> Option<u32> {
+            let keep = |o: &u32| up(o) && !(skip_demoted && state.demoted.contains(o));
+            let Some(&lead) = self.lead.get(pg as usize) else {
+                return self.members(pg).find(keep);
+            };
+            let row = self.placement(pg);
+            let n = row.len();
+            (0..n)
+                .map(|i| row[(usize::from(lead) + i) % n])
+                .chain(self.temp_of(pg))
+                .find(keep)
         };
-        let row = self.placement(pg);
-        let n = row.len();
-        (0..n)
-            .map(|i| row[(usize::from(lead) + i) % n])
-            .chain(self.temp_of(pg))
-            .find(|o| !down.contains(o))
+        if state.demoted.is_empty() {
+            return lead(false);
+        }
+        lead(true).or_else(|| lead(false))
     }
 }
 
@@ -502,7 +516,7 @@ impl ClusterMap {
         let t = self.table(pg.pool)?;
         let count = t.pg_count();
         Some((
-            (pg.pg < count).then(|| t.primary(pg.pg, &self.state.down))?,
+            (pg.pg < count).then(|| t.primary(pg.pg, &self.state))?,
             count,
         ))
     }
@@ -1596,6 +1610,14 @@ pub fn remove_volume(store: &dyn MetaStore, name: &str, id: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A state with `ids` down.
+    fn down(ids: &[u32]) -> ClusterState {
+        ClusterState {
+            down: ids.to_vec(),
+            ..ClusterState::default()
+        }
+    }
     use crate::embedded::Embedded;
 
     /// Temporary members follow placement's OSDs in the acting set, count
@@ -1622,7 +1644,7 @@ mod tests {
         assert!(m.whole(0, &[4]), "a temporary member down is no member");
         assert!(m.assigned(0, 4) && !m.is_acting(0, 4, &[4]));
         assert_eq!(
-            (m.acting(0, &[0, 1]), m.primary(0, &[0, 1])),
+            (m.acting(0, &[0, 1]), m.primary(0, &down(&[0, 1]))),
             (vec![4], Some(4))
         );
         assert!(!m.whole(0, &[1]));
@@ -2005,7 +2027,7 @@ mod tests {
             assert_eq!(a.len(), 3);
             assert!(a[0] != a[1] && a[1] != a[2] && a[0] != a[2]);
             assert!(a.iter().all(|&o| pg.is_acting(p, o, &[])));
-            assert!(!pg.is_acting(p, a[0], &[a[0]]) && pg.primary(p, &[a[0]]) == Some(a[1]));
+            assert!(!pg.is_acting(p, a[0], &[a[0]]) && pg.primary(p, &down(&[a[0]])) == Some(a[1]));
         }
         let v = create_volume(&*s, "vm-1", &pool(), 1 << 30).unwrap();
         let w = create_volume(&*s, "vm-2", &pool(), 1 << 30).unwrap();
@@ -2120,10 +2142,18 @@ mod tests {
         for pg in 0..64 {
             let (row, lead) = (t.placement(pg).to_vec(), usize::from(t.lead[pg as usize]));
             leads.insert(lead);
-            assert_eq!(t.primary(pg, &[]), Some(row[lead]));
+            assert_eq!(t.primary(pg, &down(&[])), Some(row[lead]));
             let next = row[(lead + 1) % 6];
-            assert_eq!(t.primary(pg, &[row[lead]]), Some(next));
-            assert_eq!(t.primary(pg, &row), None);
+            assert_eq!(t.primary(pg, &down(&[row[lead]])), Some(next));
+            assert_eq!(t.primary(pg, &down(&row)), None);
+            // A demoted member leads only when every member up is.
+            let slow = |d: &[u32]| ClusterState {
+                demoted: d.to_vec(),
+                ..ClusterState::default()
+            };
+            assert_eq!(t.primary(pg, &slow(&[row[lead]])), Some(next));
+            assert_eq!(t.primary(pg, &slow(&row[..5])), Some(row[5]));
+            assert_eq!(t.primary(pg, &slow(&row)), Some(row[lead]));
         }
         assert!(leads.len() > 1, "every PG led from one slot: {leads:?}");
         // Stored beside a replicated pool, and read back as it was.
@@ -2138,7 +2168,7 @@ mod tests {
         let old = r#"{"pool":1,"size":2,"osds":[0,1,1,0]}"#;
         let t: PgTable = serde_json::from_str(old).unwrap();
         assert!(t.lead.is_empty());
-        assert_eq!(t.primary(1, &[]), Some(1));
+        assert_eq!(t.primary(1, &down(&[])), Some(1));
         let rec: PoolRecord =
             serde_json::from_str(&serde_json::to_string(&pool()).unwrap()).unwrap();
         assert_eq!(rec.ec, None);

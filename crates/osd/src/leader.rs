@@ -88,6 +88,11 @@ pub struct Leader<T: Transport> {
     auto_out: RefCell<std::collections::HashSet<u32>>,
     /// When temporary members were last looked at (`settle_temps`).
     settled: Cell<Duration>,
+    /// Each OSD's store write p99 per window, newest first, as its last
+    /// heartbeat said (`crate::slow`); and whether an OSD that stands out
+    /// is demoted from leading PGs (`slow_osd_action = demote`).
+    slow_figures: RefCell<BTreeMap<u32, Vec<Option<f64>>>>,
+    demote_slow: Cell<bool>,
     /// Whether this leader may still act (an elected monitor's term has
     /// not ended); none: always.
     authority: RefCell<Option<Authority>>,
@@ -188,12 +193,56 @@ impl<T: Transport> Leader<T> {
             down_since: RefCell::new(HashMap::new()),
             auto_out: RefCell::new(Default::default()),
             settled: Cell::new(Duration::ZERO),
+            slow_figures: RefCell::new(BTreeMap::new()),
+            demote_slow: Cell::new(true),
             authority: RefCell::new(None),
             events_after: Cell::new(Duration::ZERO),
             actives: RefCell::new(Vec::new()),
             storing: Cell::new(false),
             stored: Notify::new(),
         }))
+    }
+
+    /// Whether an OSD that slow-OSD detection names is demoted from
+    /// leading PGs (the default) or only named (`nacre status`).
+    pub fn set_slow_osd_action(&self, demote: bool) {
+        self.demote_slow.set(demote);
+    }
+
+    /// Demotes the OSDs up that stand out as slow (`crate::slow`) and
+    /// restores those demoted that are calm again or down, in one epoch
+    /// if anything changed: a PG's primary is then another member.
+    fn demote_the_slow(self: &Rc<Self>) {
+        let (up, demoted) = {
+            let m = self.map.borrow();
+            let up: Vec<u32> = m.up_from.keys().copied().collect();
+            (up, m.cluster.demoted.clone())
+        };
+        let reports: Vec<(u32, Vec<Option<f64>>)> = {
+            let f = self.slow_figures.borrow();
+            (up.iter())
+                .filter_map(|id| Some((*id, f.get(id)?.clone())))
+                .collect()
+        };
+        let slow: Vec<crate::slow::SlowOsd> = if self.demote_slow.get() {
+            crate::slow::slow_osds(&reports)
+        } else {
+            Vec::new()
+        };
+        let calm = crate::slow::calm_osds(&reports);
+        let mut next: std::collections::BTreeSet<u32> = (demoted.iter().copied())
+            .filter(|id| up.contains(id) && !calm.contains(id) && self.demote_slow.get())
+            .collect();
+        next.extend(slow.iter().map(|s| s.osd));
+        let next: Vec<u32> = next.into_iter().collect();
+        if next == demoted {
+            return;
+        }
+        let why = match slow.iter().find(|s| !demoted.contains(&s.osd)) {
+            Some(s) => format!("demoted from leading PGs: {}", s.message()),
+            None => format!("OSDs demoted from leading PGs (too slow): {next:?}"),
+        };
+        let _ = self.change(&why, |m| m.cluster.demoted = next);
     }
 
     /// Marks an OSD out once it has been down for `delay` (zero: never),
@@ -860,6 +909,7 @@ impl<T: Transport> Leader<T> {
                 let _ = self.mark_down(&why, &silent);
             }
             self.out_the_long_down();
+            self.demote_the_slow();
             // Every epoch makes every PG peer again: drop temporary
             // members in batches, not one epoch per PG that finished.
             let now = rt::monotonic();
@@ -1102,6 +1152,13 @@ impl<T: Transport> Handler for Leader<T> {
             Op::Ping => {
                 let mut r = self.heartbeat(&h);
                 if r.status == Status::Ok {
+                    if let Some(b) = f.payload.as_deref().filter(|b| !b.is_empty()) {
+                        let p99: Vec<Option<f64>> = (b.chunks_exact(4))
+                            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                            .map(|us| (us > 0).then_some(f64::from(us)))
+                            .collect();
+                        self.slow_figures.borrow_mut().insert(h.sender, p99);
+                    }
                     self.note_full(h.sender, h.offset != 0);
                     r.length = self.grant_lease(h.sender, h.epoch);
                 }

@@ -947,8 +947,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             };
             me.said_full.set(full);
             h.offset = u32::from(full);
+            // What slow-OSD detection compares.
+            let mut figures = [0u8; nacre_wire::PING_FIGURES_BYTES as usize];
+            for (c, p) in figures.chunks_mut(4).zip(me.stats.store_write_p99()) {
+                let us = p.map_or(0, |p| p.clamp(1.0, f64::from(u32::MAX)) as u32);
+                c.copy_from_slice(&us.to_le_bytes());
+            }
+            let h = h.with_payload(&figures);
             let sent = rt::monotonic();
-            match me.leader_call(h, None).await {
+            match me
+                .leader_call(h, Some(AlignedBuf::from_slice(&figures)))
+                .await
+            {
                 Ok(f) if f.h.status == Status::Ok => {
                     if me.up_from.get() == up {
                         me.extend_read_lease(sent, f.h.length);

@@ -66,7 +66,7 @@ impl OsdMap {
     }
 
     pub fn primary(&self, pg: PgId) -> Option<u32> {
-        self.table_of(pg)?.primary(pg.pg, &self.cluster.down)
+        self.table_of(pg)?.primary(pg.pg, &self.cluster)
     }
 
     pub fn is_acting(&self, pg: PgId, osd: u32) -> bool {

@@ -60,19 +60,48 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// The slow OSDs among `reports`: each OSD's store write p99 per window,
-/// newest first ([`crate::OsdReport::store_write_us_p99`]).
-pub fn slow_osds(reports: &[(u32, Vec<Option<f64>>)]) -> Vec<SlowOsd> {
+/// The median of each kept window over the OSDs reporting it, and how
+/// many did; None if a window had fewer than [`SLOW_OSDS_MIN`].
+fn medians(reports: &[(u32, Vec<Option<f64>>)]) -> Option<Vec<(f64, usize)>> {
     let mut medians = Vec::new();
     for k in 0..LATENCY_WINDOWS_KEPT {
         let got: Vec<f64> = (reports.iter())
             .filter_map(|(_, w)| w.get(k).copied().flatten())
             .collect();
         if got.len() < SLOW_OSDS_MIN {
-            return Vec::new();
+            return None;
         }
         medians.push((median(got.clone()), got.len()));
     }
+    Some(medians)
+}
+
+/// The OSDs among `reports` that stood out in no kept window (each
+/// reported, none slow): a demoted OSD is restored only then, so one
+/// hovering about the bar is not demoted and restored in turn.
+pub fn calm_osds(reports: &[(u32, Vec<Option<f64>>)]) -> Vec<u32> {
+    let Some(medians) = medians(reports) else {
+        return Vec::new();
+    };
+    (reports.iter())
+        .filter(|(_, w)| {
+            (medians.iter().enumerate()).all(|(k, &(m, _))| {
+                w.get(k)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|p| p < SLOW_FLOOR_US || p < SLOW_FACTOR * m)
+            })
+        })
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+/// The slow OSDs among `reports`: each OSD's store write p99 per window,
+/// newest first ([`crate::OsdReport::store_write_us_p99`]).
+pub fn slow_osds(reports: &[(u32, Vec<Option<f64>>)]) -> Vec<SlowOsd> {
+    let Some(medians) = medians(reports) else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for (osd, w) in reports {
         let mut p99 = Vec::new();
@@ -125,5 +154,8 @@ mod tests {
         let mut gap = rs.clone();
         gap[2].1[1] = None;
         assert!(slow_osds(&gap).is_empty());
+        // Calm: no window standing out (osd.3 stood out in one).
+        assert_eq!(calm_osds(&rs), vec![0, 1, 4]);
+        assert_eq!(calm_osds(&gap), vec![0, 1, 4]);
     }
 }

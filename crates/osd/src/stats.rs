@@ -428,6 +428,12 @@ impl OsdStats {
         self.tick();
     }
 
+    /// The p99 of this OSD's store writes in each kept window, newest
+    /// first.
+    pub fn store_write_p99(&self) -> Vec<Option<f64>> {
+        self.store_write_window.recent(0.99)
+    }
+
     /// A write to this OSD's store that started at `t0` (the runtime's
     /// clock) ended.
     pub fn store_write_done(&self, t0: Duration) {
@@ -619,7 +625,7 @@ impl OsdStats {
             read_latency_us_p99: self.read_window.quantile(0.99),
             write_latency_us_p50: self.write_window.quantile(0.5),
             write_latency_us_p99: self.write_window.quantile(0.99),
-            store_write_us_p99: self.store_write_window.recent(0.99),
+            store_write_us_p99: self.store_write_p99(),
             read_iops: r[0],
             write_iops: r[1],
             read_bytes_per_s: r[2],

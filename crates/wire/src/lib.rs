@@ -254,6 +254,11 @@ pub enum Op {
     NetBench = 37,
 }
 
+/// Bytes of the figures an [`Op::Ping`] may carry: the p99 of the OSD's
+/// own store writes in each of its last three latency windows, newest
+/// first, in µs (u32 each, little-endian; 0: none).
+pub const PING_FIGURES_BYTES: u32 = 12;
+
 /// Largest reply an [`Op::Echo`] asks for.
 pub const ECHO_REPLY_MAX: u32 = 4096;
 
@@ -664,6 +669,12 @@ impl Header {
                     || !(len as usize).is_multiple_of(LIST_ENTRY_BYTES)
                 {
                     return bad("not a page of listed objects");
+                }
+                return Ok(());
+            }
+            (Op::Ping, false) => {
+                if len != 0 && len != PING_FIGURES_BYTES {
+                    return bad("not a heartbeat's figures");
                 }
                 return Ok(());
             }
