@@ -293,7 +293,11 @@ impl Cluster {
             let pg = PgId::of(oid, t.pg_count());
             let osd = *t.placement(pg.pg).get(r.shard)?;
             let down = &m.state.down;
-            if down.contains(&osd) || t.primary(pg.pg, &m.state) == Some(osd) {
+            // (A demoted OSD is slow: its shard is read through another.)
+            if down.contains(&osd)
+                || m.state.demoted.contains(&osd)
+                || t.primary(pg.pg, &m.state) == Some(osd)
+            {
                 return None;
             }
             let now = rt::monotonic();

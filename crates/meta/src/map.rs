@@ -349,6 +349,11 @@ pub struct Interval {
     /// position `s` held shard `s` (empty for a replicated PG).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub row: Vec<u32>,
+    /// The member that led it (none in an interval recorded before this
+    /// was: its first member, when no OSD was ever demoted). The next
+    /// interval waits out its read lease if it did not hear the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<u32>,
 }
 
 impl Interval {

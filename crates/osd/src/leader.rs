@@ -210,8 +210,9 @@ impl<T: Transport> Leader<T> {
     }
 
     /// Demotes the OSDs up that stand out as slow (`crate::slow`) and
-    /// restores those demoted that are calm again or down, in one epoch
-    /// if anything changed: a PG's primary is then another member.
+    /// restores those demoted that stand out in no window any more (or
+    /// cannot be judged), or are down, in one epoch if anything changed:
+    /// a PG's primary is then another member.
     fn demote_the_slow(self: &Rc<Self>) {
         let (up, demoted) = {
             let m = self.map.borrow();
@@ -229,9 +230,9 @@ impl<T: Transport> Leader<T> {
         } else {
             Vec::new()
         };
-        let calm = crate::slow::calm_osds(&reports);
+        let restless = crate::slow::restless_osds(&reports);
         let mut next: std::collections::BTreeSet<u32> = (demoted.iter().copied())
-            .filter(|id| up.contains(id) && !calm.contains(id) && self.demote_slow.get())
+            .filter(|id| up.contains(id) && restless.contains(id) && self.demote_slow.get())
             .collect();
         next.extend(slow.iter().map(|s| s.osd));
         let next: Vec<u32> = next.into_iter().collect();
@@ -240,6 +241,7 @@ impl<T: Transport> Leader<T> {
         }
         let why = match slow.iter().find(|s| !demoted.contains(&s.osd)) {
             Some(s) => format!("demoted from leading PGs: {}", s.message()),
+            None if next.is_empty() => "no OSD demoted any more (none stands out)".to_string(),
             None => format!("OSDs demoted from leading PGs (too slow): {next:?}"),
         };
         let _ = self.change(&why, |m| m.cluster.demoted = next);
@@ -924,6 +926,8 @@ impl<T: Transport> Leader<T> {
         let now = rt::monotonic();
         for &id in ids {
             self.down_since.borrow_mut().entry(id).or_insert(now);
+            // Its next incarnation is judged by its own figures.
+            self.slow_figures.borrow_mut().remove(&id);
         }
         self.change(why, |m| {
             for id in ids {
@@ -1039,10 +1043,14 @@ impl<T: Transport> Leader<T> {
                 // leases end — or they heartbeat naming this epoch.
                 let prior = self.map.borrow().last_active(h.pg_id()).cloned();
                 if let Some(p) = prior.filter(|p| p.epoch != epoch) {
-                    let readers = if positional {
-                        &p.acting[..]
+                    // (A replicated PG's primary: the one that reported the
+                    // interval active — with a member demoted it need not
+                    // be the first.)
+                    let led = p.primary.or(p.acting.first().copied());
+                    let readers: Vec<u32> = if positional {
+                        p.acting.clone()
                     } else {
-                        &p.acting[..p.acting.len().min(1)]
+                        led.into_iter().collect()
                     };
                     let unheard: Vec<u32> = (readers.iter().copied())
                         .filter(|o| *o != h.sender && !heard.contains(o))
@@ -1089,6 +1097,7 @@ impl<T: Transport> Leader<T> {
                         stores,
                         incomplete,
                         row,
+                        primary: Some(h.sender),
                     },
                     answer: answer.clone(),
                 });
@@ -1141,6 +1150,8 @@ impl<T: Transport> Handler for Leader<T> {
         match h.op {
             Op::Boot => match self.boot(h.sender, f.payload.as_deref().unwrap_or(&[])) {
                 Ok(()) => {
+                    // A new incarnation: judged by its own figures.
+                    self.slow_figures.borrow_mut().remove(&h.sender);
                     let (mut r, body) = json_reply(&h, self.map.borrow().to_json());
                     // The OSD takes this map: the lease is for its epoch.
                     r.length = self.grant_lease(h.sender, self.map.borrow().epoch());
@@ -1292,7 +1303,7 @@ mod tests {
             acting: acting.to_vec(),
             stores: acting.iter().map(|&o| (o, store(o))).collect(),
             incomplete: incomplete.to_vec(),
-            row: Vec::new(),
+            ..Interval::default()
         };
         let pool = m.pools.get_mut(&1).unwrap();
         pool.last_active.insert(0, iv(&[0, 1], &[]));

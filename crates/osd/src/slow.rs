@@ -76,20 +76,22 @@ fn medians(reports: &[(u32, Vec<Option<f64>>)]) -> Option<Vec<(f64, usize)>> {
     Some(medians)
 }
 
-/// The OSDs among `reports` that stood out in no kept window (each
-/// reported, none slow): a demoted OSD is restored only then, so one
-/// hovering about the bar is not demoted and restored in turn.
-pub fn calm_osds(reports: &[(u32, Vec<Option<f64>>)]) -> Vec<u32> {
+/// The OSDs among `reports` that stood out in at least one kept window:
+/// a demoted OSD stays demoted while it is among them (so one hovering
+/// about the bar is not demoted and restored in turn), and is restored
+/// once it stood out in none — or nothing can be judged (an idle OSD, too
+/// few OSDs reporting): a demotion is for an OSD seen slow, not unseen.
+pub fn restless_osds(reports: &[(u32, Vec<Option<f64>>)]) -> Vec<u32> {
     let Some(medians) = medians(reports) else {
         return Vec::new();
     };
     (reports.iter())
         .filter(|(_, w)| {
-            (medians.iter().enumerate()).all(|(k, &(m, _))| {
+            (medians.iter().enumerate()).any(|(k, &(m, _))| {
                 w.get(k)
                     .copied()
                     .flatten()
-                    .is_some_and(|p| p < SLOW_FLOOR_US || p < SLOW_FACTOR * m)
+                    .is_some_and(|p| p >= SLOW_FLOOR_US && p >= SLOW_FACTOR * m)
             })
         })
         .map(|(id, _)| *id)
@@ -154,8 +156,10 @@ mod tests {
         let mut gap = rs.clone();
         gap[2].1[1] = None;
         assert!(slow_osds(&gap).is_empty());
-        // Calm: no window standing out (osd.3 stood out in one).
-        assert_eq!(calm_osds(&rs), vec![0, 1, 4]);
-        assert_eq!(calm_osds(&gap), vec![0, 1, 4]);
+        // Restless: standing out in a window at least (osd.3 in one).
+        assert_eq!(restless_osds(&rs), vec![2, 3]);
+        assert_eq!(restless_osds(&gap), vec![2, 3]);
+        // Nothing to judge: none.
+        assert!(restless_osds(&rs[1..3]).is_empty());
     }
 }

@@ -23,8 +23,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
 /// Every frame carries it and a peer of another version is refused: it
 /// rises whenever a binary of the last one would misread a cluster of this
 /// one (version 6: erasure-coded pools are served, which a binary of 5
-/// would take for replicated pools, primary at slot 0).
-pub const VERSION: u8 = 6;
+/// would take for replicated pools, primary at slot 0; version 7: a PG's
+/// primary skips members demoted as slow, which a binary of 6 would not,
+/// and heartbeats carry figures).
+pub const VERSION: u8 = 7;
 pub const HEADER_BYTES: usize = 96;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
