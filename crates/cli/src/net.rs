@@ -10,8 +10,9 @@ use nacre_io::rt;
 use nacre_osd::LinkReport;
 
 use crate::at::At;
-use crate::osd_bench::{median, OUTLIER_FACTOR};
+use crate::osd_bench::OUTLIER_FACTOR;
 use crate::Format;
+use nacre_osd::slow::median;
 
 /// Fewest links a median is taken over.
 const SLOW_LINKS_MIN: usize = 3;

@@ -6,6 +6,7 @@
 use anyhow::Context;
 use nacre_client::Cluster;
 use nacre_io::rt;
+use nacre_osd::slow::median;
 use nacre_osd::{BenchReport, BenchTest, BENCH_BYTES_MAX, BENCH_BYTES_MIN};
 
 use crate::at::At;
@@ -50,19 +51,6 @@ fn figure(r: &BenchReport, test: &str, f: Figure) -> Option<f64> {
         Figure::P50 => t.lat_p50_us as f64,
         Figure::Iops => t.iops,
         Figure::MbPerS => t.mb_per_s,
-    })
-}
-
-pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     })
 }
 

@@ -11,6 +11,7 @@ use nacre_plan::{Description, Plan};
 
 use crate::at::{At, PREFIX_DEFAULT};
 use crate::{args, net, osd_bench, Format};
+use nacre_osd::slow::median;
 
 /// The AFR given to the disks of a description made from a live cluster
 /// (a failure rate is not measured): a conservative figure to edit.
@@ -105,11 +106,6 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The median of `v` (None if empty).
-fn median_of(v: Vec<f64>) -> Option<f64> {
-    osd_bench::median(v)
-}
-
 /// `x` to `places` decimals: measured figures, as people write them.
 fn round(x: f64, places: i32) -> f64 {
     let f = 10f64.powi(places);
@@ -198,7 +194,7 @@ fn describe_cluster(at: &At, pool: Option<&str>, bench_size: u64) -> anyhow::Res
     }
     let figure =
         |rs: &[&nacre_osd::BenchReport], test: &str, f: fn(&nacre_osd::BenchTest) -> f64| {
-            median_of(
+            median(
                 (rs.iter())
                     .filter_map(|r| r.tests.iter().find(|t| t.name == test).map(f))
                     .collect(),
@@ -230,8 +226,8 @@ fn describe_cluster(at: &At, pool: Option<&str>, bench_size: u64) -> anyhow::Res
             }
         })
         .collect();
-    let mbps = median_of(links.iter().map(|l| l.mb_per_s).collect()).unwrap_or(0.0);
-    let rtt = median_of(links.iter().map(|l| l.rtt_p50_us as f64).collect());
+    let mbps = median(links.iter().map(|l| l.mb_per_s).collect()).unwrap_or(0.0);
+    let rtt = median(links.iter().map(|l| l.rtt_p50_us as f64).collect());
     Ok(Description {
         hosts,
         network: nacre_plan::desc::Network {

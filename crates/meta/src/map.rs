@@ -317,9 +317,6 @@ impl PgTable {
                 .chain(self.temp_of(pg))
                 .find(keep)
         };
-        if state.demoted.is_empty() {
-            return lead(false);
-        }
         lead(true).or_else(|| lead(false))
     }
 }

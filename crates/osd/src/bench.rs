@@ -58,7 +58,7 @@ pub struct BenchTest {
 impl BenchTest {
     /// The summary of `lat` (each op's latency, µs), `bytes` moved in
     /// `elapsed`.
-    fn of(name: &str, mut lat: Vec<u64>, bytes: u64, elapsed: Duration) -> BenchTest {
+    pub(crate) fn of(name: &str, mut lat: Vec<u64>, bytes: u64, elapsed: Duration) -> BenchTest {
         lat.sort_unstable();
         let n = lat.len() as u64;
         let secs = elapsed.as_secs_f64().max(1e-9);
@@ -118,14 +118,6 @@ type OpFut = Pin<Box<dyn Future<Output = Result<(), String>>>>;
 type NthOp = Rc<dyn Fn(u64) -> OpFut>;
 /// An I/O of `len` bytes at `offset` of bench object `n`.
 type ObjectIo = Rc<dyn Fn(u64, u32, u32) -> OpFut>;
-
-/// splitmix64: the `n`th pseudo-random number of stream `seed`.
-fn mix(seed: u64, n: u64) -> u64 {
-    let mut z = seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d4_9bb4_6111_49eb);
-    z ^ (z >> 31)
-}
 
 /// Runs `op(0)`, `op(1)`, … `qd` at a time until `ops` of them ended or
 /// [`TEST_TIME_MAX`] passed; each op moves `bytes_per_op`. The first
@@ -355,7 +347,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let small = {
             let written = written.clone();
             Rc::new(move |seed: u64, n: u64| -> (u64, u32) {
-                let r = mix(seed, n);
+                // The `n`th pseudo-random number of stream `seed`.
+                let r = nacre_types::SplitMix((seed << 32) ^ n).next_u64();
                 let slots = u64::from(ob / SMALL_BYTES).max(1);
                 (r % written.get(), ((r >> 32) % slots) as u32 * SMALL_BYTES)
             })

@@ -225,16 +225,18 @@ impl<T: Transport> Leader<T> {
                 .filter_map(|id| Some((*id, f.get(id)?.clone())))
                 .collect()
         };
-        let slow: Vec<crate::slow::SlowOsd> = if self.demote_slow.get() {
-            crate::slow::slow_osds(&reports)
-        } else {
-            Vec::new()
+        // With demotion off, every demoted OSD is restored.
+        let (slow, restless) = match self.demote_slow.get() {
+            true => (
+                crate::slow::slow_osds(&reports),
+                crate::slow::restless_osds(&reports),
+            ),
+            false => (Vec::new(), Vec::new()),
         };
-        let restless = crate::slow::restless_osds(&reports);
-        let mut next: std::collections::BTreeSet<u32> = (demoted.iter().copied())
-            .filter(|id| up.contains(id) && restless.contains(id) && self.demote_slow.get())
+        let next: std::collections::BTreeSet<u32> = (demoted.iter().copied())
+            .filter(|id| up.contains(id) && restless.contains(id))
+            .chain(slow.iter().map(|s| s.osd))
             .collect();
-        next.extend(slow.iter().map(|s| s.osd));
         let next: Vec<u32> = next.into_iter().collect();
         if next == demoted {
             return;

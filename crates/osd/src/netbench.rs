@@ -116,16 +116,15 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
             rtt.push(t.elapsed().as_micros() as u64);
         }
-        rtt.sort_unstable();
-        let at = |q: f64| rtt[((rtt.len() as f64 * q).ceil() as usize).clamp(1, rtt.len()) - 1];
+        let s = crate::bench::BenchTest::of("rtt", rtt, 0, t0.elapsed());
         let mut r = LinkReport {
             from: self.id,
             to,
-            pings: rtt.len() as u64,
-            rtt_avg_us: rtt.iter().sum::<u64>() as f64 / rtt.len() as f64,
-            rtt_p50_us: at(0.5),
-            rtt_p99_us: at(0.99),
-            rtt_max_us: *rtt.last().expect("one round trip at least"),
+            pings: s.ops,
+            rtt_avg_us: s.lat_avg_us,
+            rtt_p50_us: s.lat_p50_us,
+            rtt_p99_us: s.lat_p99_us,
+            rtt_max_us: s.lat_max_us,
             ..LinkReport::default()
         };
         // The stream: each sender sends until the time is up.

@@ -50,14 +50,19 @@ impl SlowOsd {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the mean of the middle two of an even count), or
+/// None if it is empty.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 {
+    Some(if n % 2 == 1 {
         v[n / 2]
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    })
 }
 
 /// The median of each kept window over the OSDs reporting it, and how
@@ -68,10 +73,11 @@ fn medians(reports: &[(u32, Vec<Option<f64>>)]) -> Option<Vec<(f64, usize)>> {
         let got: Vec<f64> = (reports.iter())
             .filter_map(|(_, w)| w.get(k).copied().flatten())
             .collect();
-        if got.len() < SLOW_OSDS_MIN {
+        let n = got.len();
+        if n < SLOW_OSDS_MIN {
             return None;
         }
-        medians.push((median(got.clone()), got.len()));
+        medians.push((median(got)?, n));
     }
     Some(medians)
 }
