@@ -145,7 +145,7 @@ pub struct Memory {
 }
 
 /// Counters since open.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
     pub batches: u64,
     pub records: u64,

@@ -145,8 +145,31 @@ pub fn parse_addr(s: &str) -> Result<nacre_io::net::Addr, String> {
     }
 }
 
+/// A `--metrics` address: HOST:PORT that resolves (an HTTP endpoint; port
+/// 0 picks a free one).
+pub fn parse_metrics_addr(s: &str) -> Result<String, String> {
+    use std::net::ToSocketAddrs;
+    let t = s.trim();
+    let resolved = t
+        .to_socket_addrs()
+        .map_err(|e| format!("{t:?} is not HOST:PORT (e.g. 127.0.0.1:9283 or [::]:9283): {e}"))?;
+    if resolved.count() == 0 {
+        return Err(format!("{t:?} names no address"));
+    }
+    Ok(t.to_string())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn metrics_addresses() {
+        assert!(super::parse_metrics_addr("127.0.0.1:9283").is_ok());
+        assert!(super::parse_metrics_addr("[::1]:0").is_ok());
+        for bad in ["9283", "unix:/tmp/x", "127.0.0.1", "127.0.0.1:99999", ""] {
+            assert!(super::parse_metrics_addr(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn addresses() {
         use nacre_io::net::Addr;

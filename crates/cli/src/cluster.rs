@@ -59,6 +59,8 @@ pub struct UpOpts {
     pub config: map::ClusterConfig,
     /// How often the objects of deleted volumes are looked for.
     pub reclaim_interval: Duration,
+    /// Where to serve the cluster's metrics (HOST:PORT).
+    pub metrics: Option<String>,
 }
 
 /// `nacre up --reclaim-interval` when it is not given.
@@ -104,6 +106,8 @@ pub struct Running {
     /// The leader and the gateway, in start order.
     workers: Vec<Worker>,
     osds: Option<Supervisor>,
+    /// The metrics endpoint (`--metrics`).
+    pub metrics: Option<crate::metrics::Endpoint>,
     /// The OSDs' unix sockets, removed at stop.
     sockets: Vec<PathBuf>,
 }
@@ -371,10 +375,11 @@ pub fn spawn_leader(
     })
 }
 
-/// The gateway's thread: the NBD server.
+/// The gateway's thread: the NBD server, counting in `metrics`.
 pub fn spawn_gateway(
     meta: Arc<dyn MetaStore>,
     addr: Addr,
+    metrics: Arc<nacre_nbd::metrics::NbdMetrics>,
     ready: mpsc::Sender<anyhow::Result<()>>,
 ) -> anyhow::Result<Worker> {
     let stop = Arc::new(Event::new()?);
@@ -396,7 +401,12 @@ pub fn spawn_gateway(
                     }
                 };
                 let stopping = nacre_io::sync::Latch::default();
-                let serving = rt::spawn(nacre_nbd::server::serve(l, cluster, stopping.clone()));
+                let serving = rt::spawn(nacre_nbd::server::serve(
+                    l,
+                    cluster,
+                    stopping.clone(),
+                    metrics,
+                ));
                 let _ = ready.send(Ok(()));
                 let _ = stop2.wait().await;
                 // Requests already read finish and are answered first.
@@ -604,6 +614,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         dir: o.dir.clone(),
         workers: Vec::new(),
         osds: None,
+        metrics: None,
         sockets: (m.osds.iter())
             .filter_map(|r| match r.addr.parse::<Addr>() {
                 Ok(Addr::Unix(p)) => Some(p),
@@ -635,6 +646,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
                 recovery_bytes_per_s: o.recovery_bytes_per_s,
                 ratios: o.ratios,
                 scrub: o.scrub,
+                metrics: None,
             })
             .collect();
         let sup = running
@@ -645,11 +657,25 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             sup,
             &m.osds.iter().map(|r| r.id).collect::<Vec<_>>(),
         )?;
-        running
-            .workers
-            .push(spawn_gateway(meta.clone(), o.nbd.clone(), tx.clone())?);
+        let gateway = Arc::new(nacre_nbd::metrics::NbdMetrics::default());
+        running.workers.push(spawn_gateway(
+            meta.clone(),
+            o.nbd.clone(),
+            gateway.clone(),
+            tx.clone(),
+        )?);
         rx.recv()
             .context("the gateway thread died while starting")??;
+        if let Some(addr) = &o.metrics {
+            let sources = crate::metrics::Sources {
+                meta: meta.clone(),
+                osds: crate::metrics::Osds::All,
+                cluster: true,
+                mon: None,
+                gateway: Some(gateway),
+            };
+            running.metrics = Some(crate::metrics::serve(addr, sources)?);
+        }
         running
             .workers
             .push(spawn_reclaimer(meta.clone(), o.reclaim_interval)?);
@@ -716,6 +742,7 @@ impl Running {
     /// Stops the gateway, then the OSDs (each closes its store with a
     /// checkpoint), then the leader.
     pub fn stop(&mut self) {
+        self.metrics = None;
         // Workers are in start order: the gateway stops first, the leader
         // after the OSDs.
         while let Some(w) = self.workers.pop() {

@@ -119,6 +119,10 @@ pub struct UpArgs {
     /// a purge that missed a down OSD) and deletes them, e.g. 60s.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     reclaim_interval: Duration,
+    /// Serve Prometheus metrics of the whole cluster (every OSD, the map,
+    /// the NBD gateway) on http://HOST:PORT/metrics, e.g. 127.0.0.1:9283.
+    #[arg(long, value_parser = crate::args::parse_metrics_addr)]
+    metrics: Option<String>,
 }
 
 /// `nacre up --osd-size` when it is not given.
@@ -155,6 +159,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
             overcommit_ratio: a.overcommit_ratio,
         },
         reclaim_interval: a.reclaim_interval,
+        metrics: a.metrics.clone(),
     };
     let mut running = cluster::start(&o)?;
     let vols = map::list_volumes(&*running.meta)?;
@@ -179,6 +184,9 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         println!("attach: nbd+unix:///VOLUME?socket={}", p.display());
     } else if let Addr::Tcp(hp) = &nbd {
         println!("attach: nbd://{hp}/VOLUME");
+    }
+    if let Some(m) = &running.metrics {
+        println!("metrics: http://{}/metrics", m.addr);
     }
     let sig = wait_for_signal(&set);
     eprintln!("nacre up: {}, stopping", signal_name(sig));
@@ -1871,6 +1879,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             out_delay: Duration::from_secs(nacre_types::OSD_OUT_DELAY_S),
             config: map::ClusterConfig::default(),
             reclaim_interval: cluster::RECLAIM_INTERVAL_DEFAULT,
+            metrics: None,
         };
         say(&format!(
             "starting {} OSDs ({} each, {} replicas) in {}",

@@ -591,6 +591,8 @@ pub struct OsdRun {
     pub recovery_bytes_per_s: u64,
     pub ratios: (f64, f64),
     pub scrub: nacre_osd::ScrubConfig,
+    /// Where to serve the OSD's metrics (HOST:PORT).
+    pub metrics: Option<String>,
 }
 
 /// `nacre osd run --etcd URLS --dev PATH`: the OSD whose id the device's
@@ -681,6 +683,7 @@ pub fn osd_run(e: &EtcdArgs, o: &OsdRun) -> anyhow::Result<()> {
             ratios: o.ratios,
             scrub: o.scrub,
             joins: true,
+            metrics: o.metrics.clone(),
         },
         set,
     )
@@ -707,7 +710,7 @@ fn follow_leader(meta: Arc<dyn MetaStore>, leader: LeaderAddr) -> std::io::Resul
 
 /// `nacre gateway nbd --etcd URLS --listen ADDR`: an NBD gateway in the
 /// foreground until SIGTERM or SIGINT.
-pub fn gateway_nbd(e: &EtcdArgs, listen: &Addr) -> anyhow::Result<()> {
+pub fn gateway_nbd(e: &EtcdArgs, listen: &Addr, metrics: Option<&str>) -> anyhow::Result<()> {
     let set = block_stop_signals();
     let meta = e.meta_waiting()?;
     cluster_id_waiting(&*meta, e)?;
@@ -715,12 +718,24 @@ pub fn gateway_nbd(e: &EtcdArgs, listen: &Addr) -> anyhow::Result<()> {
         Ok(map::load(&*meta)?.pools.first().cloned())
     })?;
     let (tx, rx) = std::sync::mpsc::channel();
-    let w = crate::cluster::spawn_gateway(meta, listen.clone(), tx)?;
+    let counters = Arc::new(nacre_nbd::metrics::NbdMetrics::default());
+    let w = crate::cluster::spawn_gateway(meta.clone(), listen.clone(), counters.clone(), tx)?;
     rx.recv()
         .context("the gateway thread died while starting")??;
+    let sources = crate::metrics::Sources {
+        meta,
+        osds: crate::metrics::Osds::None,
+        cluster: false,
+        mon: None,
+        gateway: Some(counters),
+    };
+    let endpoint = metrics
+        .map(|a| crate::metrics::serve(a, sources))
+        .transpose()?;
     tracing::info!("gateway: serving NBD on {listen}");
     let sig = wait_for_signal(&set);
     tracing::info!("gateway: {}, stopping", signal_name(sig));
+    drop(endpoint);
     w.stop();
     if let Addr::Unix(p) = listen {
         let _ = std::fs::remove_file(p);

@@ -6,6 +6,7 @@ mod cluster;
 mod commands;
 mod daemons;
 mod disk;
+mod metrics;
 mod mon;
 mod net;
 mod osd_bench;
@@ -90,6 +91,10 @@ enum Cmd {
         /// deletes them.
         #[arg(long, value_parser = args::parse_duration, default_value = "60s")]
         reclaim_interval: Duration,
+        /// Serve Prometheus metrics (the cluster's map, whether this
+        /// monitor leads) on http://HOST:PORT/metrics.
+        #[arg(long, value_parser = args::parse_metrics_addr)]
+        metrics: Option<String>,
     },
     /// Placement groups: scrub on demand.
     Pg {
@@ -236,6 +241,10 @@ enum GatewayCmd {
         /// Where it listens: HOST:PORT (10809 is NBD's port) or unix:PATH.
         #[arg(long, value_parser = args::parse_addr)]
         listen: nacre_io::net::Addr,
+        /// Serve Prometheus metrics of its NBD requests on
+        /// http://HOST:PORT/metrics.
+        #[arg(long, value_parser = args::parse_metrics_addr)]
+        metrics: Option<String>,
     },
 }
 
@@ -427,6 +436,11 @@ enum OsdCmd {
         full_ratio: f64,
         #[command(flatten)]
         scrub: args::ScrubArgs,
+        /// Serve Prometheus metrics of this OSD (ops by type with their
+        /// latencies, space, PGs, recovery, its store) on
+        /// http://HOST:PORT/metrics.
+        #[arg(long, value_parser = args::parse_metrics_addr)]
+        metrics: Option<String>,
     },
 }
 
@@ -552,6 +566,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 nearfull_ratio,
                 full_ratio,
                 scrub,
+                metrics,
             } => {
                 let ratios = args::check_ratios(nearfull_ratio, full_ratio)?;
                 let scrub = scrub.config();
@@ -564,6 +579,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         recovery_bytes_per_s: recovery_rate,
                         ratios,
                         scrub,
+                        metrics,
                     }),
                     (None, None, Some(etcd), Some(dev)) => daemons::osd_run(
                         &at::EtcdArgs { etcd, prefix },
@@ -572,6 +588,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             recovery_bytes_per_s: recovery_rate,
                             ratios,
                             scrub,
+                            metrics,
                         },
                     ),
                     _ => anyhow::bail!("give --dir DIR --id ID, or --etcd URLS --dev PATH"),
@@ -662,6 +679,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             addr,
             out_delay,
             reclaim_interval,
+            metrics,
         } => mon::run(&mon::MonOpts {
             meta: etcd.meta_waiting()?,
             keepalive_meta: mon::keepalive_meta(&etcd)?,
@@ -669,10 +687,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             addr,
             out_delay,
             reclaim_interval,
+            metrics,
         }),
         Cmd::Gateway {
-            cmd: GatewayCmd::Nbd { etcd, listen },
-        } => daemons::gateway_nbd(&etcd, &listen),
+            cmd:
+                GatewayCmd::Nbd {
+                    etcd,
+                    listen,
+                    metrics,
+                },
+        } => daemons::gateway_nbd(&etcd, &listen, metrics.as_deref()),
         Cmd::Bench(a) => commands::bench(a),
         Cmd::Demo(a) => commands::demo(a),
         Cmd::Plan(a) => plan::run(a),

@@ -87,6 +87,8 @@ pub struct MonOpts {
     pub addr: Addr,
     pub out_delay: Duration,
     pub reclaim_interval: Duration,
+    /// Where to serve metrics (HOST:PORT).
+    pub metrics: Option<String>,
 }
 
 /// One term of leadership: the lease and the election key's value.
@@ -133,6 +135,18 @@ pub fn run(o: &MonOpts) -> anyhow::Result<()> {
             stop2.store(true, Ordering::Release);
         })?;
     crate::daemons::cluster_id_waiting(&*o.meta, &o.etcd)?;
+    let _metrics = (o.metrics.as_deref())
+        .map(|a| {
+            let sources = crate::metrics::Sources {
+                meta: o.meta.clone(),
+                osds: crate::metrics::Osds::None,
+                cluster: true,
+                mon: Some(o.addr.clone()),
+                gateway: None,
+            };
+            crate::metrics::serve(a, sources)
+        })
+        .transpose()?;
     let mut said = None::<String>;
     while !stop.load(Ordering::Acquire) {
         match campaign(o) {

@@ -121,6 +121,9 @@ pub struct RunOpts {
     /// The used fractions at which the store is near full and full.
     pub ratios: (f64, f64),
     pub scrub: nacre_osd::ScrubConfig,
+    /// Where to serve the OSD's metrics (HOST:PORT; `nacre up` serves its
+    /// OSDs' on its own endpoint instead).
+    pub metrics: Option<String>,
 }
 
 impl RunOpts {
@@ -449,6 +452,7 @@ pub fn run(o: &RunOpts) -> anyhow::Result<()> {
             ratios: o.ratios,
             scrub: o.scrub,
             joins: false,
+            metrics: o.metrics.clone(),
         },
         set,
     )
@@ -466,6 +470,8 @@ pub struct Serve {
     /// ran), and after its first boot asks to be marked in
     /// ([`map::fresh_key`]).
     pub joins: bool,
+    /// Where to serve the OSD's metrics (HOST:PORT).
+    pub metrics: Option<String>,
 }
 
 /// Runs the OSD of `s` in the foreground until a signal of `set`: opens
@@ -479,7 +485,20 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
         ratios,
         scrub,
         joins,
+        metrics,
     } = s;
+    let _metrics = (metrics.as_deref())
+        .map(|a| {
+            let sources = crate::metrics::Sources {
+                meta: meta.clone(),
+                osds: crate::metrics::Osds::One(cfg.id),
+                cluster: false,
+                mon: None,
+                gateway: None,
+            };
+            crate::metrics::serve(a, sources)
+        })
+        .transpose()?;
     let stop = Arc::new(Event::new()?);
     let stop2 = stop.clone();
     let id = cfg.id;

@@ -165,16 +165,37 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
     let mons: Vec<String> = (0..2)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
+    // Every daemon serves its metrics (osd.0 alone of the OSDs).
+    let metrics: Vec<String> = (0..4)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
     for (i, a) in mons.iter().enumerate() {
-        d.spawn(&format!("mon{i}"), &["mon", "--addr", a]);
+        d.spawn(
+            &format!("mon{i}"),
+            &["mon", "--addr", a, "--metrics", &metrics[i]],
+        );
     }
     for i in 0..3 {
         let dev = dev(&d, i);
-        d.spawn(&format!("osd{i}"), &["osd", "run", "--dev", &dev]);
+        let mut args = vec!["osd", "run", "--dev", &dev];
+        if i == 0 {
+            args.extend(["--metrics", &metrics[2]]);
+        }
+        d.spawn(&format!("osd{i}"), &args);
     }
     let sock = d.path("nbd.sock");
     let listen = format!("unix:{}", sock.display());
-    d.spawn("gw", &["gateway", "nbd", "--listen", &listen]);
+    d.spawn(
+        "gw",
+        &[
+            "gateway",
+            "nbd",
+            "--listen",
+            &listen,
+            "--metrics",
+            &metrics[3],
+        ],
+    );
     d.status_until("HEALTH_OK with a leader", |s| {
         healthy(s) && leader_of(s).is_some()
     });
@@ -190,6 +211,28 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
     };
     let mut acks = 300;
     wait_acks(&log, acks);
+    // One monitor leads, both see the map; osd.0 speaks for itself; the
+    // gateway counts the writes it answered.
+    let text: Vec<String> = (metrics.iter())
+        .map(|a| scrape(&format!("http://{a}/metrics")))
+        .collect();
+    let leaders: f64 = (text[..2].iter())
+        .map(|t| sample(t, "nacre_mon_leader").unwrap())
+        .sum();
+    assert_eq!(leaders, 1.0, "{text:?}");
+    for t in &text[..2] {
+        assert!(sample(t, "nacre_cluster_epoch").unwrap() > 0.0, "{t}");
+        assert_eq!(
+            sample(t, r#"nacre_pool_pgs{pool="rbd"}"#),
+            Some(32.0),
+            "{t}"
+        );
+    }
+    let osd = &text[2];
+    assert!(sample(osd, r#"nacre_osd_ops_total{osd="0",op="write"}"#).is_some_and(|n| n > 0.0));
+    assert!(!osd.contains(r#"osd="1""#), "{osd}");
+    let written = sample(&text[3], r#"nacre_nbd_requests_total{command="write"}"#).unwrap();
+    assert!(written >= 300.0, "{}", text[3]);
     // A second pool while a monitor leads (its leader makes it, in a new
     // epoch), two copies; a writer of its own through everything below.
     let made = d.ok(&[

@@ -18,6 +18,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nacre_client::{ClientError, Cluster, Volume};
@@ -26,6 +27,7 @@ use nacre_io::sync::{Latch, Notify};
 use nacre_io::{rt, AlignedBuf};
 use nacre_net::{Budget, ByteReader, FrameSender, Inflight, ReadStall};
 
+use crate::metrics::NbdMetrics;
 use crate::sessions::Sessions;
 
 use crate::proto::*;
@@ -56,7 +58,8 @@ const SECTOR: u64 = 512;
 /// connections still in their handshakes, reads no further request, and
 /// returns once every request already read has finished and its reply has
 /// gone out (the caller bounds that wait: [`DRAIN_TIMEOUT_MS`]).
-pub async fn serve(l: Listener, cluster: Rc<Cluster>, stop: Latch) {
+/// Counted in `metrics`.
+pub async fn serve(l: Listener, cluster: Rc<Cluster>, stop: Latch, metrics: Arc<NbdMetrics>) {
     let sessions = match Sessions::start(&cluster) {
         Ok(s) => s,
         Err(e) => {
@@ -71,9 +74,20 @@ pub async fn serve(l: Listener, cluster: Rc<Cluster>, stop: Latch) {
         let client = format!("NBD client {} via {via}", s.peer());
         let (cluster, sessions, budget) = (cluster.clone(), sessions.clone(), budget.clone());
         let (stop, live, ended) = (stop.clone(), live.clone(), ended.clone());
+        let metrics = metrics.clone();
         live.set(live.get() + 1);
+        metrics.connection_opened();
         async move {
-            serve_conn(s, cluster, sessions, client, &budget, admitted, &stop).await;
+            let conn = Conn {
+                cluster,
+                sessions,
+                client,
+                budget: &budget,
+                metrics: &metrics,
+                stop: &stop,
+            };
+            serve_conn(s, conn, admitted).await;
+            metrics.connection_closed();
             live.set(live.get() - 1);
             ended.notify();
         }
@@ -94,15 +108,26 @@ pub async fn serve(l: Listener, cluster: Rc<Cluster>, stop: Latch) {
     }
 }
 
-async fn serve_conn(
-    stream: Rc<Stream>,
+/// What serving one connection needs besides its stream.
+struct Conn<'a> {
     cluster: Rc<Cluster>,
     sessions: Rc<Sessions>,
+    /// Who it is, for the logs.
     client: String,
-    budget: &Rc<Budget>,
-    admitted: nacre_net::Admitted,
-    stop: &Latch,
-) {
+    budget: &'a Rc<Budget>,
+    metrics: &'a Arc<NbdMetrics>,
+    stop: &'a Latch,
+}
+
+async fn serve_conn(stream: Rc<Stream>, conn: Conn<'_>, admitted: nacre_net::Admitted) {
+    let Conn {
+        cluster,
+        sessions,
+        client,
+        budget,
+        metrics,
+        stop,
+    } = conn;
     let mut rd = ByteReader::new(stream.clone());
     let opened = Opener {
         cluster: &cluster,
@@ -119,7 +144,7 @@ async fn serve_conn(
         ),
         Some(Some(Ok(Some((vol, session))))) => {
             admitted.attach();
-            transmission(stream.clone(), rd, vol, budget, stop).await;
+            transmission(stream.clone(), rd, vol, (budget, metrics), stop).await;
             drop(session);
         }
         Some(Some(Ok(None))) => {}
@@ -336,7 +361,7 @@ async fn transmission(
     stream: Rc<Stream>,
     mut rd: ByteReader,
     vol: Rc<Volume>,
-    budget: &Rc<Budget>,
+    (budget, metrics): (&Rc<Budget>, &Arc<NbdMetrics>),
     stop: &Latch,
 ) {
     let tx = FrameSender::start(stream.clone());
@@ -429,14 +454,22 @@ async fn transmission(
         }
         stall.end();
         let (vol, tx) = (vol.clone(), tx.clone());
+        let (counted, metrics) = (metrics.request_began(), metrics.clone());
         inflight.spawn(async move {
+            let t0 = rt::monotonic();
             let (err, payload) = match handle(&vol, req, data).await {
                 Ok(p) => (0, p),
                 Err(e) => (e, None),
             };
+            let moved = match req.kind {
+                CMD_READ | CMD_WRITE if err == 0 => u64::from(req.len),
+                _ => 0,
+            };
             // Both shares go with the reply until it is sent.
             let reply = simple_reply(err, req.cookie);
             let _ = tx.send_raw_held(&reply, payload, held).await;
+            metrics.answered(req.kind, err, moved, rt::monotonic().saturating_sub(t0));
+            drop(counted);
         });
     }
     if !disc {

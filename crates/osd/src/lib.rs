@@ -72,7 +72,9 @@ pub use scrub::{
     encode_oids, ScrubConfig, ScrubNews, ScrubReport, DEEP_SCRUB_INTERVAL_DEFAULT,
     SCRUB_BYTES_PER_S_DEFAULT, SCRUB_INTERVAL_DEFAULT,
 };
-pub use stats::{OsdReport, OsdStats, PgReport, VolumeUsage, PG_REPORT_MAX};
+pub use stats::{
+    OpMetrics, OsdMetrics, OsdReport, OsdStats, PgReport, StoreMetrics, VolumeUsage, PG_REPORT_MAX,
+};
 pub use stray::STRAY_CHECK_MS;
 
 /// Completed writes remembered for retries, per PG (twice what a PG log
@@ -1747,7 +1749,7 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         match h.op {
             Op::Read | Op::ShardRead | Op::DirectRead => h.length as usize,
             Op::Pull => self.store.block_bytes() as usize,
-            Op::Stat | Op::Scrub | Op::Bench | Op::NetBench => {
+            Op::Stat | Op::Metrics | Op::Scrub | Op::Bench | Op::NetBench => {
                 nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize
             }
             Op::Echo => h.length.min(nacre_wire::ECHO_REPLY_MAX) as usize,
@@ -1759,7 +1761,19 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
         }
     }
 
+    /// Serves `f`, counting it by type ([`OsdStats::op_started`]).
     async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
+        let me = self.clone();
+        let counted = me.stats.op_started(f.h.op);
+        let received = f.payload.as_ref().map_or(0, |p| p.len());
+        let (h, body) = self.dispatch(f).await;
+        counted.done(h.status, received, body.as_ref().map_or(0, |b| b.len()));
+        (h, body)
+    }
+}
+
+impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
+    async fn dispatch(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
         let h = f.h;
         // A peer ahead of this OSD: learn its epoch (in the background;
         // this request is answered with the epoch known now).
@@ -1942,6 +1956,18 @@ impl<D: BlockDev + 'static, T: Transport> Handler for Osd<D, T> {
             }
             Op::Stat => {
                 let body = serde_json::to_vec(&self.stat_report()).expect("stats serialise");
+                (
+                    h.reply(Status::Ok).with_payload(&body),
+                    Some(AlignedBuf::from_slice(&body)),
+                )
+            }
+            Op::Metrics => {
+                let mut report = self.stat_report();
+                // Counted by state in `pg_states`; named, they could
+                // crowd the op counters out of a control payload.
+                report.pgs_not_clean.clear();
+                let m = self.stats.metrics(report, &self.store);
+                let body = serde_json::to_vec(&m).expect("metrics serialise");
                 (
                     h.reply(Status::Ok).with_payload(&body),
                     Some(AlignedBuf::from_slice(&body)),

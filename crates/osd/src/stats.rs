@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use nacre_blockstore::Store;
 use nacre_io::BlockDev;
+use nacre_types::metrics::{Histogram, HistogramSnapshot};
 use nacre_types::{ObjectId, PgId};
 use serde::{Deserialize, Serialize};
 
@@ -140,8 +141,39 @@ impl LatencyWindow {
     }
 }
 
+/// Op codes an OSD counts ops of (every [`nacre_wire::Op`] is below).
+const OP_CODES: usize = 64;
+
+/// Ops of one type this OSD answered since it started.
+#[derive(Default)]
+struct OpCounters {
+    count: Cell<u64>,
+    /// By status, those answered with another status than `Ok` or
+    /// `NotFound` (an answer: the range reads as zeros, the object is
+    /// absent).
+    errors: RefCell<BTreeMap<String, u64>>,
+    received_bytes: Cell<u64>,
+    sent_bytes: Cell<u64>,
+    latency: Histogram,
+}
+
+/// [`OpCounters`] of every op code.
+struct OpTable(Box<[OpCounters]>);
+
+impl Default for OpTable {
+    fn default() -> Self {
+        OpTable((0..OP_CODES).map(|_| OpCounters::default()).collect())
+    }
+}
+
 #[derive(Default)]
 pub struct OsdStats {
+    /// Every op answered, by type; and those being served now.
+    ops: OpTable,
+    ops_in_flight: Cell<u64>,
+    /// This OSD's own store writes since it started (what
+    /// `store_write_window` holds for ten seconds at a time).
+    store_write_latency: Histogram,
     /// Client reads and writes served as primary: latencies of the last
     /// complete window.
     read_window: LatencyWindow,
@@ -378,6 +410,89 @@ fn one() -> f64 {
     1.0
 }
 
+/// An op being served ([`OsdStats::op_started`]); [`OpInFlight::done`]
+/// counts it with its answer, and dropping it without (the connection went
+/// away first) only ends it.
+pub struct OpInFlight<'a> {
+    stats: &'a OsdStats,
+    op: nacre_wire::Op,
+    t0: Duration,
+}
+
+impl OpInFlight<'_> {
+    /// The op was answered with `status`, having brought `received` bytes
+    /// of payload and sending `sent` back.
+    pub fn done(self, status: nacre_wire::Status, received: usize, sent: usize) {
+        let c = &self.stats.ops.0[self.op as usize];
+        add(&c.count, 1);
+        add(&c.received_bytes, received as u64);
+        add(&c.sent_bytes, sent as u64);
+        let us = nacre_io::rt::monotonic()
+            .saturating_sub(self.t0)
+            .as_micros() as u64;
+        c.latency.record(us);
+        if !matches!(
+            status,
+            nacre_wire::Status::Ok | nacre_wire::Status::NotFound
+        ) {
+            *c.errors
+                .borrow_mut()
+                .entry(format!("{status:?}"))
+                .or_default() += 1;
+        }
+    }
+}
+
+impl Drop for OpInFlight<'_> {
+    fn drop(&mut self) {
+        let n = &self.stats.ops_in_flight;
+        n.set(n.get() - 1);
+    }
+}
+
+/// What `Op::Metrics` answers (JSON): what `--metrics` endpoints export of
+/// an OSD.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OsdMetrics {
+    /// What `Op::Stat` answers (without the PGs it names: the counts by
+    /// state are there).
+    pub report: OsdReport,
+    /// Every op type answered since the OSD started.
+    pub ops: Vec<OpMetrics>,
+    /// Ops being served when it answered (its queue depth).
+    pub ops_in_flight: u64,
+    /// Its own store writes since it started.
+    pub store_write_latency: HistogramSnapshot,
+    pub store: StoreMetrics,
+}
+
+/// One op type's counters ([`OsdMetrics::ops`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OpMetrics {
+    /// The op's name (`Read`, `RepWrite`, ...).
+    pub op: String,
+    pub count: u64,
+    /// Answered with another status than `Ok` or `NotFound`, by status.
+    pub errors: BTreeMap<String, u64>,
+    /// Payload bytes the requests brought and the answers carried.
+    pub received_bytes: u64,
+    pub sent_bytes: u64,
+    pub latency: HistogramSnapshot,
+}
+
+/// The store's counters since the OSD opened it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StoreMetrics {
+    /// Journal batches written, records in them, small writes (through
+    /// the journal) and big ones (whole blocks in place), syncs,
+    /// checkpoints, reads retried after a checksum mismatch.
+    pub counters: nacre_blockstore::Stats,
+    /// Journal bytes written since the last checkpoint.
+    pub journal_used_bytes: u64,
+    /// RAM its index, checksum and overlay caches and undo records take.
+    pub memory_bytes: u64,
+}
+
 /// What `Op::VolumeUsage` answers (JSON): the objects an OSD holds per
 /// volume. Every object takes one block.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -440,6 +555,53 @@ impl OsdStats {
         let now = nacre_io::rt::monotonic();
         let us = now.saturating_sub(t0).as_micros() as u64;
         self.store_write_window.record_at(now, us);
+        self.store_write_latency.record(us);
+    }
+
+    /// An op of code `op` began: counted in flight until the returned
+    /// guard is dropped.
+    pub fn op_started(&self, op: nacre_wire::Op) -> OpInFlight<'_> {
+        self.ops_in_flight.set(self.ops_in_flight.get() + 1);
+        OpInFlight {
+            stats: self,
+            op,
+            t0: nacre_io::rt::monotonic(),
+        }
+    }
+
+    /// What `Op::Metrics` answers: the report of `Op::Stat` (`report`)
+    /// with every op type's counters, and the store's.
+    pub fn metrics<D: BlockDev>(&self, report: OsdReport, store: &Store<D>) -> OsdMetrics {
+        let ops = (self.ops.0.iter().enumerate())
+            .filter(|(_, c)| c.count.get() > 0)
+            .filter_map(|(code, c)| {
+                let op = nacre_wire::Op::from_u8(code as u8)?;
+                Some(OpMetrics {
+                    op: format!("{op:?}"),
+                    count: c.count.get(),
+                    errors: c.errors.borrow().clone(),
+                    received_bytes: c.received_bytes.get(),
+                    sent_bytes: c.sent_bytes.get(),
+                    latency: c.latency.snapshot(),
+                })
+            })
+            .collect();
+        let m = store.memory();
+        OsdMetrics {
+            report,
+            ops,
+            // Less this request, which is being answered.
+            ops_in_flight: self.ops_in_flight.get().saturating_sub(1),
+            store_write_latency: self.store_write_latency.snapshot(),
+            store: StoreMetrics {
+                counters: store.stats(),
+                journal_used_bytes: store.journal_used_bytes(),
+                memory_bytes: m.index_bytes
+                    + m.csum_cache_bytes
+                    + m.overlay_cache_bytes
+                    + m.undo_bytes,
+            },
+        }
     }
 
     pub fn write_done(&self, t: Instant, bytes: usize) {

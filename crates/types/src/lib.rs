@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+pub mod metrics;
+
 /// A volume's identifier, unique within a cluster: its pool's id in the
 /// top [`POOL_BITS`] bits, a serial number below (ids are never reused).
 /// An object's pool is thus known from its id alone, on every OSD.

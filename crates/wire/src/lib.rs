@@ -25,8 +25,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
 /// one (version 6: erasure-coded pools are served, which a binary of 5
 /// would take for replicated pools, primary at slot 0; version 7: a PG's
 /// primary skips members demoted as slow, which a binary of 6 would not,
-/// and heartbeats carry figures).
-pub const VERSION: u8 = 7;
+/// and heartbeats carry figures; version 8: OSDs answer `Op::Metrics`, which
+/// a binary of 7 would take for a malformed frame).
+pub const VERSION: u8 = 8;
 pub const HEADER_BYTES: usize = 96;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;
@@ -254,6 +255,10 @@ pub enum Op {
     /// stream of large messages); answered when done (a few seconds) with
     /// the figures (JSON), or refused with the reason as UTF-8 text.
     NetBench = 37,
+    /// Anyone → an OSD: its counters with its latency histograms per op
+    /// type since it started (JSON in the reply: what `--metrics`
+    /// endpoints export).
+    Metrics = 38,
 }
 
 /// Bytes of the figures an [`Op::Ping`] may carry: the p99 of the OSD's
@@ -312,6 +317,7 @@ impl Op {
             35 => Op::Bench,
             36 => Op::Echo,
             37 => Op::NetBench,
+            38 => Op::Metrics,
             _ => return None,
         })
     }
@@ -654,7 +660,8 @@ impl Header {
                 | Op::RmOsd
                 | Op::PoolChange
                 | Op::Bench
-                | Op::NetBench,
+                | Op::NetBench
+                | Op::Metrics,
                 true,
             )
             | (Op::AddOsd | Op::PoolChange, false) => {

@@ -27,8 +27,9 @@ fn round_trip() {
 }
 
 /// The layout is part of the protocol: these bytes must never change
-/// meaning within protocol version 7 (whose primaries skip demoted
-/// members and whose heartbeats carry figures; version 6 served
+/// meaning within protocol version 8 (whose OSDs answer `Metrics`;
+/// version 7's primaries skip demoted members and its heartbeats carry
+/// figures; version 6 served
 /// erasure-coded pools; version 5 had the leader grant a read lease in the `length` of its
 /// `Ping` and `Boot` answers; version 4 gave
 /// client ops a conditional `obj_version` and added `List`; version 3 put the PG's pool and a
@@ -45,7 +46,7 @@ fn golden_vector() {
     h.client = 0x44;
     let mut buf = [0u8; HEADER_BYTES];
     h.encode(&mut buf);
-    assert_eq!(&buf[0..8], b"NACR\x07\x01\x00\x00");
+    assert_eq!(&buf[0..8], b"NACR\x08\x01\x00\x00");
     assert_eq!(&buf[12..16], &0x33u32.to_le_bytes());
     assert_eq!(&buf[16..20], &0x55u32.to_le_bytes());
     assert_eq!(&buf[20..24], &[0; 4]);

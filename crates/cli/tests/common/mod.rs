@@ -534,3 +534,25 @@ pub fn healthy(st: &serde_json::Value) -> bool {
 pub fn leader_of(st: &serde_json::Value) -> Option<String> {
     st["leader"].as_str().map(str::to_string)
 }
+
+/// The text of a metrics endpoint, fetched with curl.
+pub fn scrape(url: &str) -> String {
+    let out = tool("curl")
+        .args(["-sSf", "--max-time", "20", url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The value of the sample `series` (its name and labels as written) in
+/// Prometheus text.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    (text.lines())
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
