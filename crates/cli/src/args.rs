@@ -84,6 +84,15 @@ pub fn parse_factor(s: &str) -> Result<f64, String> {
     }
 }
 
+/// What the leader does with an OSD slow-OSD detection names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlowOsdAction {
+    /// It leads no PG while another member is up (until calm for 30 s).
+    Demote,
+    /// Only `nacre status` names it (SLOW_OSD).
+    Warn,
+}
+
 /// `--nearfull-ratio` and `--full-ratio` together: near full comes first.
 pub fn check_ratios(nearfull: f64, full: f64) -> anyhow::Result<(f64, f64)> {
     if nearfull > full {

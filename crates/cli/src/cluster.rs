@@ -55,6 +55,9 @@ pub struct UpOpts {
     pub scrub: nacre_osd::ScrubConfig,
     /// An OSD down this long is marked out (zero: never).
     pub out_delay: Duration,
+    /// Whether an OSD named slow is demoted from leading PGs (else only
+    /// named).
+    pub demote_slow: bool,
     /// Written into the meta store at start, for `nacre status`.
     pub config: map::ClusterConfig,
     /// How often the objects of deleted volumes are looked for.
@@ -265,6 +268,8 @@ pub struct LeaderStart {
     pub map: OsdMap,
     /// An OSD down this long is marked out (zero: never).
     pub out_delay: Duration,
+    /// Whether an OSD named slow is demoted from leading PGs.
+    pub demote_slow: bool,
     pub addr: Addr,
     /// The compare every map write carries (an elected monitor's hold on
     /// its election key; none in `nacre up`).
@@ -292,6 +297,7 @@ pub fn spawn_leader(
         meta,
         map,
         out_delay,
+        demote_slow,
         addr,
         fence,
         stored,
@@ -357,6 +363,7 @@ pub fn spawn_leader(
                     map::place(&osds, pool, &out, prev).map_err(|e| e.to_string())
                 }));
                 leader.set_out_delay(out_delay);
+                leader.set_slow_osd_action(demote_slow);
                 let serving = rt::spawn(nacre_net::serve(l, leader.clone()));
                 let beating = rt::spawn(leader.clone().run());
                 let _ = ready.send(Ok(()));
@@ -607,6 +614,20 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             o.dir.display()
         );
     }
+    // Bound first: an address taken stops the start before anything runs.
+    let gateway = Arc::new(nacre_nbd::metrics::NbdMetrics::default());
+    let metrics = (o.metrics.as_deref())
+        .map(|addr| {
+            let sources = crate::metrics::Sources {
+                meta: meta.clone(),
+                osds: crate::metrics::Osds::All,
+                cluster: true,
+                mon: None,
+                gateway: Some(gateway.clone()),
+            };
+            crate::metrics::serve(addr, sources)
+        })
+        .transpose()?;
     let (tx, rx) = mpsc::channel();
     let mut running = Running {
         meta: meta.clone(),
@@ -614,7 +635,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         dir: o.dir.clone(),
         workers: Vec::new(),
         osds: None,
-        metrics: None,
+        metrics,
         sockets: (m.osds.iter())
             .filter_map(|r| match r.addr.parse::<Addr>() {
                 Ok(Addr::Unix(p)) => Some(p),
@@ -628,6 +649,7 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             meta: meta.clone(),
             map: osd_map,
             out_delay: o.out_delay,
+            demote_slow: o.demote_slow,
             addr: leader_addr,
             fence: Vec::new(),
             stored: false,
@@ -657,7 +679,6 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
             sup,
             &m.osds.iter().map(|r| r.id).collect::<Vec<_>>(),
         )?;
-        let gateway = Arc::new(nacre_nbd::metrics::NbdMetrics::default());
         running.workers.push(spawn_gateway(
             meta.clone(),
             o.nbd.clone(),
@@ -666,16 +687,6 @@ pub fn start(o: &UpOpts) -> anyhow::Result<Running> {
         )?);
         rx.recv()
             .context("the gateway thread died while starting")??;
-        if let Some(addr) = &o.metrics {
-            let sources = crate::metrics::Sources {
-                meta: meta.clone(),
-                osds: crate::metrics::Osds::All,
-                cluster: true,
-                mon: None,
-                gateway: Some(gateway),
-            };
-            running.metrics = Some(crate::metrics::serve(addr, sources)?);
-        }
         running
             .workers
             .push(spawn_reclaimer(meta.clone(), o.reclaim_interval)?);

@@ -109,6 +109,10 @@ pub struct UpArgs {
     /// 10m or 30s; 0 never.
     #[arg(long, value_parser = parse_duration, default_value = "10m")]
     out_delay: Duration,
+    /// What the leader does with an OSD whose store writes stand far above
+    /// the others' (SLOW_OSD): demote it from leading PGs, or only warn.
+    #[arg(long, value_enum, default_value = "demote")]
+    slow_osd_action: crate::args::SlowOsdAction,
     /// `nacre status` warns (VOLUMES_OVERCOMMITTED) when the volumes'
     /// sizes add up to more than this many times what the cluster can
     /// hold at its replicas and full ratio (volumes are thin: writes fail
@@ -155,6 +159,7 @@ pub fn up(a: UpArgs) -> anyhow::Result<()> {
         ratios: crate::args::check_ratios(a.nearfull_ratio, a.full_ratio)?,
         scrub: a.scrub.config(),
         out_delay: a.out_delay,
+        demote_slow: a.slow_osd_action == crate::args::SlowOsdAction::Demote,
         config: map::ClusterConfig {
             overcommit_ratio: a.overcommit_ratio,
         },
@@ -850,6 +855,33 @@ fn slow_checks(
     out
 }
 
+/// `SLOW_LINK` for each link between two hosts whose OSDs' pings stand
+/// out ([`nacre_osd::slow::slow_links`]; `stats`: each OSD's `Op::Stat`
+/// answer).
+fn link_checks(
+    stats: &[(u32, Option<serde_json::Value>)],
+    m: &map::ClusterMap,
+) -> Vec<serde_json::Value> {
+    let reports: Vec<(u32, nacre_osd::slow::PeerPings)> = (stats.iter())
+        .filter_map(|(id, v)| {
+            let peers = v.as_ref()?.get("peer_ping_us_p50")?.clone();
+            Some((*id, serde_json::from_value(peers).ok()?))
+        })
+        .collect();
+    let host_of = |id: u32| m.osd(id).map(|o| o.host.clone());
+    (nacre_osd::slow::slow_links(&reports, host_of).iter())
+        .map(|l| {
+            serde_json::json!({
+                "code": "SLOW_LINK",
+                "severity": "HEALTH_WARN",
+                "hosts": l.hosts,
+                "message": l.message(),
+                "measured": l,
+            })
+        })
+        .collect()
+}
+
 /// Health checks for OSDs that hold damaged data: reads that failed their
 /// checksum and were not repaired from another copy, or a journal whose
 /// replay stopped before its end; and for OSDs whose copies needed
@@ -1222,6 +1254,7 @@ pub fn status(at: &At, format: Format) -> anyhow::Result<()> {
     }
     checks.extend(space_checks(&stats));
     checks.extend(slow_checks(&stats, &m.state.demoted));
+    checks.extend(link_checks(&stats, &m));
     checks.extend(pg_checks);
     let late = late_scrubs(&m, &stats, &map::scrub_stamps(&*meta)?, map::now_s());
     let (scrub, scrub_checks) = scrub_summary(&stats, late);
@@ -1877,6 +1910,7 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
             ratios: (0.85, 0.95),
             scrub: nacre_osd::ScrubConfig::default(),
             out_delay: Duration::from_secs(nacre_types::OSD_OUT_DELAY_S),
+            demote_slow: true,
             config: map::ClusterConfig::default(),
             reclaim_interval: cluster::RECLAIM_INTERVAL_DEFAULT,
             metrics: None,

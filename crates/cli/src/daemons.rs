@@ -735,8 +735,8 @@ pub fn gateway_nbd(e: &EtcdArgs, listen: &Addr, metrics: Option<&str>) -> anyhow
     tracing::info!("gateway: serving NBD on {listen}");
     let sig = wait_for_signal(&set);
     tracing::info!("gateway: {}, stopping", signal_name(sig));
-    drop(endpoint);
     w.stop();
+    drop(endpoint);
     if let Addr::Unix(p) = listen {
         let _ = std::fs::remove_file(p);
     }

@@ -87,6 +87,11 @@ enum Cmd {
         /// move to the others, e.g. 10m or 30s; 0 never.
         #[arg(long, value_parser = args::parse_duration, default_value = "10m")]
         out_delay: Duration,
+        /// What this monitor, leading, does with an OSD whose store writes
+        /// stand far above the others' (SLOW_OSD): demote it from leading
+        /// PGs, or only warn.
+        #[arg(long, value_enum, default_value = "demote")]
+        slow_osd_action: args::SlowOsdAction,
         /// How often the leader looks for objects of deleted volumes and
         /// deletes them.
         #[arg(long, value_parser = args::parse_duration, default_value = "60s")]
@@ -678,6 +683,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             etcd,
             addr,
             out_delay,
+            slow_osd_action,
             reclaim_interval,
             metrics,
         } => mon::run(&mon::MonOpts {
@@ -686,6 +692,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             etcd,
             addr,
             out_delay,
+            demote_slow: slow_osd_action == args::SlowOsdAction::Demote,
             reclaim_interval,
             metrics,
         }),
@@ -884,5 +891,71 @@ mod tests {
         let mut missing = Vec::new();
         walk(&super::Cli::command(), "", &mut missing);
         assert!(missing.is_empty(), "undescribed:\n{}", missing.join("\n"));
+    }
+
+    /// The daemons' `--metrics` and `--slow-osd-action` are parsed and
+    /// checked before anything starts.
+    #[test]
+    fn daemon_options_are_checked() {
+        use clap::Parser;
+        let parse = |a: &[&str]| super::Cli::try_parse_from([&["nacre"], a].concat());
+        let e = "--etcd=http://127.0.0.1:2379";
+        for ok in [
+            &[
+                "up",
+                "--dir",
+                "d",
+                "--metrics",
+                "127.0.0.1:0",
+                "--slow-osd-action",
+                "warn",
+            ][..],
+            &[
+                "mon",
+                e,
+                "--addr",
+                "127.0.0.1:6789",
+                "--slow-osd-action",
+                "demote",
+                "--metrics",
+                "[::1]:9283",
+            ],
+            &[
+                "gateway",
+                "nbd",
+                e,
+                "--listen",
+                "127.0.0.1:10809",
+                "--metrics",
+                "127.0.0.1:9284",
+            ],
+            &[
+                "osd",
+                "run",
+                "--dir",
+                "d",
+                "--id",
+                "0",
+                "--metrics",
+                "127.0.0.1:9285",
+            ],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &["up", "--dir", "d", "--slow-osd-action", "ignore"][..],
+            &["up", "--dir", "d", "--metrics", "unix:/tmp/m"],
+            &["up", "--dir", "d", "--metrics", "9283"],
+            &[
+                "mon",
+                e,
+                "--addr",
+                "127.0.0.1:6789",
+                "--metrics",
+                "127.0.0.1:70000",
+            ],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

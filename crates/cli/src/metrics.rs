@@ -6,13 +6,14 @@
 //!
 //! A scrape asks each OSD for its counters (`Op::Metrics`) at the moment it
 //! comes: OSDs run in their own processes, and only what they say is
-//! exported (an OSD that is down, or does not answer, has no series but
-//! `nacre_osd_up`). Counters are the OSDs' own since they started; a
-//! restart starts them again at zero, which Prometheus' `rate` takes for a
-//! reset.
+//! exported (an OSD that is down, or does not answer, has no series; the
+//! map's `nacre_osd_up` says it is down). Counters are the OSDs' own since
+//! they started; a restart starts them again at zero, which Prometheus'
+//! `rate` takes for a reset. The map's families come from `nacre up` or
+//! the leading monitor only, so a cluster exports them once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -38,10 +39,11 @@ const OSD_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone, Debug)]
 pub enum Osds {
     None,
-    /// Every OSD of the map (`nacre up`).
+    /// Every OSD the map has up (`nacre up`).
     All,
-    /// One (`nacre osd run`).
-    One(u32),
+    /// One, at its address (`nacre osd run`: no map needed, so it answers
+    /// while the meta store cannot be reached, or the OSD is marked down).
+    One(u32, Addr),
 }
 
 /// What an endpoint exports.
@@ -50,53 +52,75 @@ pub struct Sources {
     pub osds: Osds,
     /// The cluster's map: epoch, OSDs up, in and demoted, pools.
     pub cluster: bool,
-    /// A monitor's address: whether it leads.
+    /// A monitor's address: whether it leads (the map's families are
+    /// then exported by the leader only: one set of them per cluster).
     pub mon: Option<Addr>,
     pub gateway: Option<Arc<NbdMetrics>>,
 }
 
-/// A running endpoint; stopped when dropped.
+/// How often the serving thread looks whether it should stop.
+const STOP_POLL: Duration = Duration::from_millis(250);
+
+/// A running endpoint; stopped when dropped (after the scrape it is
+/// answering, if any: not waited for, a client that reads nothing must
+/// not hold a daemon's stop).
 pub struct Endpoint {
-    http: Arc<tiny_http::Server>,
-    thread: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
     pub addr: std::net::SocketAddr,
 }
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        self.http.unblock();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.stop.store(true, Ordering::Release);
     }
+}
+
+fn bind(addr: &str) -> anyhow::Result<tiny_http::Server> {
+    tiny_http::Server::http(addr)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("metrics endpoint on {addr}"))
 }
 
 /// Starts serving `sources` on `addr` (HOST:PORT; port 0 picks one, see
 /// [`Endpoint::addr`]).
 pub fn serve(addr: &str, sources: Sources) -> anyhow::Result<Endpoint> {
-    let http = tiny_http::Server::http(addr)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("metrics endpoint on {addr}"))?;
+    let mut http = bind(addr)?;
     let bound = match http.server_addr() {
         tiny_http::ListenAddr::IP(a) => a,
         tiny_http::ListenAddr::Unix(_) => anyhow::bail!("metrics endpoint: not an IP address"),
     };
-    let http = Arc::new(http);
-    let h = http.clone();
-    let thread = std::thread::Builder::new()
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
-            // `recv` fails once the endpoint is dropped (`unblock`).
-            while let Ok(req) = h.recv() {
-                answer(req, &sources);
+            while !stopping.load(Ordering::Acquire) {
+                match http.recv_timeout(STOP_POLL) {
+                    Ok(Some(req)) => answer(req, &sources),
+                    Ok(None) => {}
+                    // Its accept failed (out of file descriptors?) and
+                    // stopped: serve again on the same address.
+                    Err(e) => {
+                        tracing::warn!(
+                            "metrics: the endpoint on {bound} failed ({e}): opening it again"
+                        );
+                        drop(http);
+                        loop {
+                            std::thread::sleep(Duration::from_secs(1));
+                            if stopping.load(Ordering::Acquire) {
+                                return;
+                            }
+                            match bind(&bound.to_string()) {
+                                Ok(h) => break http = h,
+                                Err(e) => tracing::warn!("metrics: {e:#}"),
+                            }
+                        }
+                    }
+                }
             }
         })?;
     tracing::info!("metrics: serving Prometheus text on http://{bound}/metrics");
-    Ok(Endpoint {
-        http,
-        thread: Some(thread),
-        addr: bound,
-    })
+    Ok(Endpoint { stop, addr: bound })
 }
 
 fn answer(req: tiny_http::Request, sources: &Sources) {
@@ -140,8 +164,8 @@ fn answer(req: tiny_http::Request, sources: &Sources) {
 /// Everything one scrape exports.
 #[derive(Debug, Default)]
 struct Scrape {
-    /// `(osd, up in the map, its answer)`.
-    osds: Vec<(u32, bool, Option<OsdMetrics>)>,
+    /// The OSDs that answered.
+    osds: Vec<(u32, OsdMetrics)>,
     map: Option<ClusterMap>,
     /// Whether this monitor leads.
     leading: Option<bool>,
@@ -149,45 +173,45 @@ struct Scrape {
 }
 
 async fn collect(s: &Sources) -> Scrape {
-    let m = match map::load(&*s.meta) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!("metrics: reading the cluster map: {e}");
-            None
-        }
-    };
     let mut scrape = Scrape {
         gateway: s.gateway.as_ref().map(|g| g.snapshot()),
         ..Default::default()
     };
     if let Some(addr) = &s.mon {
-        let leader = crate::at::elected_leader(&*s.meta).ok().flatten();
-        scrape.leading = Some(leader.as_ref() == Some(addr));
+        // Not said when the meta store cannot tell: a 0 would raise a
+        // false "no leader".
+        match crate::at::elected_leader(&*s.meta) {
+            Ok(leader) => scrape.leading = Some(leader.as_ref() == Some(addr)),
+            Err(e) => tracing::warn!("metrics: looking for the leader: {e:#}"),
+        }
     }
-    let Some(m) = m else {
-        return scrape;
+    let wants_map = (s.cluster && scrape.leading != Some(false)) || matches!(s.osds, Osds::All);
+    let m = match wants_map.then(|| map::load(&*s.meta)) {
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => {
+            tracing::warn!("metrics: reading the cluster map: {e}");
+            None
+        }
+        None => None,
     };
-    let ids: Vec<u32> = match s.osds {
-        Osds::None => Vec::new(),
-        Osds::All => m.osds.iter().map(|o| o.id).collect(),
-        Osds::One(id) => vec![id],
+    let targets: Vec<(u32, Addr)> = match (&s.osds, &m) {
+        (Osds::One(id, addr), _) => vec![(*id, addr.clone())],
+        (Osds::All, Some(m)) => (m.osds.iter())
+            .filter(|o| m.is_up(o.id))
+            .filter_map(|o| Some((o.id, o.addr.parse().ok()?)))
+            .collect(),
+        _ => Vec::new(),
     };
-    let asked: Vec<_> = (ids.iter())
-        .map(|&id| {
-            let addr = m.osd(id).and_then(|o| o.addr.parse::<Addr>().ok());
-            let up = m.is_up(id);
-            rt::spawn(async move {
-                let answer = match (up, addr) {
-                    (true, Some(a)) => ask_osd(&a).await,
-                    _ => None,
-                };
-                (id, up, answer)
-            })
-        })
+    // (Each connect is made at once, bounded; the answers are awaited
+    // together.)
+    let asked: Vec<_> = (targets.into_iter())
+        .map(|(id, addr)| rt::spawn(async move { (id, ask_osd(&addr).await) }))
         .collect();
-    scrape.osds = rt::join_all(asked).await;
+    scrape.osds = (rt::join_all(asked).await.into_iter())
+        .filter_map(|(id, m)| Some((id, m?)))
+        .collect();
     if s.cluster {
-        scrape.map = Some(m);
+        scrape.map = m;
     }
     scrape
 }
@@ -507,22 +531,10 @@ const OSD_FIGURES: &[Figure] = &[
 
 impl Scrape {
     fn answered(&self) -> Vec<(u32, &OsdMetrics)> {
-        (self.osds.iter())
-            .filter_map(|(id, _, m)| Some((*id, m.as_ref()?)))
-            .collect()
+        self.osds.iter().map(|(id, m)| (*id, m)).collect()
     }
 
     fn encode_osds(&self, e: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
-        family(
-            e,
-            (
-                "nacre_osd_up",
-                "Whether the OSD is up in the cluster map (1) or not (0).",
-                G,
-            ),
-            &self.osds,
-            |f, (id, up, _)| f.gauge(&osd_label(*id), f64::from(u8::from(*up))),
-        )?;
         let answered = self.answered();
         // Per op type.
         let ops: Vec<(u32, &nacre_osd::OpMetrics)> = (answered.iter())
@@ -657,9 +669,14 @@ impl Scrape {
         let osds: Vec<u32> = m.osds.iter().map(|o| o.id).collect();
         for (name, help, of) in [
             (
+                "nacre_osd_up",
+                "Whether the OSD is up in the cluster map (1) or down (0).",
+                (|m: &ClusterMap, id: u32| m.is_up(id)) as fn(&ClusterMap, u32) -> bool,
+            ),
+            (
                 "nacre_osd_in",
                 "Whether the OSD is in (1: placement gives it PGs) or marked out (0).",
-                (|m: &ClusterMap, id: u32| !m.state.out.contains(&id)) as fn(&ClusterMap, u32) -> bool,
+                |m: &ClusterMap, id: u32| !m.state.out.contains(&id),
             ),
             (
                 "nacre_osd_demoted",

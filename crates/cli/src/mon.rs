@@ -86,6 +86,8 @@ pub struct MonOpts {
     /// reach it there.
     pub addr: Addr,
     pub out_delay: Duration,
+    /// Whether an OSD named slow is demoted from leading PGs.
+    pub demote_slow: bool,
     pub reclaim_interval: Duration,
     /// Where to serve metrics (HOST:PORT).
     pub metrics: Option<String>,
@@ -322,6 +324,7 @@ fn lead_term(o: &MonOpts, term: &Term, stop: &AtomicBool) -> anyhow::Result<()> 
         meta: o.meta.clone(),
         map: cluster::leader_map(&*o.meta)?,
         out_delay: o.out_delay,
+        demote_slow: o.demote_slow,
         addr: o.addr.clone(),
         fence,
         stored: true,

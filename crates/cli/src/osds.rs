@@ -491,7 +491,7 @@ pub fn serve(s: Serve, set: libc::sigset_t) -> anyhow::Result<()> {
         .map(|a| {
             let sources = crate::metrics::Sources {
                 meta: meta.clone(),
-                osds: crate::metrics::Osds::One(cfg.id),
+                osds: crate::metrics::Osds::One(cfg.id, cfg.addr.clone()),
                 cluster: false,
                 mon: None,
                 gateway: None,

@@ -216,17 +216,23 @@ fn a_cluster_on_etcd_keeps_every_acknowledged_write_through_daemon_failures() {
     let text: Vec<String> = (metrics.iter())
         .map(|a| scrape(&format!("http://{a}/metrics")))
         .collect();
-    let leaders: f64 = (text[..2].iter())
+    let leading: Vec<f64> = (text[..2].iter())
         .map(|t| sample(t, "nacre_mon_leader").unwrap())
-        .sum();
-    assert_eq!(leaders, 1.0, "{text:?}");
-    for t in &text[..2] {
-        assert!(sample(t, "nacre_cluster_epoch").unwrap() > 0.0, "{t}");
-        assert_eq!(
-            sample(t, r#"nacre_pool_pgs{pool="rbd"}"#),
-            Some(32.0),
-            "{t}"
-        );
+        .collect();
+    assert_eq!(leading.iter().sum::<f64>(), 1.0, "{text:?}");
+    // The map's families come from the leader only (once per cluster).
+    for (t, &l) in text[..2].iter().zip(&leading) {
+        let epoch = sample(t, "nacre_cluster_epoch");
+        assert_eq!(epoch.is_some(), l == 1.0, "{t}");
+        if l == 1.0 {
+            assert!(epoch.unwrap() > 0.0, "{t}");
+            assert_eq!(
+                sample(t, r#"nacre_pool_pgs{pool="rbd"}"#),
+                Some(32.0),
+                "{t}"
+            );
+            assert_eq!(sample(t, r#"nacre_osd_up{osd="2"}"#), Some(1.0), "{t}");
+        }
     }
     let osd = &text[2];
     assert!(sample(osd, r#"nacre_osd_ops_total{osd="0",op="write"}"#).is_some_and(|n| n > 0.0));

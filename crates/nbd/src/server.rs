@@ -438,6 +438,7 @@ async fn transmission(
                     break;
                 }
                 stall.end();
+                metrics.answered(req.kind, EOVERFLOW, 0, Duration::ZERO);
                 let _ = tx
                     .send_raw(&simple_reply(EOVERFLOW, req.cookie), None)
                     .await;
@@ -465,10 +466,11 @@ async fn transmission(
                 CMD_READ | CMD_WRITE if err == 0 => u64::from(req.len),
                 _ => 0,
             };
+            // Counted before it is sent: an acknowledged write is counted.
+            metrics.answered(req.kind, err, moved, rt::monotonic().saturating_sub(t0));
             // Both shares go with the reply until it is sent.
             let reply = simple_reply(err, req.cookie);
             let _ = tx.send_raw_held(&reply, payload, held).await;
-            metrics.answered(req.kind, err, moved, rt::monotonic().saturating_sub(t0));
             drop(counted);
         });
     }

@@ -815,6 +815,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                             self.apply_map(m, true);
                             if !self.beating.replace(true) {
                                 rt::spawn(Self::heartbeat(Rc::downgrade(self)));
+                                rt::spawn(Self::ping_loop(Rc::downgrade(self)));
                                 rt::spawn(Self::stray_loop(Rc::downgrade(self)));
                                 rt::spawn(Self::scrub_loop(Rc::downgrade(self)));
                                 rt::spawn(self.clone().bench_leftovers());
@@ -1963,9 +1964,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             }
             Op::Metrics => {
                 let mut report = self.stat_report();
-                // Counted by state in `pg_states`; named, they could
-                // crowd the op counters out of a control payload.
+                // Counted by state in `pg_states`; named, they (and the
+                // peers' pings, not exported) could crowd the op counters
+                // out of a control payload.
                 report.pgs_not_clean.clear();
+                report.peer_ping_us_p50.clear();
                 let m = self.stats.metrics(report, &self.store);
                 let body = serde_json::to_vec(&m).expect("metrics serialise");
                 (

@@ -154,3 +154,65 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         Ok(r)
     }
 }
+
+/// How often an OSD pings each OSD it shares a PG with (what `SLOW_LINK`
+/// compares: [`crate::slow::slow_links`]).
+pub const PEER_PING_EVERY: Duration = Duration::from_secs(1);
+/// A ping unanswered this long counts as this slow.
+const PEER_PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// Peers an OSD pings (and reports) at most.
+pub const PEERS_PINGED_MAX: usize = 256;
+
+impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
+    /// The OSDs up that share a PG with this one in its map.
+    fn ping_peers(&self) -> Vec<u32> {
+        let m = self.map.borrow();
+        let mut peers = std::collections::BTreeSet::new();
+        for pg in m.pgs() {
+            let acting = m.acting(pg);
+            if acting.contains(&self.id) {
+                peers.extend(acting.into_iter().filter(|&o| o != self.id && m.is_up(o)));
+            }
+        }
+        peers.into_iter().take(PEERS_PINGED_MAX).collect()
+    }
+
+    /// Every [`PEER_PING_EVERY`], an empty [`Op::Echo`] to each peer
+    /// through the connection replication uses, its round trip timed
+    /// (a heartbeat between OSDs, as Ceph's: the link, not the disks).
+    /// Holds the OSD only while it asks.
+    pub(crate) async fn ping_loop(me: std::rc::Weak<Self>) {
+        loop {
+            rt::sleep(PEER_PING_EVERY).await;
+            let Some(me) = me.upgrade().filter(|o| !o.halted.get()) else {
+                return;
+            };
+            if matches!(me.up_from.get(), 0 | u64::MAX) {
+                continue;
+            }
+            let peers = me.ping_peers();
+            me.stats.keep_peers(&peers);
+            for p in peers {
+                let o = me.clone();
+                rt::spawn(async move { o.ping(p).await });
+            }
+        }
+    }
+
+    async fn ping(&self, peer: u32) {
+        let Ok(c) = self.conn(peer) else {
+            return;
+        };
+        let mut h = Header::request(Op::Echo, 0, ObjectId::default());
+        h.sender = self.id;
+        h.epoch = self.epoch();
+        let t0 = rt::monotonic();
+        let took = match rt::timeout(PEER_PING_TIMEOUT, c.call(h, None)).await {
+            Some(Ok(f)) if f.h.status == Status::Ok => rt::monotonic().saturating_sub(t0),
+            None => PEER_PING_TIMEOUT,
+            // Closed, refused: the OSD is going, which the leader sees.
+            Some(_) => return,
+        };
+        self.stats.peer_pinged(peer, took.as_micros() as u64);
+    }
+}

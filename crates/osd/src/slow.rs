@@ -34,20 +34,31 @@ pub struct SlowOsd {
 impl SlowOsd {
     /// What `nacre status` says of it.
     pub fn message(&self) -> String {
-        let ms = |us: f64| format!("{:.1} ms", us / 1000.0);
-        let factor = (self.p99_us.iter().zip(&self.median_us))
-            .map(|(p, m)| p / m)
-            .fold(f64::INFINITY, f64::min);
         format!(
-            "osd.{}: its store writes' p99 is {} (the median of {} OSDs: {}), at least {factor:.0}× the median in each of the last {} windows of {} s: a slow or failing disk?",
+            "osd.{}: its store writes' p99 is {} {}: a slow or failing disk?",
             self.osd,
             ms(self.p99_us[0]),
-            self.osds[0],
-            ms(self.median_us[0]),
-            self.p99_us.len(),
-            LATENCY_WINDOW.as_secs()
+            standing_out(&self.p99_us, &self.median_us, self.osds[0], "OSDs"),
         )
     }
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.1} ms", us / 1000.0)
+}
+
+/// How `figures` stood out of `medians` (the newest of `n` `what`)
+/// window by window, for a health check's message.
+fn standing_out(figures: &[f64], medians: &[f64], n: usize, what: &str) -> String {
+    let factor = (figures.iter().zip(medians))
+        .map(|(p, m)| p / m)
+        .fold(f64::INFINITY, f64::min);
+    format!(
+        "(the median of {n} {what}: {}), at least {factor:.0}× the median in each of the last {} windows of {} s",
+        ms(medians[0]),
+        figures.len(),
+        LATENCY_WINDOW.as_secs()
+    )
 }
 
 /// The median of `v` (the mean of the middle two of an even count), or
@@ -131,9 +142,160 @@ pub fn slow_osds(reports: &[(u32, Vec<Option<f64>>)]) -> Vec<SlowOsd> {
     out
 }
 
+/// An OSD's pings: per peer, the median round trip of each kept window,
+/// newest first ([`crate::OsdReport::peer_ping_us_p50`]).
+pub type PeerPings = Vec<(u32, Vec<Option<f64>>)>;
+
+/// A link's median ping round trip below this (µs) is never slow.
+pub const SLOW_LINK_FLOOR_US: f64 = 1000.0;
+/// Fewest host pairs measured in a window for a median to be taken of it.
+pub const SLOW_LINKS_MIN: usize = 3;
+
+/// A link between two hosts named slow, with what was measured: in each
+/// kept window (newest first), the median of the round trips of the OSD
+/// pairs across it, the median of all links', and how many links.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SlowLink {
+    pub hosts: [String; 2],
+    pub rtt_us: Vec<f64>,
+    pub median_us: Vec<f64>,
+    pub links: Vec<usize>,
+}
+
+impl SlowLink {
+    /// What `nacre status` says of it.
+    pub fn message(&self) -> String {
+        format!(
+            "the link between hosts {} and {}: the OSDs' pings across it take {} {}: a slow or lossy network path?",
+            self.hosts[0],
+            self.hosts[1],
+            ms(self.rtt_us[0]),
+            standing_out(&self.rtt_us, &self.median_us, self.links[0], "links"),
+        )
+    }
+}
+
+/// The slow links between the hosts of `reports`: each OSD with its
+/// pings' median round trip to each peer per window, newest first
+/// ([`crate::OsdReport::peer_ping_us_p50`]); `host_of` names each OSD's
+/// host. A link's figure in a window is the median over the OSD pairs
+/// across it (either way); it is slow when that stands
+/// [`SLOW_FACTOR`] times above the median of the links measured, and
+/// above [`SLOW_LINK_FLOOR_US`], in every kept window. OSDs on the same
+/// host are no link. (A host whose every link is slow drags the median
+/// along when it has half of them: on three hosts it is not named.)
+pub fn slow_links(
+    reports: &[(u32, PeerPings)],
+    host_of: impl Fn(u32) -> Option<String>,
+) -> Vec<SlowLink> {
+    use std::collections::BTreeMap;
+    let mut across: BTreeMap<[String; 2], Vec<Vec<f64>>> = BTreeMap::new();
+    for (osd, peers) in reports {
+        let Some(a) = host_of(*osd) else { continue };
+        for (peer, w) in peers {
+            let Some(b) = host_of(*peer).filter(|b| *b != a) else {
+                continue;
+            };
+            let mut key = [a.clone(), b];
+            key.sort();
+            let windows = across
+                .entry(key)
+                .or_insert_with(|| vec![Vec::new(); LATENCY_WINDOWS_KEPT]);
+            for (k, v) in w.iter().take(LATENCY_WINDOWS_KEPT).enumerate() {
+                windows[k].extend(*v);
+            }
+        }
+    }
+    let figures: Vec<([String; 2], Vec<Option<f64>>)> = (across.into_iter())
+        .map(|(hosts, w)| (hosts, w.into_iter().map(median).collect()))
+        .collect();
+    let mut baselines = Vec::new();
+    for k in 0..LATENCY_WINDOWS_KEPT {
+        let got: Vec<f64> = figures.iter().filter_map(|(_, w)| w[k]).collect();
+        if got.len() < SLOW_LINKS_MIN {
+            return Vec::new();
+        }
+        let n = got.len();
+        baselines.push((median(got).expect("not empty"), n));
+    }
+    let mut out = Vec::new();
+    for (hosts, w) in figures {
+        let rtt: Vec<f64> = (w.iter().zip(&baselines))
+            .map_while(|(f, &(m, _))| {
+                f.filter(|&f| f >= SLOW_LINK_FLOOR_US && f >= SLOW_FACTOR * m)
+            })
+            .collect();
+        if rtt.len() == LATENCY_WINDOWS_KEPT {
+            out.push(SlowLink {
+                hosts,
+                rtt_us: rtt,
+                median_us: baselines.iter().map(|b| b.0).collect(),
+                links: baselines.iter().map(|b| b.1).collect(),
+            });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Four hosts of one OSD each, and a fifth OSD beside osd.0: the link
+    /// between hosts a and b is slow in every window (either way, and
+    /// from osd.4 too); a link slow in one window only, and a slow pair of
+    /// OSDs on one host, are not; fewer than three links name nothing.
+    #[test]
+    fn a_link_is_slow_when_its_pings_stand_out_in_every_window() {
+        let host = |o: u32| Some(["a", "b", "c", "d", "a"][o as usize].to_string());
+        let w = |v: f64| vec![Some(v); 3];
+        let normal = |peers: &[u32]| -> Vec<(u32, Vec<Option<f64>>)> {
+            peers.iter().map(|&p| (p, w(100.0))).collect()
+        };
+        let mut rs = vec![
+            (0, normal(&[2, 3])),
+            (1, normal(&[2, 3])),
+            (2, normal(&[0, 1, 3])),
+            (3, normal(&[0, 1, 2])),
+            (4, normal(&[2])),
+        ];
+        rs[0].1.push((1, w(20_000.0)));
+        rs[1].1.push((0, w(30_000.0)));
+        rs[4].1.push((1, w(25_000.0)));
+        // Slow in one window only.
+        rs[2].1[2] = (3, vec![Some(20_000.0), Some(100.0), Some(100.0)]);
+        // Two OSDs of host a: no link.
+        rs[4].1.push((0, w(50_000.0)));
+        let s = slow_links(&rs, host);
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!(s[0].hosts, ["a".to_string(), "b".to_string()]);
+        assert_eq!(s[0].rtt_us, vec![25_000.0; 3]);
+        assert_eq!(s[0].links, vec![6; 3]);
+        assert!(
+            s[0].message().contains("hosts a and b"),
+            "{}",
+            s[0].message()
+        );
+        // Below the floor: nothing.
+        let mut low = rs.clone();
+        for (_, peers) in &mut low {
+            for (_, w) in peers {
+                for v in w.iter_mut().flatten() {
+                    *v = v.min(900.0);
+                }
+            }
+        }
+        assert!(slow_links(&low, host).is_empty());
+        // Two hosts only: one link, nothing to stand out from.
+        let two = |o: u32| Some(["a", "b", "a", "b", "a"][o as usize].to_string());
+        assert!(slow_links(&rs, two).is_empty());
+        // A window unmeasured: none.
+        let mut gap = rs.clone();
+        gap[0].1.last_mut().unwrap().1[1] = None;
+        gap[1].1.last_mut().unwrap().1[1] = None;
+        gap[4].1[1].1[1] = None;
+        assert!(slow_links(&gap, host).is_empty());
+    }
 
     /// An OSD is slow when it stood out in every kept window, above the
     /// floor; not for one window, not below the floor, not among fewer

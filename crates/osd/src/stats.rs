@@ -143,6 +143,7 @@ impl LatencyWindow {
 
 /// Op codes an OSD counts ops of (every [`nacre_wire::Op`] is below).
 const OP_CODES: usize = 64;
+const _: () = assert!((nacre_wire::Op::Metrics as usize) < OP_CODES);
 
 /// Ops of one type this OSD answered since it started.
 #[derive(Default)]
@@ -174,6 +175,8 @@ pub struct OsdStats {
     /// This OSD's own store writes since it started (what
     /// `store_write_window` holds for ten seconds at a time).
     store_write_latency: Histogram,
+    /// Round trips of this OSD's pings to each peer it shares a PG with.
+    peer_pings: RefCell<BTreeMap<u32, LatencyWindow>>,
     /// Client reads and writes served as primary: latencies of the last
     /// complete window.
     read_window: LatencyWindow,
@@ -274,6 +277,11 @@ pub struct OsdReport {
     /// slow-OSD detection compares.
     #[serde(default)]
     pub store_write_us_p99: Vec<Option<f64>>,
+    /// This OSD's pings to each OSD it shares a PG with (the link, no
+    /// disk): per peer, the median round trip in µs of each of the last
+    /// complete windows, newest first. What `SLOW_LINK` compares.
+    #[serde(default)]
+    pub peer_ping_us_p50: crate::slow::PeerPings,
     pub read_iops: f64,
     pub write_iops: f64,
     pub read_bytes_per_s: f64,
@@ -423,7 +431,9 @@ impl OpInFlight<'_> {
     /// The op was answered with `status`, having brought `received` bytes
     /// of payload and sending `sent` back.
     pub fn done(self, status: nacre_wire::Status, received: usize, sent: usize) {
-        let c = &self.stats.ops.0[self.op as usize];
+        let Some(c) = self.stats.ops.0.get(self.op as usize) else {
+            return;
+        };
         add(&c.count, 1);
         add(&c.received_bytes, received as u64);
         add(&c.sent_bytes, sent as u64);
@@ -556,6 +566,25 @@ impl OsdStats {
         let us = now.saturating_sub(t0).as_micros() as u64;
         self.store_write_window.record_at(now, us);
         self.store_write_latency.record(us);
+    }
+
+    /// A ping to OSD `peer` came back after `us` µs.
+    pub fn peer_pinged(&self, peer: u32, us: u64) {
+        let now = nacre_io::rt::monotonic();
+        (self.peer_pings.borrow_mut().entry(peer).or_default()).record_at(now, us);
+    }
+
+    /// Forgets the pings of OSDs no longer among `peers`.
+    pub fn keep_peers(&self, peers: &[u32]) {
+        (self.peer_pings.borrow_mut()).retain(|p, _| peers.contains(p));
+    }
+
+    /// Each peer's median ping round trip in each kept window, newest
+    /// first.
+    pub fn peer_ping_p50(&self) -> crate::slow::PeerPings {
+        (self.peer_pings.borrow().iter())
+            .map(|(&p, w)| (p, w.recent(0.5)))
+            .collect()
     }
 
     /// An op of code `op` began: counted in flight until the returned
@@ -788,6 +817,7 @@ impl OsdStats {
             write_latency_us_p50: self.write_window.quantile(0.5),
             write_latency_us_p99: self.write_window.quantile(0.99),
             store_write_us_p99: self.store_write_p99(),
+            peer_ping_us_p50: self.peer_ping_p50(),
             read_iops: r[0],
             write_iops: r[1],
             read_bytes_per_s: r[2],
@@ -834,6 +864,81 @@ impl OsdStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The largest answers an OSD can give fit one control frame: a
+    /// metrics answer with every op type seen, every bucket and error
+    /// status at its largest count (what `Op::Metrics` leaves out: the
+    /// PGs named and the peers' pings), and a stat report naming as many
+    /// PGs and peers as it may, with long texts.
+    #[test]
+    fn the_largest_answers_fit_a_control_payload() {
+        let text = "x".repeat(1024);
+        let pgs: Vec<PgId> = (0..PG_REPORT_MAX as u32)
+            .map(|i| PgId::new(65_535, i))
+            .collect();
+        let report = OsdReport {
+            id: u32::MAX,
+            last_damage: Some(text.clone()),
+            replay_stopped: Some(text.clone()),
+            last_scrub_finding: Some(text.clone()),
+            scrubbing: Some(text.clone()),
+            store_write_us_p99: vec![Some(f64::MAX); LATENCY_WINDOWS_KEPT],
+            pg_states: ([
+                "active+clean",
+                "active+degraded",
+                "active+recovering",
+                "active+remapped+backfilling",
+                "active+remapped",
+                "peering",
+                "inactive",
+            ]
+            .iter())
+            .map(|s| (s.to_string(), u32::MAX))
+            .collect(),
+            pgs_scrub_unrepaired: pgs.iter().map(|&pg| (pg, u64::MAX)).collect(),
+            ..Default::default()
+        };
+        let mut full = report.clone();
+        full.pgs_not_clean = (pgs.iter())
+            .map(|&pg| PgReport {
+                pg,
+                state: "active+remapped+backfilling".into(),
+                detail: Some(text[..200].to_string()),
+            })
+            .collect();
+        full.peer_ping_us_p50 = (0..crate::netbench::PEERS_PINGED_MAX as u32)
+            .map(|p| (u32::MAX - p, vec![Some(f64::MAX); LATENCY_WINDOWS_KEPT]))
+            .collect();
+        let most = |len: usize| HistogramSnapshot {
+            counts: vec![u64::MAX; len],
+            sum_us: u64::MAX,
+        };
+        let metrics = OsdMetrics {
+            report,
+            ops: (0..OP_CODES as u8)
+                .filter_map(nacre_wire::Op::from_u8)
+                .map(|op| OpMetrics {
+                    op: format!("{op:?}"),
+                    count: u64::MAX,
+                    errors: (1..=u32::from(u8::MAX))
+                        .filter_map(nacre_wire::Status::from_u32)
+                        .map(|s| (format!("{s:?}"), u64::MAX))
+                        .collect(),
+                    received_bytes: u64::MAX,
+                    sent_bytes: u64::MAX,
+                    latency: most(nacre_types::metrics::LATENCY_BUCKETS + 1),
+                })
+                .collect(),
+            ops_in_flight: u64::MAX,
+            store_write_latency: most(nacre_types::metrics::LATENCY_BUCKETS + 1),
+            store: StoreMetrics::default(),
+        };
+        let max = nacre_wire::CONTROL_PAYLOAD_MAX_BYTES as usize;
+        let m = serde_json::to_vec(&metrics).unwrap().len();
+        let s = serde_json::to_vec(&full).unwrap().len();
+        assert!(m <= max, "a metrics answer of {m} bytes");
+        assert!(s <= max, "a stat report of {s} bytes");
+    }
 
     #[test]
     fn buckets_cover_every_latency_in_order() {

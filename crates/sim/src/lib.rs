@@ -67,6 +67,9 @@ struct NetState {
     /// Nodes cut off from every other node (not from clients): a call
     /// from or to one of them is lost.
     isolated: RefCell<std::collections::HashSet<String>>,
+    /// Pairs of nodes (in address order) whose messages take this long
+    /// each way: a slow link.
+    slow_links: RefCell<HashMap<(String, String), Duration>>,
     /// How long a caller waits for a reply that does not come.
     deadline: Duration,
     /// Print every message (`NACRE_SIM_TRACE`).
@@ -102,6 +105,7 @@ impl Net {
                 faults: Cell::new(Faults::default()),
                 filter: RefCell::new(None),
                 isolated: RefCell::new(Default::default()),
+                slow_links: RefCell::new(HashMap::new()),
                 deadline,
                 trace: std::env::var_os("NACRE_SIM_TRACE").is_some(),
                 recovery_rate: match SplitMix(seed ^ 0x7265_636f_7665_7279).below(4) {
@@ -167,6 +171,25 @@ impl Net {
         *self.0.filter.borrow_mut() = None;
     }
 
+    /// Every message between the nodes at `a` and `b` (either way) takes
+    /// `delay` more, or (`None`) no more: a slow link.
+    pub fn slow_link(&self, a: &Addr, b: &Addr, delay: Option<Duration>) {
+        let key = link_key(&a.to_string(), &b.to_string());
+        let mut links = self.0.slow_links.borrow_mut();
+        match delay {
+            Some(d) => links.insert(key, d),
+            None => links.remove(&key),
+        };
+    }
+
+    /// The extra delay of the link between `a` and `b`, if it is slow.
+    async fn link_delay(&self, a: &str, b: &str) {
+        let d = self.0.slow_links.borrow().get(&link_key(a, b)).copied();
+        if let Some(d) = d {
+            rt::sleep(d).await;
+        }
+    }
+
     /// Cuts the node at `addr` off from the other nodes (the leader and
     /// the OSDs; clients still reach it), or (`false`) joins it again: a
     /// partition. The node runs on, and what it sends is lost.
@@ -211,6 +234,13 @@ impl Transport for Net {
             to: addr.to_string(),
             next_id: Cell::new(1),
         }))
+    }
+}
+
+fn link_key(a: &str, b: &str) -> (String, String) {
+    match a <= b {
+        true => (a.to_string(), b.to_string()),
+        false => (b.to_string(), a.to_string()),
     }
 }
 
@@ -306,6 +336,7 @@ impl SimConn {
             return self.time_out().await;
         }
         self.net.delay().await;
+        self.net.link_delay(from, &self.to).await;
         let serve = self.net.0.nodes.borrow().get(&self.to).cloned();
         let Some((serve, inc)) = serve else {
             return self.time_out().await;
@@ -334,6 +365,7 @@ impl SimConn {
             return self.time_out().await;
         }
         self.net.delay().await;
+        self.net.link_delay(from, &self.to).await;
         Ok(Frame { h: rh, payload: rp })
     }
 }

@@ -1581,6 +1581,50 @@ fn a_client_op_on_a_reserved_block_index_is_refused() {
     });
 }
 
+/// `Op::Echo` and `Op::NetBench` refuse what they cannot do, with the
+/// reason, and do what they can: an echo of more than 4 KiB, a link
+/// measure to the OSD itself, to one the map does not have or by another
+/// OSD are refused; an echo of 100 bytes and a measure to a peer answer.
+#[test]
+fn link_measures_refuse_what_they_cannot_do() {
+    rt::block_on_virtual(async {
+        let c = cluster(47).await;
+        let ask = |op: Op, length: u32, to: u64, sender: Option<u32>| {
+            let c = c.clone();
+            async move {
+                let mut h = Header::request(op, 0, ObjectId::default());
+                (h.length, h.obj_version) = (length, to);
+                if let Some(s) = sender {
+                    h.sender = s;
+                }
+                let f = c.call_osd(0, h, None).await.unwrap();
+                let text = (f.payload.as_deref()).map(|p| String::from_utf8_lossy(p).into_owned());
+                (f.h.status, f.payload.map_or(0, |p| p.len()), text)
+            }
+        };
+        let (s, len, _) = ask(Op::Echo, 100, 0, None).await;
+        assert_eq!((s, len), (Status::Ok, 100));
+        let (s, _, _) = ask(Op::Echo, nacre_wire::ECHO_REPLY_MAX + 1, 0, None).await;
+        assert_eq!(s, Status::Invalid);
+        for (to, sender, why) in [
+            (0, None, "to osd.0"),
+            (99, None, "to osd.99"),
+            (1 << 40, None, ""),
+            (1, Some(2), ""),
+        ] {
+            let (s, _, text) = ask(Op::NetBench, 0, to, sender).await;
+            assert_eq!(s, Status::Invalid, "to {to}");
+            assert!(text.unwrap_or_default().contains(why), "to {to}");
+        }
+        let (s, _, text) = ask(Op::NetBench, 0, 1, None).await;
+        assert_eq!(s, Status::Ok, "{text:?}");
+        let r: nacre_osd::LinkReport = serde_json::from_str(&text.unwrap()).unwrap();
+        assert_eq!((r.from, r.to), (0, 1));
+        assert!(r.pings > 0);
+        c.stop();
+    });
+}
+
 /// Starts a bench of `bytes` on OSD `osd`; its ticket.
 async fn bench_start(c: &Cluster, osd: u32, bytes: u64) -> u64 {
     let mut h = Header::request(Op::Bench, 0, ObjectId::default());
@@ -1688,6 +1732,52 @@ fn slow_osds(c: &Cluster) -> Vec<u32> {
         .collect()
 }
 
+/// The links between hosts (one OSD each here) whose pings stand out.
+fn slow_links(c: &Cluster) -> Vec<[String; 2]> {
+    let reports: Vec<_> = (0..4)
+        .filter_map(|id| c.osd(id))
+        .map(|o| (o.id, o.stat_report().peer_ping_us_p50))
+        .collect();
+    (nacre_osd::slow::slow_links(&reports, |id| Some(format!("host{id}"))).into_iter())
+        .map(|l| l.hosts)
+        .collect()
+}
+
+/// Slow-link detection: every OSD pings the OSDs it shares a PG with
+/// every second; the link between two of four hosts turning slow (10 ms
+/// more each way, the others instant) is named within a minute — its
+/// pings' median five times the median of the six links in each of the
+/// last three 10 s windows — and, fast again, cleared within a minute.
+/// Seen failing with the pings untimed.
+#[test]
+fn a_slow_link_is_named_within_a_minute_and_cleared() {
+    rt::block_on_virtual(async {
+        let c = Cluster::new(Net::new(46, Duration::from_millis(500)), 4, 3, 2, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        rt::sleep(Duration::from_secs(40)).await;
+        assert_eq!(slow_links(&c), Vec::<[String; 2]>::new(), "alike links");
+        let addr = |id: usize| c.nodes.borrow()[id].addr.clone();
+        let delay = Some(Duration::from_millis(10));
+        c.net.slow_link(&addr(0), &addr(1), delay);
+        let within = |t0: Duration, s: u64| rt::monotonic() - t0 < Duration::from_secs(s);
+        let t0 = rt::monotonic();
+        let named = vec![["host0".to_string(), "host1".to_string()]];
+        while slow_links(&c) != named {
+            assert!(within(t0, 60), "the link not named: {:?}", slow_links(&c));
+            rt::sleep(Duration::from_secs(1)).await;
+        }
+        // Slow, not cut: a write across it is acknowledged.
+        put(&c, nacre_sim::obj(1, 1), 1, 1).await;
+        c.net.slow_link(&addr(0), &addr(1), None);
+        let t0 = rt::monotonic();
+        while !slow_links(&c).is_empty() {
+            assert!(within(t0, 60), "the link still named");
+            rt::sleep(Duration::from_secs(1)).await;
+        }
+        c.stop();
+    });
+}
+
 /// Slow-OSD detection: every OSD times its own store's writes; one whose
 /// disk turns slow (20 ms on every op of its device, the others 300 µs)
 /// is named within a minute — its p99 five times the median in each of
@@ -1697,8 +1787,20 @@ fn slow_osds(c: &Cluster) -> Vec<u32> {
 /// share. Seen failing with the store writes untimed.
 #[test]
 fn a_slow_disk_is_named_within_a_minute_and_cleared() {
+    slow_disk(true);
+}
+
+/// With `slow_osd_action = warn` the slow disk is named as before, and
+/// never demoted.
+#[test]
+fn a_slow_disk_is_only_named_when_the_action_is_to_warn() {
+    slow_disk(false);
+}
+
+fn slow_disk(demote: bool) {
     rt::block_on_virtual(async {
         let c = cluster(45).await;
+        c.leader.set_slow_osd_action(demote);
         let latency = |id: usize, us: u64| {
             (c.nodes.borrow()[id].dev).set_latency(Some(Duration::from_micros(us)));
         };
@@ -1726,15 +1828,23 @@ fn a_slow_disk_is_named_within_a_minute_and_cleared() {
             assert!(within(t0, 60), "osd.1 not named");
             rt::sleep(Duration::from_secs(1)).await;
         }
-        // Demoted: it leads no PG while another member is up.
         let t0 = rt::monotonic();
-        while c.leader.map().cluster.demoted != vec![1] {
-            assert!(within(t0, 10), "osd.1 not demoted");
-            rt::sleep(Duration::from_millis(500)).await;
+        if demote {
+            // Demoted: it leads no PG while another member is up.
+            while c.leader.map().cluster.demoted != vec![1] {
+                assert!(within(t0, 10), "osd.1 not demoted");
+                rt::sleep(Duration::from_millis(500)).await;
+            }
+            let m = c.leader.map();
+            let pgs: Vec<PgId> = m.pgs().collect();
+            assert!(!pgs.is_empty() && pgs.iter().all(|&pg| m.primary(pg) != Some(1)));
+        } else {
+            while within(t0, 20) {
+                assert_eq!(c.leader.map().cluster.demoted, Vec::<u32>::new());
+                assert_eq!(slow_osds(&c), vec![1]);
+                rt::sleep(Duration::from_millis(500)).await;
+            }
         }
-        let m = c.leader.map();
-        let pgs: Vec<PgId> = m.pgs().collect();
-        assert!(!pgs.is_empty() && pgs.iter().all(|&pg| m.primary(pg) != Some(1)));
         latency(1, 300);
         let t0 = rt::monotonic();
         while !slow_osds(&c).is_empty() || !c.leader.map().cluster.demoted.is_empty() {

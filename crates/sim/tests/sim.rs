@@ -521,6 +521,18 @@ fn regression_seed_96_a_rewrite_hides_the_request_it_undid() {
     run_on(96, OSDS_OUT_IN, true);
 }
 
+/// Found by the simulator once OSDs pinged their peers (a new schedule):
+/// an EC delete that one shard missed failed and let go of its object's
+/// lock, and a deep scrub running in the same epoch took the lock, found
+/// the shard that outlived the delete and counted the clean PG's shards
+/// apart (and tried to mend them) before seeing that the PG had stopped.
+/// An EC scrub now looks whether the PG stopped after reading the shards,
+/// as the replicated one did.
+#[test]
+fn regression_seed_114_an_ec_scrub_meets_a_delete_a_shard_missed() {
+    run_with(114, OSDS_EC, true, Pools::Ec(4, 2));
+}
+
 /// The first seed that showed invariant 1 broken (found by the simulator,
 /// not by hand): a primary crashed after its replicas had a write and
 /// before its own copy was durable, came back, gave the same version to

@@ -25,9 +25,10 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"NACR");
 /// one (version 6: erasure-coded pools are served, which a binary of 5
 /// would take for replicated pools, primary at slot 0; version 7: a PG's
 /// primary skips members demoted as slow, which a binary of 6 would not,
-/// and heartbeats carry figures; version 8: OSDs answer `Op::Metrics`, which
-/// a binary of 7 would take for a malformed frame).
-pub const VERSION: u8 = 8;
+/// and heartbeats carry figures). A new op a binary of the last version
+/// does not know (`Op::Metrics`, only scrapes send it) does not raise it:
+/// that binary refuses the frame, and the cluster runs on.
+pub const VERSION: u8 = 7;
 pub const HEADER_BYTES: usize = 96;
 /// Largest payload of any frame: one whole object.
 pub const PAYLOAD_MAX_BYTES: u32 = BLOCK_BYTES_MAX;

@@ -27,9 +27,8 @@ fn round_trip() {
 }
 
 /// The layout is part of the protocol: these bytes must never change
-/// meaning within protocol version 8 (whose OSDs answer `Metrics`;
-/// version 7's primaries skip demoted members and its heartbeats carry
-/// figures; version 6 served
+/// meaning within protocol version 7 (whose primaries skip demoted
+/// members and whose heartbeats carry figures; version 6 served
 /// erasure-coded pools; version 5 had the leader grant a read lease in the `length` of its
 /// `Ping` and `Boot` answers; version 4 gave
 /// client ops a conditional `obj_version` and added `List`; version 3 put the PG's pool and a
@@ -46,7 +45,7 @@ fn golden_vector() {
     h.client = 0x44;
     let mut buf = [0u8; HEADER_BYTES];
     h.encode(&mut buf);
-    assert_eq!(&buf[0..8], b"NACR\x08\x01\x00\x00");
+    assert_eq!(&buf[0..8], b"NACR\x07\x01\x00\x00");
     assert_eq!(&buf[12..16], &0x33u32.to_le_bytes());
     assert_eq!(&buf[16..20], &0x55u32.to_le_bytes());
     assert_eq!(&buf[20..24], &[0; 4]);
@@ -237,6 +236,40 @@ fn payload_must_match_op() {
     assert!(Header::decode(&raw_frame(Op::ShardWrite, FLAG_REPLACE, 0)).is_err());
     assert!(Header::decode(&raw_frame(Op::ShardWrite, FLAG_REPLACE | FLAG_XOR, 0)).is_err());
     assert!(Header::decode(&raw_frame(Op::Push, FLAG_REPLACE, 0)).is_err());
+    // A heartbeat carries nothing or its figures; an echo's reply at most
+    // 4 KiB (its request anything up to an object); a bench's, a net
+    // bench's, a stat's and a metrics' reply a control payload, their
+    // requests nothing.
+    for (len, ok) in [
+        (0, true),
+        (PING_FIGURES_BYTES, true),
+        (4, false),
+        (24, false),
+    ] {
+        let r = Header::decode(&raw_frame(Op::Ping, 0, len));
+        assert_eq!(r.is_ok(), ok, "a ping of {len} bytes: {r:?}");
+    }
+    for (len, ok) in [
+        (0, true),
+        (ECHO_REPLY_MAX, true),
+        (ECHO_REPLY_MAX + 512, false),
+    ] {
+        let r = Header::decode(&raw_frame(Op::Echo, FLAG_REPLY, len));
+        assert_eq!(r.is_ok(), ok, "an echo reply of {len} bytes: {r:?}");
+    }
+    assert!(Header::decode(&raw_frame(Op::Echo, 0, 1 << 20)).is_ok());
+    for op in [Op::Stat, Op::Metrics, Op::Bench, Op::NetBench] {
+        let max = CONTROL_PAYLOAD_MAX_BYTES;
+        assert!(
+            Header::decode(&raw_frame(op, FLAG_REPLY, max)).is_ok(),
+            "{op:?}"
+        );
+        assert!(
+            Header::decode(&raw_frame(op, FLAG_REPLY, max + 1)).is_err(),
+            "{op:?}"
+        );
+        assert!(Header::decode(&raw_frame(op, 0, 512)).is_err(), "{op:?}");
+    }
 }
 
 proptest! {

@@ -126,6 +126,10 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let n = row.len();
         let k = scheme.layout.k;
         let versions = self.ec_scrub_versions(pg, epoch, row, oid).await?;
+        // An op failed meanwhile (the object's own, which let go of its
+        // lock: a delete some shard missed), or the epoch moved: the
+        // shards may differ for that reason, and peering mends them.
+        self.scrub_blocked(pg, epoch)?;
         let Some(newest) = versions.iter().flatten().copied().max() else {
             // Named by a log only: nothing of it is stored.
             return Ok(0);
@@ -165,6 +169,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let found = self
             .ec_scrub_read(pg, epoch, scheme, row, oid, &versions)
             .await?;
+        self.scrub_blocked(pg, epoch)?;
         let bytes = u64::from(scheme.layout.shard_bytes) * n as u64;
         let verdict = judge(scheme, &found);
         let (why, fixed) = match verdict {
