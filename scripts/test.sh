@@ -7,8 +7,9 @@
 # members on free loopback ports, and iproute2 for the multi-host tests,
 # whose hosts are network namespaces (they need root), losetup (mount)
 # and mkfs.ext4 (e2fsprogs) for `nacre disk check` on loop devices (root
-# too), curl and Python's Prometheus parser (python3-prometheus-client)
-# to scrape and parse the `--metrics` endpoints, a TrueType font (fonts-dejavu-core) for `nacre bench --plot`, and
+# too), curl, Python's Prometheus parser (python3-prometheus-client) and
+# Prometheus itself with promtool (prometheus; its service is not started)
+# to scrape, parse, lint and query the `--metrics` endpoints, a TrueType font (fonts-dejavu-core) for `nacre bench --plot`, and
 # ISA-L
 # (libisal-dev) for the erasure code, which the tests then require
 # (NACRE_REQUIRE_ISAL: its pure-Rust fallback is tested against it). Run
@@ -32,6 +33,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v losetup >/dev/null 2>&1 || need+=(mount)
 command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 # (Debian's own Python: a python3 earlier in PATH may not see the package.)
 /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)

@@ -4,7 +4,8 @@
 //! latency). Each is timed over millions of calls on one thread, as the
 //! OSD's reactor makes them; a replicated write makes each once per copy.
 //! Prints ns per call and the share of a replicated 4 KiB write's CPU
-//! (`--cpu-us-per-write`, default the figure docs/BENCHMARKS.md gives).
+//! (`--cpu-us-per-write`, default 122: what `scripts/cpu-per-write.sh`
+//! measured, docs/BENCHMARKS.md).
 //! A benchmark: it asserts nothing about time.
 
 use std::hint::black_box;
@@ -32,7 +33,7 @@ fn main() {
         .skip_while(|a| a != "--cpu-us-per-write")
         .nth(1))
     .map(|v| v.parse().expect("--cpu-us-per-write takes µs"))
-    .unwrap_or(88.0);
+    .unwrap_or(122.0);
     rt::block_on(async {
         let s = OsdStats::default();
         let clock = per_call(|_| {
