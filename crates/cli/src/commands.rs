@@ -868,7 +868,13 @@ fn link_checks(
             Some((*id, serde_json::from_value(peers).ok()?))
         })
         .collect();
-    let host_of = |id: u32| m.osd(id).map(|o| o.host.clone());
+    // OSDs on unix sockets share one machine (`nacre up`): no network
+    // link between them, whatever their hosts are called.
+    let host_of = |id: u32| {
+        (m.osd(id))
+            .filter(|o| !o.addr.starts_with("unix:"))
+            .map(|o| o.host.clone())
+    };
     (nacre_osd::slow::slow_links(&reports, host_of).iter())
         .map(|l| {
             serde_json::json!({

@@ -111,6 +111,10 @@ pub(crate) struct Benches {
     /// A link measure runs (`Op::NetBench`: one at a time, each holding
     /// megabytes in flight).
     pub(crate) measuring_link: Cell<bool>,
+    /// The peers pinged (`Osd::ping_loop`) and the epoch they were found
+    /// in; those with a ping in flight.
+    pub(crate) pinged: RefCell<(u64, Vec<u32>)>,
+    pub(crate) pinging: RefCell<std::collections::HashSet<u32>>,
 }
 
 type OpFut = Pin<Box<dyn Future<Output = Result<(), String>>>>;

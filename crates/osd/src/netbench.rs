@@ -164,23 +164,34 @@ const PEER_PING_TIMEOUT: Duration = Duration::from_secs(2);
 pub const PEERS_PINGED_MAX: usize = 256;
 
 impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
-    /// The OSDs up that share a PG with this one in its map.
+    /// The OSDs up that share a PG with this one in its map (found again
+    /// only when the epoch changes).
     fn ping_peers(&self) -> Vec<u32> {
         let m = self.map.borrow();
-        let mut peers = std::collections::BTreeSet::new();
-        for pg in m.pgs() {
-            let acting = m.acting(pg);
-            if acting.contains(&self.id) {
-                peers.extend(acting.into_iter().filter(|&o| o != self.id && m.is_up(o)));
+        let mut cached = self.benches.pinged.borrow_mut();
+        if cached.0 != m.epoch() {
+            let mut peers = std::collections::BTreeSet::new();
+            for pg in m.pgs() {
+                let acting = m.acting(pg);
+                if acting.contains(&self.id) {
+                    peers.extend(acting.into_iter().filter(|&o| o != self.id && m.is_up(o)));
+                }
             }
+            *cached = (
+                m.epoch(),
+                peers.into_iter().take(PEERS_PINGED_MAX).collect(),
+            );
         }
-        peers.into_iter().take(PEERS_PINGED_MAX).collect()
+        cached.1.clone()
     }
 
     /// Every [`PEER_PING_EVERY`], an empty [`Op::Echo`] to each peer
-    /// through the connection replication uses, its round trip timed
-    /// (a heartbeat between OSDs, as Ceph's: the link, not the disks).
-    /// Holds the OSD only while it asks.
+    /// through the connection replication uses (if it has one open: a
+    /// connect blocks the thread; replication and peering make them), its
+    /// round trip timed — a heartbeat between OSDs, as Ceph's: the link,
+    /// not the disks, though a link busy with replication's large
+    /// messages delays it too. One ping per peer at a time. Holds the OSD
+    /// only while it asks.
     pub(crate) async fn ping_loop(me: std::rc::Weak<Self>) {
         loop {
             rt::sleep(PEER_PING_EVERY).await;
@@ -193,23 +204,35 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let peers = me.ping_peers();
             me.stats.keep_peers(&peers);
             for p in peers {
+                let open = me
+                    .peers
+                    .borrow()
+                    .get(&p)
+                    .filter(|c| !c.is_closed())
+                    .cloned();
+                let Some(c) = open else { continue };
+                if !me.benches.pinging.borrow_mut().insert(p) {
+                    continue;
+                }
                 let o = me.clone();
-                rt::spawn(async move { o.ping(p).await });
+                rt::spawn(async move {
+                    o.ping(p, &c).await;
+                    o.benches.pinging.borrow_mut().remove(&p);
+                });
             }
         }
     }
 
-    async fn ping(&self, peer: u32) {
-        let Ok(c) = self.conn(peer) else {
-            return;
-        };
+    async fn ping(&self, peer: u32, c: &T::Conn) {
         let mut h = Header::request(Op::Echo, 0, ObjectId::default());
         h.sender = self.id;
         h.epoch = self.epoch();
         let t0 = rt::monotonic();
         let took = match rt::timeout(PEER_PING_TIMEOUT, c.call(h, None)).await {
             Some(Ok(f)) if f.h.status == Status::Ok => rt::monotonic().saturating_sub(t0),
-            None => PEER_PING_TIMEOUT,
+            // Unanswered in time (here, or by the connection's own
+            // deadline): as slow as the wait.
+            None | Some(Err(nacre_net::NetError::Timeout(_))) => PEER_PING_TIMEOUT,
             // Closed, refused: the OSD is going, which the leader sees.
             Some(_) => return,
         };

@@ -1,9 +1,10 @@
 //! Slow-OSD detection: an OSD whose own store writes (its disk as the OSD
 //! sees it, with no network in the figure) stand far above its peers' —
 //! [`SLOW_FACTOR`] times the median of the OSDs reporting, in each of the
-//! last [`LATENCY_WINDOWS_KEPT`] windows of [`LATENCY_WINDOW`] (30 s) —
-//! is named, with what was measured. `nacre status` raises `SLOW_OSD`
-//! for each.
+//! last [`LATENCY_WINDOWS_KEPT`] windows of [`LATENCY_WINDOW`] (30 s in
+//! all) — is named, with what was measured. `nacre status` raises
+//! `SLOW_OSD` for each. Slow links ([`slow_links`], `SLOW_LINK`) are found
+//! the same way from the OSDs' pings of each other.
 //!
 //! Every OSD is compared with all the others (one class: the map has no
 //! device classes yet), so a cluster of mixed disks names its slowest

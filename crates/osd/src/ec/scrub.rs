@@ -152,13 +152,18 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             let why = format!("shards {held:?} outlived its delete v{:#x}", e.version);
             let mut fixed = Ok(());
             for &s in &held {
+                // Nothing is rewritten once the PG stopped (a failed push
+                // stops it).
+                self.scrub_blocked(pg, epoch)?;
                 let v = versions[s].expect("held");
                 let name = oid.shard(s as u8);
                 // (Fenced at the version found: a delete only raises it.)
-                fixed = fixed.and(
-                    self.ec_scrub_push(row[s], pg, epoch, name, v, v, None)
-                        .await,
-                );
+                fixed = self
+                    .ec_scrub_push(row[s], pg, epoch, name, v, v, None)
+                    .await;
+                if fixed.is_err() {
+                    break;
+                }
             }
             self.scrub_found(pg, oid, &why, &fixed, r);
             return Ok(0);
