@@ -1,5 +1,12 @@
 //! The `nacre` command: parses, wires, prints. Logic lives in the crates.
 
+/// mimalloc, not glibc's malloc: a replicated 4 KiB write allocates a
+/// few buffers and futures on every hop, and glibc's arena bookkeeping
+/// (`_int_malloc`, `unlink_chunk`, `malloc_consolidate`) was 14% of the
+/// OSDs' CPU under 4 KiB random writes (docs/BENCHMARKS.md, issue 13).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod args;
 mod at;
 mod cluster;

@@ -4,7 +4,7 @@
 //! latency). Each is timed over millions of calls on one thread, as the
 //! OSD's reactor makes them; a replicated write makes each once per copy.
 //! Prints ns per call and the share of a replicated 4 KiB write's CPU
-//! (`--cpu-us-per-write`, default 122: what `scripts/cpu-per-write.sh`
+//! (`--cpu-us-per-write`, default 122: what `scripts/ab-4k.sh`
 //! measured, docs/BENCHMARKS.md).
 //! A benchmark: it asserts nothing about time.
 
