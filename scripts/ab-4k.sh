@@ -4,13 +4,8 @@
 # prefilled), RUNTIME s each (default 15): IOPS, p50 and the CPU of every
 # Nacre process per op.   scripts/ab-4k.sh target/release/nacre
 set -e
-B=$1; D=/tmp/ab; rm -rf $D; mkdir -p $D
-$B up --dir $D/c --osd-size 4G --nbd unix:$D/nbd.sock > $D/up.log 2>&1 &
-UP=$!
-for i in $(seq 60); do [ -S $D/nbd.sock ] && $B status --dir $D/c >/dev/null 2>&1 && break; sleep 1; done
-$B volume create v --size 2G --dir $D/c >/dev/null
-URI="nbd+unix:///v?socket=$D/nbd.sock"
-fio --name=pre --ioengine=nbd --uri="$URI" --rw=write --bs=4M --iodepth=8 --size=1G >/dev/null
+B=${1:?usage: scripts/ab-4k.sh NACRE_BINARY}; D=/tmp/ab
+. "$(dirname "$0")/up-volume.sh"
 ticks() { local t=0; for p in $UP $(pgrep -P $UP); do s=$(awk '{print $14+$15}' /proc/$p/stat); t=$((t+s)); done; echo $t; }
 for spec in randwrite:128 randread:128 randwrite:1; do
   IFS=: read RW QD <<< "$spec"
@@ -25,4 +20,3 @@ hz=os.sysconf('SC_CLK_TCK'); ops=x['total_ios']; cpu=(c1-c0)/hz
 print(f"  {sys.argv[4]:9} QD{sys.argv[5]:<3} {x['iops']:8.0f} IOPS  p50 {x['clat_ns']['percentile']['50.000000']/1000:7.1f} us  nacre CPU {cpu/ops*1e6:6.1f} us/op")
 PY
 done
-kill $UP; wait $UP 2>/dev/null || true

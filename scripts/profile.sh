@@ -4,13 +4,8 @@
 # over 15 s of it; prints IOPS and p50, leaves the top symbols and commands
 # in /tmp/prof/top-*.txt and comm-*.txt.   B=target/release/nacre scripts/profile.sh randwrite:4k:128
 set -e
-B=${B:-target/release/nacre}; D=/tmp/prof; rm -rf $D; mkdir -p $D
-$B up --dir $D/c --osd-size 4G --nbd unix:$D/nbd.sock > $D/up.log 2>&1 &
-UP=$!
-for i in $(seq 60); do [ -S $D/nbd.sock ] && $B status --dir $D/c >/dev/null 2>&1 && break; sleep 1; done
-$B volume create v --size 2G --dir $D/c >/dev/null
-URI="nbd+unix:///v?socket=$D/nbd.sock"
-fio --name=pre --ioengine=nbd --uri="$URI" --rw=write --bs=4M --iodepth=8 --size=1G >/dev/null
+B=${B:-target/release/nacre}; D=/tmp/prof
+. "$(dirname "$0")/up-volume.sh"
 for spec in "$@"; do
   IFS=: read RW BS QD <<< "$spec"
   fio --name=w --ioengine=nbd --uri="$URI" --rw=$RW --bs=$BS --iodepth=$QD --size=1G --runtime=25 --time_based --output-format=json > $D/fio-$RW-$BS-$QD.json &
@@ -24,4 +19,3 @@ k='write' if 'write' in '$RW' else 'read'; x=j[k]; print('$spec', round(x['iops'
   perf report -i $D/perf-$RW-$BS-$QD.data --no-children --sort comm,symbol --stdio 2>/dev/null | grep -v "^#" | grep -v "^$" | head -40 > $D/top-$RW-$BS-$QD.txt
   perf report -i $D/perf-$RW-$BS-$QD.data --no-children --sort comm --stdio 2>/dev/null | grep -v "^#" | grep -v "^$" | head -12 > $D/comm-$RW-$BS-$QD.txt
 done
-kill $UP; wait $UP 2>/dev/null || true

@@ -1,0 +1,16 @@
+# Shared by the scripts that measure a fresh one-machine cluster under fio
+# (ab-4k.sh, profile.sh): source it after setting B (the nacre binary) and
+# D (the run's directory, made anew). Starts `nacre up` in $D/c (3 OSDs of
+# 4 GiB, NBD on $D/nbd.sock), makes a 2 GiB volume and prefills its first
+# 1 GiB with 4 MiB writes. Gives
+#   UP    the pid of `nacre up` (its OSDs are its children); killed by the
+#         EXIT trap
+#   URI   the volume's NBD URI, for fio's nbd engine
+rm -rf "$D"; mkdir -p "$D"
+"$B" up --dir "$D/c" --osd-size 4G --nbd "unix:$D/nbd.sock" > "$D/up.log" 2>&1 &
+UP=$!
+trap 'kill $UP 2>/dev/null; wait $UP 2>/dev/null || true' EXIT
+for _ in $(seq 60); do [ -S "$D/nbd.sock" ] && "$B" status --dir "$D/c" >/dev/null 2>&1 && break; sleep 1; done
+"$B" volume create v --size 2G --dir "$D/c" >/dev/null
+URI="nbd+unix:///v?socket=$D/nbd.sock"
+fio --name=pre --ioengine=nbd --uri="$URI" --rw=write --bs=4M --iodepth=8 --size=1G >/dev/null
