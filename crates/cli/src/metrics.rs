@@ -78,7 +78,9 @@ impl Drop for Endpoint {
 fn bind(addr: &str) -> anyhow::Result<tiny_http::Server> {
     tiny_http::Server::http(addr)
         .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("metrics endpoint on {addr}"))
+        .with_context(|| {
+            format!("metrics endpoint on {addr} (give another address, or port 0 for a free one)")
+        })
 }
 
 /// Starts serving `sources` on `addr` (HOST:PORT; port 0 picks one, see
