@@ -17,11 +17,7 @@ mod common;
 #[allow(dead_code)]
 mod etcd;
 use common::*;
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+use etcd::free_port;
 
 /// A real etcd, the daemons of one cluster on it, and `nacre` against it.
 struct Daemons {

@@ -19,9 +19,22 @@ pub struct EtcdCluster {
     pub members: Vec<Member>,
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+/// A loopback port nothing listens on now and that this process has not
+/// handed out before. The listener is dropped before the daemon that will
+/// use the port binds it, so two ports asked for before any daemon starts
+/// could be the same one; remembering them rules that out (it once put an
+/// OSD and a monitor's metrics on one port).
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 impl EtcdCluster {
