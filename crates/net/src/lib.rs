@@ -1077,6 +1077,9 @@ impl Inflight {
     pub fn spawn(&self, f: impl std::future::Future<Output = ()> + 'static) {
         self.count.set(self.count.get() + 1);
         let (count, done) = (self.count.clone(), self.done.clone());
+        // Boxed before it is wrapped: a request's future is large (a few
+        // KiB), and each move of it by value is a copy of all of it.
+        let f = Box::pin(f);
         rt::spawn(async move {
             f.await;
             count.set(count.get() - 1);
@@ -1121,9 +1124,12 @@ async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>, budget: &Rc<Budget
                 break;
             }
         };
-        let (h, tx) = (h.clone(), tx.clone());
+        // The handler's future goes to the heap once, where it is made:
+        // the task around it stays small, and spawning it copies little.
+        let handling = Box::pin(h.clone().handle(f));
+        let tx = tx.clone();
         inflight.spawn(async move {
-            let (rh, payload) = h.handle(f).await;
+            let (rh, payload) = handling.await;
             let _ = tx.send_held(rh, payload, held).await;
         });
     }

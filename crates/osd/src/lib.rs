@@ -1382,7 +1382,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         let ec = self.scheme(h.pool).is_some();
         let planned = self.must_recover(h.pg_id(), epoch, oid, false);
         if planned && !(ec && h.op == Op::Delete) {
-            if let Err(s) = self.recover_for_op(h.pg_id(), epoch, oid).await {
+            if let Err(s) = Box::pin(self.recover_for_op(h.pg_id(), epoch, oid)).await {
                 return (s, 0);
             }
         }
@@ -1392,7 +1392,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if h.obj_version != 0 {
             let cur = match ec {
                 true => {
-                    let v = match self.ec_version(h).await {
+                    let v = match Box::pin(self.ec_version(h)).await {
                         Ok(v) => v,
                         Err(s) => return (s, 0),
                     };
@@ -1451,7 +1451,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return (Status::Unavailable, 0);
         }
         let status = if ec {
-            self.ec_update(h, version, data).await
+            Box::pin(self.ec_update(h, version, data)).await
         } else {
             let acting = self.map.borrow().acting(h.pg_id());
             let entry = self.entry(h, version);
@@ -1468,7 +1468,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         if status == Status::Ok {
             (self.done.borrow_mut().entry(h.pg_id()).or_default()).insert(key, version);
             if planned && ec && h.op == Op::Delete {
-                self.deleted_while_planned(h.pg_id(), epoch, oid).await;
+                Box::pin(self.deleted_while_planned(h.pg_id(), epoch, oid)).await;
             }
         } else {
             // Some copies may have it and some not: the interval ends.
@@ -1845,7 +1845,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     // so no shard read sees a write not yet committed on
                     // every shard (which could still be undone).
                     self.lock(h.oid).await;
-                    let r = self.ec_read(&h).await;
+                    let r = Box::pin(self.ec_read(&h)).await;
                     self.unlock(h.oid);
                     return match r {
                         Ok(buf) => {
@@ -1858,7 +1858,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                 // This copy still lacks the object: recover it first.
                 if self.must_recover(h.pg_id(), h.epoch, h.oid, true) {
                     self.lock(h.oid).await;
-                    let r = self.recover_for_op(h.pg_id(), h.epoch, h.oid).await;
+                    let r = Box::pin(self.recover_for_op(h.pg_id(), h.epoch, h.oid)).await;
                     self.unlock(h.oid);
                     if let Err(s) = r {
                         return (h.reply(s), None);
@@ -1871,7 +1871,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     }
                     Err(e) => {
                         if self.note_damage(h.oid, &e) {
-                            return match self.read_elsewhere(&h).await {
+                            return match Box::pin(self.read_elsewhere(&h)).await {
                                 Ok(buf) => {
                                     self.stats.read_done(t, buf.len());
                                     (h.reply(Status::Ok).with_payload(&buf), Some(buf))
@@ -1901,6 +1901,19 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     self.stats.replica_done();
                 }
                 (h.reply(s), None)
+            }
+            _ => Box::pin(self.dispatch_rare(f)).await,
+        }
+    }
+
+    /// The ops that are not client I/O or its replication: their futures
+    /// are larger than the hot ops' and are boxed apart, so the future of
+    /// every request (copied into the task that serves it) stays small.
+    async fn dispatch_rare(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
+        let h = f.h;
+        match h.op {
+            Op::Read | Op::Write | Op::Delete | Op::RepWrite | Op::RepDelete => {
+                unreachable!("dispatch serves {:?}", h.op)
             }
             Op::ShardRead => self.answer_shard_read(&h).await,
             Op::DirectRead => {
