@@ -160,6 +160,38 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
+/// A buffer handed to a send: owned, or shared with other holders — one
+/// payload sent to several peers (a primary's replication) goes out from
+/// the same memory to each, without a copy per peer. A shared buffer is
+/// never written while shared (`Rc` gives no `&mut`), so every send reads
+/// the bytes its caller gave.
+pub enum SendBuf {
+    Owned(AlignedBuf),
+    Shared(std::rc::Rc<AlignedBuf>),
+}
+
+impl Deref for SendBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            SendBuf::Owned(b) => b,
+            SendBuf::Shared(b) => b,
+        }
+    }
+}
+
+impl From<AlignedBuf> for SendBuf {
+    fn from(b: AlignedBuf) -> Self {
+        SendBuf::Owned(b)
+    }
+}
+
+impl From<std::rc::Rc<AlignedBuf>> for SendBuf {
+    fn from(b: std::rc::Rc<AlignedBuf>) -> Self {
+        SendBuf::Shared(b)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use io_uring::{opcode, types};
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, SendBuf};
 use crate::rt::{self, Resources};
 
 /// Longest wait for a TCP connection to be set up (a LAN takes well under
@@ -240,11 +240,8 @@ impl Stream {
     }
 
     /// Sends every byte of `parts` (each `(buffer, start, end)`) with
-    /// gathered writes; returns the buffers for reuse.
-    pub async fn send_all(
-        &self,
-        parts: Vec<(AlignedBuf, usize, usize)>,
-    ) -> io::Result<Vec<AlignedBuf>> {
+    /// gathered writes.
+    pub async fn send_all(&self, parts: Vec<(SendBuf, usize, usize)>) -> io::Result<()> {
         self.send_all_noting(parts, || {}).await
     }
 
@@ -252,9 +249,9 @@ impl Stream {
     /// sent something (a watchdog tells a slow peer from one that stopped).
     pub async fn send_all_noting(
         &self,
-        parts: Vec<(AlignedBuf, usize, usize)>,
+        parts: Vec<(SendBuf, usize, usize)>,
         mut progress: impl FnMut(),
-    ) -> io::Result<Vec<AlignedBuf>> {
+    ) -> io::Result<()> {
         need_ring()?;
         let mut iov = Vec::with_capacity(parts.len());
         let mut bufs = Vec::with_capacity(parts.len());
@@ -312,15 +309,14 @@ impl Stream {
                 }
             }
         }
-        Ok(bufs)
+        Ok(())
     }
 
     /// Sends a small message (copied into a buffer first): handshakes and
     /// other control traffic, not payloads.
     pub async fn send_bytes(&self, bytes: &[u8]) -> io::Result<()> {
-        self.send_all(vec![(AlignedBuf::from_slice(bytes), 0, bytes.len())])
-            .await
-            .map(drop)
+        let b = AlignedBuf::from_slice(bytes).into();
+        self.send_all(vec![(b, 0, bytes.len())]).await
     }
 
     /// The peer's address for messages: `HOST:PORT` over TCP, else "on a
@@ -428,15 +424,18 @@ mod tests {
                         break;
                     }
                 }
-                s.send_all(vec![(buf, 0, got)]).await.unwrap();
+                s.send_all(vec![(buf.into(), 0, got)]).await.unwrap();
                 got
             });
             let c = Stream::connect(&local).unwrap();
             let a = AlignedBuf::from_slice(&[7u8; 60_000]);
-            let b = AlignedBuf::from_slice(&[9u8; 40_000]);
-            c.send_all(vec![(a, 0, 60_000), (b, 0, 40_000)])
+            // The second part shared, as a primary shares a payload between
+            // its replicas' sends: it goes out as it is and stays whole.
+            let b = std::rc::Rc::new(AlignedBuf::from_slice(&[9u8; 40_000]));
+            c.send_all(vec![(a.into(), 0, 60_000), (b.clone().into(), 0, 40_000)])
                 .await
                 .unwrap();
+            assert!(b.iter().all(|&x| x == 9));
             let back = c.recv_exact(AlignedBuf::new(100_000), 0).await.unwrap();
             assert!(back[..60_000].iter().all(|&x| x == 7));
             assert!(back[60_000..].iter().all(|&x| x == 9));

@@ -74,7 +74,7 @@ pub enum Resources {
     Buf(AlignedBuf),
     Bufs(Vec<AlignedBuf>, Vec<libc::iovec>),
     /// A sendmsg: its buffers, their iovecs, and the header pointing at them.
-    Msg(Vec<AlignedBuf>, Vec<libc::iovec>, Box<libc::msghdr>),
+    Msg(Vec<crate::SendBuf>, Vec<libc::iovec>, Box<libc::msghdr>),
     Time(Box<types::Timespec>),
 }
 

@@ -21,7 +21,7 @@ use std::rc::Rc;
 use nacre_io::net::{Addr, Listener, Stream};
 use nacre_io::rt;
 use nacre_io::sync::{oneshot, Notify, Sender};
-use nacre_io::AlignedBuf;
+use nacre_io::{AlignedBuf, SendBuf};
 use nacre_wire::{Header, WireError, HEADER_BYTES};
 
 /// Receive buffer for headers and small payloads.
@@ -292,7 +292,7 @@ struct Head {
 
 /// A queued message: its head, its payload, and the shares of budgets
 /// it holds until it is sent.
-type Queued = (Head, Option<AlignedBuf>, Vec<Permit>);
+type Queued = (Head, Option<SendBuf>, Vec<Permit>);
 
 struct SendQueue {
     frames: VecDeque<Queued>,
@@ -502,7 +502,18 @@ impl FrameSender {
             len: HEADER_BYTES as u8,
         };
         h.encode(&mut head.bytes);
-        self.send_head(head, payload, permits).await
+        self.send_head(head, payload.map(SendBuf::from), permits)
+            .await
+    }
+
+    /// [`FrameSender::send`] with a payload of any kind, shared or owned.
+    async fn send_buf(&self, h: Header, payload: Option<SendBuf>) -> Result<(), NetError> {
+        let mut head = Head {
+            bytes: [0; HEAD_MAX_BYTES],
+            len: HEADER_BYTES as u8,
+        };
+        h.encode(&mut head.bytes);
+        self.send_head(head, payload, Vec::new()).await
     }
 
     /// Queues `head` (at most [`HEAD_MAX_BYTES`]) and a payload, for
@@ -524,13 +535,13 @@ impl FrameSender {
             len: head.len() as u8,
         };
         h.bytes[..head.len()].copy_from_slice(head);
-        self.send_head(h, payload, permits).await
+        self.send_head(h, payload.map(SendBuf::from), permits).await
     }
 
     async fn send_head(
         &self,
         head: Head,
-        payload: Option<AlignedBuf>,
+        payload: Option<SendBuf>,
         mut permits: Vec<Permit>,
     ) -> Result<(), NetError> {
         // Held while queued for what the message is, not for the most it
@@ -609,7 +620,7 @@ impl FrameSender {
                 bytes += usize::from(h.len) + p.as_ref().map_or(0, |p| p.len());
                 if let Some(p) = p {
                     let n = heads.len();
-                    parts.push((AlignedBuf::from_slice(&heads), 0, n));
+                    parts.push((AlignedBuf::from_slice(&heads).into(), 0, n));
                     heads.clear();
                     let plen = p.len();
                     parts.push((p, 0, plen));
@@ -617,7 +628,7 @@ impl FrameSender {
             }
             if !heads.is_empty() {
                 let n = heads.len();
-                parts.push((AlignedBuf::from_slice(&heads), 0, n));
+                parts.push((AlignedBuf::from_slice(&heads).into(), 0, n));
             }
             self.q.borrow_mut().sending_since = Some(rt::monotonic());
             let q = self.q.clone();
@@ -718,11 +729,17 @@ impl Conn {
     /// Sends a request and waits for the reply. A `request_id` of 0 is
     /// replaced by one of the connection's own (which have bit 62 set);
     /// callers that choose ids (for idempotent retries) keep below 2^62.
-    pub async fn call(
-        &self,
-        mut h: Header,
-        payload: Option<AlignedBuf>,
-    ) -> Result<Frame, NetError> {
+    pub async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
+        self.call_with(h, payload.map(SendBuf::from)).await
+    }
+
+    /// [`Conn::call`] with a payload shared with other holders: it is
+    /// sent from where it is, not copied.
+    pub async fn call_shared(&self, h: Header, payload: Rc<AlignedBuf>) -> Result<Frame, NetError> {
+        self.call_with(h, Some(SendBuf::Shared(payload))).await
+    }
+
+    async fn call_with(&self, mut h: Header, payload: Option<SendBuf>) -> Result<Frame, NetError> {
         while self.pending.borrow().len() >= CONN_INFLIGHT_MAX {
             if self.is_closed() {
                 return Err(NetError::Closed);
@@ -767,7 +784,7 @@ impl Conn {
             }
         }
         let mut unsent = Unsent(&self.pending, id, true, &self.slots);
-        self.tx.send(h, payload).await?;
+        self.tx.send_buf(h, payload).await?;
         unsent.2 = false;
         let f = rx.await.unwrap_or(Err(NetError::Closed))?;
         if f.h.op != h.op {
@@ -879,6 +896,13 @@ pub trait Rpc: 'static {
         h: Header,
         payload: Option<AlignedBuf>,
     ) -> impl std::future::Future<Output = Result<Frame, NetError>>;
+    /// [`Rpc::call`] with a payload shared with other sends (a primary's
+    /// to each replica): sent without a copy where the channel can.
+    fn call_shared(
+        &self,
+        h: Header,
+        payload: Rc<AlignedBuf>,
+    ) -> impl std::future::Future<Output = Result<Frame, NetError>>;
     fn is_closed(&self) -> bool;
 }
 
@@ -903,6 +927,9 @@ impl Transport for Sockets {
 impl Rpc for Conn {
     async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
         Conn::call(self, h, payload).await
+    }
+    async fn call_shared(&self, h: Header, payload: Rc<AlignedBuf>) -> Result<Frame, NetError> {
+        Conn::call_shared(self, h, payload).await
     }
     fn is_closed(&self) -> bool {
         Conn::is_closed(self)

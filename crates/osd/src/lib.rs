@@ -1197,16 +1197,28 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Sends a request to OSD `id`, reconnecting after a lost connection;
-    /// the reply, or why there is none.
+    /// the reply, or why there is none. `data` is copied once (the
+    /// attempts share the copy).
     async fn call_osd(
         &self,
         id: u32,
         h: Header,
         data: Option<&AlignedBuf>,
     ) -> Result<Frame, String> {
+        let data = data.map(|d| Rc::new(AlignedBuf::from_slice(d)));
+        self.call_osd_shared(id, h, data.as_ref()).await
+    }
+
+    /// [`Self::call_osd`] with a payload others hold too: every attempt
+    /// sends it from where it is, without a copy.
+    async fn call_osd_shared(
+        &self,
+        id: u32,
+        h: Header,
+        data: Option<&Rc<AlignedBuf>>,
+    ) -> Result<Frame, String> {
         let mut last = String::new();
         for _ in 0..REPLICA_ATTEMPT_MAX {
-            let payload = data.map(|d| AlignedBuf::from_slice(d));
             let conn = match self.conn(id) {
                 Ok(c) => c,
                 Err(e) => {
@@ -1215,7 +1227,11 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     continue;
                 }
             };
-            match conn.call(h, payload).await {
+            let sent = match data {
+                Some(d) => conn.call_shared(h, d.clone()).await,
+                None => conn.call(h, None).await,
+            };
+            match sent {
                 Ok(f) => return Ok(f),
                 Err(e) => last = e.to_string(),
             }
@@ -1230,7 +1246,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         h: Header,
         data: Option<Rc<AlignedBuf>>,
     ) -> Status {
-        match self.call_osd(id, h, data.as_deref()).await {
+        match self.call_osd_shared(id, h, data.as_ref()).await {
             Ok(f) => f.h.status,
             Err(why) => {
                 tracing::warn!("osd.{}: {why}", self.id);
@@ -1249,7 +1265,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         entry: LogEntry,
         data: Option<AlignedBuf>,
     ) -> Status {
-        // One buffer shared by the replica tasks (each sends its own copy,
+        // One buffer shared by the replica tasks (sent from where it is,
         // kept for a resend); the local write takes the original when no
         // replica holds it any more, a copy otherwise.
         let data = data.map(Rc::new);

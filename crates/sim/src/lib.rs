@@ -312,6 +312,12 @@ impl Rpc for SimConn {
         r
     }
 
+    /// The receiver owns what it is given in the simulation: a copy, taken
+    /// when the request leaves (as a socket's send takes its bytes).
+    async fn call_shared(&self, h: Header, payload: Rc<AlignedBuf>) -> Result<Frame, NetError> {
+        self.call(h, Some(AlignedBuf::from_slice(&payload))).await
+    }
+
     fn is_closed(&self) -> bool {
         false
     }
