@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use nacre_io::net::Addr;
 use nacre_io::sync::Notify;
-use nacre_io::{rt, AlignedBuf};
+use nacre_io::{rt, AlignedBuf, SharedBuf};
 use nacre_meta::map::{self, ClusterMap, PoolRecord, SessionRecord, VolumeRecord};
 use nacre_meta::{MetaError, MetaStore};
 use nacre_net::{Conn, Frame};
@@ -350,7 +350,7 @@ impl Cluster {
     async fn object_op(
         &self,
         h: Header,
-        payload: Option<&AlignedBuf>,
+        payload: Option<&SharedBuf>,
         gone: &Cell<bool>,
     ) -> Result<Frame> {
         Ok(self.primary_op(None, h, payload, gone).await?.1)
@@ -366,7 +366,7 @@ impl Cluster {
         &self,
         pg: Option<PgId>,
         mut h: Header,
-        payload: Option<&AlignedBuf>,
+        payload: Option<&SharedBuf>,
         gone: &Cell<bool>,
     ) -> Result<(u32, Frame)> {
         h.client = self.client_id;
@@ -428,8 +428,12 @@ impl Cluster {
                     continue;
                 }
             };
-            let body = payload.map(|p| AlignedBuf::from_slice(p));
-            match conn.call(h, body).await {
+            // Every attempt sends from the caller's buffer, uncopied.
+            let sent = match payload {
+                Some(p) => conn.call_shared(h, p.clone()).await,
+                None => conn.call(h, None).await,
+            };
+            match sent {
                 Ok(f) if f.h.status == Status::StaleEpoch || f.h.status == Status::NotPrimary => {
                     last = format!("osd.{primary}: {:?}", f.h.status);
                     self.refresh_map(&mut last);
@@ -669,13 +673,13 @@ impl Volume {
         Ok(out)
     }
 
-    async fn write_piece(&self, p: Piece, data: AlignedBuf) -> Result<()> {
+    async fn write_piece(&self, p: Piece, data: SharedBuf) -> Result<()> {
         self.write_piece_if(p, data, 0).await.map(|_| ())
     }
 
     /// Writes piece `p`; with `up_to` not 0, only to an object that exists
     /// at that version or below (else `NotFound` or `Stale`, not errors).
-    async fn write_piece_if(&self, p: Piece, data: AlignedBuf, up_to: u64) -> Result<Status> {
+    async fn write_piece_if(&self, p: Piece, data: SharedBuf, up_to: u64) -> Result<Status> {
         let mut h = Header::request(Op::Write, 0, self.oid(p.block)).with_payload(&data);
         h.offset = p.offset;
         h.length = p.len;
@@ -692,13 +696,15 @@ impl Volume {
     pub async fn write(self: &Rc<Self>, offset: u64, data: AlignedBuf) -> Result<()> {
         self.check("write", offset, data.len() as u64, IO_MAX_BYTES)?;
         let ps: Vec<Piece> = pieces(offset, data.len() as u64, self.rec.object_bytes).collect();
+        // The pieces are ranges of the one buffer, sent from where they are.
+        let data = SharedBuf::new(data);
         if let [p] = ps[..] {
             return self.write_piece(p, data).await;
         }
         let tasks: Vec<_> = (ps.iter())
             .map(|&p| {
                 let me = self.clone();
-                let part = AlignedBuf::from_slice(&data[p.at..p.at + p.len as usize]);
+                let part = data.slice(p.at..p.at + p.len as usize);
                 rt::spawn(async move { me.write_piece(p, part).await })
             })
             .collect();
@@ -834,7 +840,7 @@ impl Volume {
             len: (ob - end % ob) as u32,
             at: 0,
         };
-        let zeros = AlignedBuf::zeroed(p.len as usize);
+        let zeros = SharedBuf::new(AlignedBuf::zeroed(p.len as usize));
         Ok(match self.write_piece_if(p, zeros, version).await? {
             Status::Stale => Cut::Changed,
             _ => Cut::Done,
@@ -859,7 +865,8 @@ impl Volume {
                         if p.offset == 0 && p.len == ob {
                             me.delete_object(p.block, 0).await.map(|_| ())
                         } else {
-                            me.write_piece(p, AlignedBuf::zeroed(p.len as usize)).await
+                            let zeros = AlignedBuf::zeroed(p.len as usize);
+                            me.write_piece(p, SharedBuf::new(zeros)).await
                         }
                     })
                 })

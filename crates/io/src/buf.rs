@@ -160,14 +160,69 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
-/// A buffer handed to a send: owned, or shared with other holders — one
-/// payload sent to several peers (a primary's replication) goes out from
-/// the same memory to each, without a copy per peer. A shared buffer is
-/// never written while shared (`Rc` gives no `&mut`), so every send reads
-/// the bytes its caller gave.
+/// A range of a buffer several holders share: one payload sent to several
+/// peers (a primary's replication), or split into pieces sent apart (a
+/// client's write across objects), without a copy per send or piece. A
+/// shared buffer is never written (`Rc` gives no `&mut`), so every holder
+/// reads the bytes it was given.
+#[derive(Clone)]
+pub struct SharedBuf {
+    buf: std::rc::Rc<AlignedBuf>,
+    start: usize,
+    end: usize,
+}
+
+impl SharedBuf {
+    /// All of `buf`, shared from now on.
+    pub fn new(buf: AlignedBuf) -> Self {
+        let end = buf.len();
+        SharedBuf {
+            buf: std::rc::Rc::new(buf),
+            start: 0,
+            end,
+        }
+    }
+
+    /// The bytes `range` of this one (relative to its start), sharing
+    /// the same buffer.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        assert!(
+            range.start <= range.end && range.end <= self.end - self.start,
+            "slice {range:?} outside a shared buffer of {} bytes",
+            self.end - self.start
+        );
+        SharedBuf {
+            buf: self.buf.clone(),
+            start: self.start + range.start,
+            end: self.start + range.end,
+        }
+    }
+
+    /// The bytes as a buffer of their own: the buffer itself when nobody
+    /// else holds it and the range is all of it, else a copy.
+    pub fn into_owned(self) -> AlignedBuf {
+        if self.start == 0 && self.end == self.buf.len() {
+            match std::rc::Rc::try_unwrap(self.buf) {
+                Ok(b) => return b,
+                Err(rc) => return AlignedBuf::from_slice(&rc),
+            }
+        }
+        AlignedBuf::from_slice(&self)
+    }
+}
+
+impl Deref for SharedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+}
+
+/// A buffer handed to a send: owned, or a range of one shared with other
+/// holders ([`SharedBuf`]).
 pub enum SendBuf {
     Owned(AlignedBuf),
-    Shared(std::rc::Rc<AlignedBuf>),
+    Shared(SharedBuf),
 }
 
 impl Deref for SendBuf {
@@ -186,8 +241,8 @@ impl From<AlignedBuf> for SendBuf {
     }
 }
 
-impl From<std::rc::Rc<AlignedBuf>> for SendBuf {
-    fn from(b: std::rc::Rc<AlignedBuf>) -> Self {
+impl From<SharedBuf> for SendBuf {
+    fn from(b: SharedBuf) -> Self {
         SendBuf::Shared(b)
     }
 }
@@ -239,5 +294,38 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn shared_buffers_slice_without_copying_and_give_back_their_buffer() {
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let b = AlignedBuf::from_slice(&bytes);
+        let at = b.as_ptr();
+        let s = SharedBuf::new(b);
+        let part = s.slice(1000..3000);
+        assert_eq!(&part[..], &bytes[1000..3000]);
+        let inner = part.slice(500..600);
+        assert_eq!(&inner[..], &bytes[1500..1600]);
+        // Parts read the same memory: nothing was copied.
+        assert_eq!(part.as_ptr(), at.wrapping_add(1000));
+        // Held elsewhere, or a part: a copy of its own.
+        let copy = part.into_owned();
+        assert_eq!(&copy[..], &bytes[1000..3000]);
+        assert_ne!(copy.as_ptr(), at.wrapping_add(1000));
+        let held = s.clone();
+        assert_eq!(&held.clone().into_owned()[..], &bytes[..]);
+        drop(inner);
+        drop(held);
+        // The last holder of all of it gets the buffer itself back.
+        let back = s.into_owned();
+        assert_eq!(back.as_ptr(), at);
+        assert_eq!(&back[..], &bytes[..]);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a shared buffer")]
+    fn a_slice_past_the_end_of_a_shared_buffer_is_refused() {
+        let s = SharedBuf::new(AlignedBuf::zeroed(100));
+        let _ = s.slice(50..101);
     }
 }

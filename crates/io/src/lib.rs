@@ -12,7 +12,7 @@ pub mod net;
 pub mod rt;
 pub mod sync;
 
-pub use buf::{AlignedBuf, SendBuf};
+pub use buf::{AlignedBuf, SendBuf, SharedBuf};
 pub use dev::BlockDev;
 pub use fault::FaultDev;
 pub use file::{FileDev, OpenFlags};

@@ -431,7 +431,7 @@ mod tests {
             let a = AlignedBuf::from_slice(&[7u8; 60_000]);
             // The second part shared, as a primary shares a payload between
             // its replicas' sends: it goes out as it is and stays whole.
-            let b = std::rc::Rc::new(AlignedBuf::from_slice(&[9u8; 40_000]));
+            let b = crate::SharedBuf::new(AlignedBuf::from_slice(&[9u8; 40_000]));
             c.send_all(vec![(a.into(), 0, 60_000), (b.clone().into(), 0, 40_000)])
                 .await
                 .unwrap();

@@ -21,7 +21,7 @@ use std::rc::Rc;
 use nacre_io::net::{Addr, Listener, Stream};
 use nacre_io::rt;
 use nacre_io::sync::{oneshot, Notify, Sender};
-use nacre_io::{AlignedBuf, SendBuf};
+use nacre_io::{AlignedBuf, SendBuf, SharedBuf};
 use nacre_wire::{Header, WireError, HEADER_BYTES};
 
 /// Receive buffer for headers and small payloads.
@@ -735,7 +735,7 @@ impl Conn {
 
     /// [`Conn::call`] with a payload shared with other holders: it is
     /// sent from where it is, not copied.
-    pub async fn call_shared(&self, h: Header, payload: Rc<AlignedBuf>) -> Result<Frame, NetError> {
+    pub async fn call_shared(&self, h: Header, payload: SharedBuf) -> Result<Frame, NetError> {
         self.call_with(h, Some(SendBuf::Shared(payload))).await
     }
 
@@ -901,7 +901,7 @@ pub trait Rpc: 'static {
     fn call_shared(
         &self,
         h: Header,
-        payload: Rc<AlignedBuf>,
+        payload: SharedBuf,
     ) -> impl std::future::Future<Output = Result<Frame, NetError>>;
     fn is_closed(&self) -> bool;
 }
@@ -928,7 +928,7 @@ impl Rpc for Conn {
     async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
         Conn::call(self, h, payload).await
     }
-    async fn call_shared(&self, h: Header, payload: Rc<AlignedBuf>) -> Result<Frame, NetError> {
+    async fn call_shared(&self, h: Header, payload: SharedBuf) -> Result<Frame, NetError> {
         Conn::call_shared(self, h, payload).await
     }
     fn is_closed(&self) -> bool {

@@ -58,7 +58,7 @@ use nacre_blockstore::{
 };
 use nacre_io::net::{Addr, Listener};
 use nacre_io::sync::Notify;
-use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags};
+use nacre_io::{rt, AlignedBuf, BlockDev, FileDev, OpenFlags, SharedBuf};
 use nacre_net::{Frame, Handler, NetError, Rpc, Sockets, Transport};
 use nacre_types::{ObjectId, PgId, DAMAGED_OBJECTS_OUT, PG_WAIT_MS};
 use nacre_wire::{Header, Op, Status, SENDER_CLIENT};
@@ -1205,7 +1205,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         h: Header,
         data: Option<&AlignedBuf>,
     ) -> Result<Frame, String> {
-        let data = data.map(|d| Rc::new(AlignedBuf::from_slice(d)));
+        let data = data.map(|d| SharedBuf::new(AlignedBuf::from_slice(d)));
         self.call_osd_shared(id, h, data.as_ref()).await
     }
 
@@ -1215,7 +1215,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         &self,
         id: u32,
         h: Header,
-        data: Option<&Rc<AlignedBuf>>,
+        data: Option<&SharedBuf>,
     ) -> Result<Frame, String> {
         let mut last = String::new();
         for _ in 0..REPLICA_ATTEMPT_MAX {
@@ -1240,12 +1240,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     }
 
     /// Sends a sub-op to replica `id`.
-    async fn to_replica(
-        self: Rc<Self>,
-        id: u32,
-        h: Header,
-        data: Option<Rc<AlignedBuf>>,
-    ) -> Status {
+    async fn to_replica(self: Rc<Self>, id: u32, h: Header, data: Option<SharedBuf>) -> Status {
         match self.call_osd_shared(id, h, data.as_ref()).await {
             Ok(f) => f.h.status,
             Err(why) => {
@@ -1268,15 +1263,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         // One buffer shared by the replica tasks (sent from where it is,
         // kept for a resend); the local write takes the original when no
         // replica holds it any more, a copy otherwise.
-        let data = data.map(Rc::new);
+        let data = data.map(SharedBuf::new);
         let replicas: Vec<_> = (acting.iter().filter(|&&r| r != self.id))
             .map(|&r| (r, rt::spawn(self.clone().to_replica(r, sub, data.clone()))))
             .collect();
         let t0 = rt::monotonic();
         let local = match data {
             Some(d) => {
-                let d = Rc::try_unwrap(d).unwrap_or_else(|d| AlignedBuf::from_slice(&d));
-                self.store.write_logged(entry, entry.offset, d).await
+                (self.store)
+                    .write_logged(entry, entry.offset, d.into_owned())
+                    .await
             }
             None => self.store.delete_logged(entry).await,
         };

@@ -21,7 +21,7 @@ use std::time::Duration;
 use nacre_blockstore::{FormatOptions, Store, StoreOptions};
 use nacre_io::fault::SplitMix;
 use nacre_io::net::Addr;
-use nacre_io::{rt, AlignedBuf, FaultDev};
+use nacre_io::{rt, AlignedBuf, FaultDev, SharedBuf};
 use nacre_meta::map::{ClusterState, PgTable, Placed, PoolRecord, PoolState};
 use nacre_net::{Frame, Handler, NetError, Rpc, Transport};
 use nacre_osd::leader::Leader;
@@ -314,7 +314,7 @@ impl Rpc for SimConn {
 
     /// The receiver owns what it is given in the simulation: a copy, taken
     /// when the request leaves (as a socket's send takes its bytes).
-    async fn call_shared(&self, h: Header, payload: Rc<AlignedBuf>) -> Result<Frame, NetError> {
+    async fn call_shared(&self, h: Header, payload: SharedBuf) -> Result<Frame, NetError> {
         self.call(h, Some(AlignedBuf::from_slice(&payload))).await
     }
 
