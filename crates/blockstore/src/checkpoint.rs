@@ -81,12 +81,12 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
                 inner.journal_kick.notify();
                 return;
             }
-            let used = st.head - st.tail;
+            let used = st.journal.used();
             if st.failed.is_some() {
                 Next::Wait
             } else if st.ckpt_wanted {
                 Next::Checkpoint
-            } else if st.completed >= next_look_at
+            } else if st.journal.completed >= next_look_at
                 && !st.index.pending.is_empty()
                 && used * 100 >= inner.g.journal_bytes * FOLD_AHEAD_PERCENT
             {
@@ -108,7 +108,7 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
             Next::FoldAhead => match fold_ahead(&inner).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    next_look_at = inner.st.borrow().completed + inner.g.journal_bytes / 32
+                    next_look_at = inner.st.borrow().journal.completed + inner.g.journal_bytes / 32
                 }
                 Err(e) => inner.fail(format!("folding ahead: {e}")),
             },
@@ -123,7 +123,10 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
 async fn fold_ahead<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<bool> {
     let (j, oids) = {
         let st = inner.st.borrow();
-        let j = st.completed.saturating_sub(inner.g.journal_bytes / 8);
+        let j = st
+            .journal
+            .completed
+            .saturating_sub(inner.g.journal_bytes / 8);
         let oids: Vec<ObjectId> = st
             .index
             .pending
@@ -193,7 +196,7 @@ async fn write_pages<D: BlockDev + 'static>(
         // all-out when writers are about to wait for this checkpoint.
         let urgent = {
             let st = inner.st.borrow();
-            (st.head - st.tail) * 100 >= inner.g.journal_bytes * URGENT_JOURNAL_PERCENT
+            st.journal.used() * 100 >= inner.g.journal_bytes * URGENT_JOURNAL_PERCENT
         };
         let window = if urgent {
             PAGE_WRITES_INFLIGHT_MAX
@@ -233,7 +236,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         let fold: Vec<ObjectId> = st.index.pending.keys().copied().collect();
         let releasing = st.alloc.take_deferred();
         st.releasing = releasing.len();
-        (st.completed, releasing, fold)
+        (st.journal.completed, releasing, fold)
     };
     // Folding rewrites blocks that full-block records before J point at;
     // replay must know those records are durable and not check their blocks.
@@ -288,7 +291,12 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     }
     let (slot, seq, gen, lineage) = {
         let st = inner.st.borrow();
-        (1 - st.ckpt_slot, st.ckpt_seq + 1, st.gen, st.lineage)
+        (
+            1 - st.ckpt_slot,
+            st.ckpt_seq + 1,
+            st.journal.gen,
+            st.lineage,
+        )
     };
     let buf = encode_slot(
         g,
@@ -319,7 +327,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     st.obj_metas = obj_metas;
     st.csum.commit(csum_metas, &csum_pages);
     st.pglogs.metas = pglog_metas;
-    st.tail = j;
+    st.journal.raise_tail(j);
     st.alloc.release(&releasing);
     st.releasing = 0;
     st.stats.checkpoints += 1;

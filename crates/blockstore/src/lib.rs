@@ -38,6 +38,7 @@ pub const fn strict() -> bool {
 mod alloc;
 mod checkpoint;
 mod csum;
+mod cursor;
 mod error;
 pub mod format;
 mod index;

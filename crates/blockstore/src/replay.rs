@@ -448,13 +448,17 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         queue: VecDeque::new(),
         ckpt_queue: VecDeque::new(),
         inflight: OidMap::default(),
-        head: pos,
-        completed: pos,
-        tail: ck.journal_start,
-        gen: 0,
-        synced_upto: 0,
-        unsynced: false,
-        recorded_synced: synced,
+        // Filled in as replay finds the journal's end (below).
+        journal: crate::cursor::Cursor {
+            ring: g.journal_bytes,
+            head: pos,
+            completed: pos,
+            tail: ck.journal_start,
+            gen: 0,
+            synced_upto: 0,
+            unsynced: false,
+            recorded_synced: synced,
+        },
         sync_waiters: Vec::new(),
         written: VecDeque::new(),
         writer_done: false,
@@ -486,7 +490,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
                     p.pos
                 );
                 report.torn_tail = Some(format!("batch at {}: {why}", p.pos));
-                st.head = p.pos;
+                st.journal.head = p.pos;
                 break;
             }
         }
@@ -514,9 +518,10 @@ pub(crate) async fn open<D: BlockDev + 'static>(
             st.alloc.mark_free(b);
         }
     }
-    st.completed = st.head;
-    st.synced_upto = st.head;
-    st.gen = max_gen + 1;
+    st.journal.completed = st.journal.head;
+    st.journal.synced_upto = st.journal.head;
+    st.journal.gen = max_gen + 1;
+    st.journal.check();
     // What replay applied must be durable before new writes rely on it.
     dev.sync().await?;
     let inner = Inner {

@@ -233,20 +233,8 @@ pub(crate) struct State {
     /// Records of the checkpointer, written before any client record.
     pub ckpt_queue: VecDeque<Queued>,
     pub inflight: OidMap<Inflight>,
-    /// Next logical journal position to write.
-    pub head: u64,
-    /// End of the last batch applied to the index.
-    pub completed: u64,
-    /// Replay start of the committed checkpoint.
-    pub tail: u64,
-    pub gen: u64,
-    /// Everything written before this position is durable.
-    pub synced_upto: u64,
-    /// Batches were completed without an fsync since the last one.
-    pub unsynced: bool,
-    /// The `synced_upto` carried by the newest batch header on disk: what
-    /// replay will know is durable.
-    pub recorded_synced: u64,
+    /// The journal's positions and what is durable.
+    pub journal: crate::cursor::Cursor,
     /// Sync barriers waiting; `true` asks for a durable header recording the
     /// sync (a marker), which the checkpointer needs before folding.
     pub sync_waiters: Vec<(Sender<Result<()>>, bool)>,
@@ -728,7 +716,7 @@ impl<D: BlockDev + 'static> Store<D> {
     /// Journal bytes written since the last checkpoint.
     pub fn journal_used_bytes(&self) -> u64 {
         let st = self.0.st.borrow();
-        st.head - st.tail
+        st.journal.used()
     }
 
     /// The store's lineage: 0 from format, raised at each open whose

@@ -251,7 +251,7 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         let (mut batch, exempt, waiters) = loop {
             {
                 let mut st = inner.st.borrow_mut();
-                if full_at_tail.is_some_and(|t| t != st.tail) {
+                if full_at_tail.is_some_and(|t| t != st.journal.tail) {
                     full_at_tail = None;
                 }
                 let clients = !st.queue.is_empty() && full_at_tail.is_none();
@@ -285,7 +285,7 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 for q in std::mem::take(&mut batch).into_iter().rev() {
                     st.queue.push_front(q);
                 }
-                full_at_tail = Some(st.tail);
+                full_at_tail = Some(st.journal.tail);
                 st.ckpt_wanted = true;
             }
             inner.ckpt_kick.notify();
@@ -345,7 +345,7 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         loop {
             {
                 let st = inner.st.borrow();
-                if st.failed.is_some() || (st.written.is_empty() && st.synced_upto >= end) {
+                if st.failed.is_some() || (st.written.is_empty() && st.journal.synced_upto >= end) {
                     break;
                 }
             }
@@ -353,7 +353,7 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         }
         let needed = {
             let st = inner.st.borrow();
-            st.recorded_synced < st.synced_upto
+            st.journal.recorded_synced < st.journal.synced_upto
         };
         let r = if needed {
             write_batch(&inner, &mut [], true, true).await
@@ -403,7 +403,7 @@ pub(crate) async fn sync_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         inner.journal_kick.notify();
         let wants = group.iter().any(|w| w.durable);
         let wrote = group.iter().any(|w| w.wrote);
-        let needs_fsync = wants && (inner.st.borrow().unsynced || wrote);
+        let needs_fsync = wants && (inner.st.borrow().journal.unsynced || wrote);
         let mut result: std::result::Result<(), String> = match &inner.st.borrow().failed {
             Some(why) => Err(why.clone()),
             None => Ok(()),
@@ -426,10 +426,9 @@ pub(crate) async fn sync_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 .max()
                 .unwrap_or(0);
             if wants || inner.opts.immediate_commit {
-                st.synced_upto = st.synced_upto.max(last);
-                st.unsynced = false;
+                st.journal.synced(last);
             } else if wrote {
-                st.unsynced = true;
+                st.journal.unsynced = true;
             }
         }
         for mut w in group {
@@ -448,7 +447,7 @@ pub(crate) async fn sync_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                     let State { undos, index, .. } = &*st;
                     undos.check(index);
                 }
-                st.completed = st.completed.max(w.end);
+                st.journal.complete(w.end);
             }
             finish_batch(&inner, w.batch, w.waiters, r);
         }
@@ -469,7 +468,7 @@ async fn write_batch<D: BlockDev + 'static>(
         return Err(Error::Failed(why.clone()));
     }
     if batch.is_empty() && !marker {
-        return Ok(inner.st.borrow().head);
+        return Ok(inner.st.borrow().journal.head);
     }
     let g = &inner.g;
     let sector = u64::from(g.sector_bytes);
@@ -491,7 +490,7 @@ async fn write_batch<D: BlockDev + 'static>(
     };
     let (gen, synced_upto, uuid_lo) = {
         let st = inner.st.borrow();
-        (st.gen, st.synced_upto, g.uuid_lo())
+        (st.journal.gen, st.journal.synced_upto, g.uuid_lo())
     };
     let id = BatchId {
         pos,
@@ -517,7 +516,7 @@ async fn write_batch<D: BlockDev + 'static>(
     }
     // The batch's end is claimed now, so the next batch can be placed
     // while this one is in flight.
-    inner.st.borrow_mut().head = pos + total;
+    inner.st.borrow_mut().journal.advance_head(pos + total);
     let phys = g.journal_offset + pos % g.journal_bytes;
     let res = inner.dev.writev_at(bufs, phys).await;
     // Hand each small write's buffer back to its record: the index may
@@ -552,7 +551,7 @@ async fn write_batch<D: BlockDev + 'static>(
         return Err(Error::Failed(format!("data block write: {e}")));
     }
     let mut st = inner.st.borrow_mut();
-    st.recorded_synced = st.recorded_synced.max(synced_upto);
+    st.journal.recorded(synced_upto);
     st.stats.batches += 1;
     st.stats.records += batch.len() as u64;
     Ok(pos + total)
@@ -577,7 +576,12 @@ async fn reserve_journal<D: BlockDev + 'static>(
     };
     let (head, tail, gen, synced) = {
         let st = inner.st.borrow();
-        (st.head, st.tail, st.gen, st.synced_upto)
+        (
+            st.journal.head,
+            st.journal.tail,
+            st.journal.gen,
+            st.journal.synced_upto,
+        )
     };
     let lap_left = g.journal_bytes - head % g.journal_bytes;
     let need = if total > lap_left {
@@ -607,8 +611,8 @@ async fn reserve_journal<D: BlockDev + 'static>(
         return Err(Error::Failed(e.to_string()));
     }
     let mut st = inner.st.borrow_mut();
-    st.head = head + lap_left;
-    Ok(Some(st.head))
+    st.journal.advance_head(head + lap_left);
+    Ok(Some(st.journal.head))
 }
 
 fn finish_batch<D: BlockDev + 'static>(
@@ -630,7 +634,7 @@ fn finish_batch<D: BlockDev + 'static>(
                 }
             }
         }
-        let used = st.head - st.tail;
+        let used = st.journal.used();
         // Checkpoint when the journal fills, or when freed blocks waiting
         // for one make up a good part of what is left.
         let deferred = st.alloc.deferred_count() as u64;
