@@ -601,8 +601,21 @@ pub fn start_sized(
     if !m.osds.iter().any(|r| r.id == id) {
         return Err(no_such_osd(dir, id, &m));
     }
-    if let Some(pid) = live_pid(&pid_file(dir, id)) {
-        return Ok((pid, true));
+    // A live process runs the OSD only while its up key names it: one
+    // without (booting, or stopping — it gives up its key once the leader
+    // has marked it down, then closes its store) is waited for, and
+    // started again if it goes. Taken for running, a stopping OSD was
+    // left stopped.
+    let t0 = Instant::now();
+    while let Some(pid) = live_pid(&pid_file(dir, id)) {
+        let up = meta.get(&map::up_key(id))?;
+        if up.is_some_and(|kv| parse_up(&kv.value).is_some_and(|(p, _)| p == pid)) {
+            return Ok((pid, true));
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("osd.{id} (pid {pid}) neither came up nor stopped within 60 s; the log of nacre up says why");
+        }
+        std::thread::sleep(POLL);
     }
     let value = create_bytes.map_or_else(Vec::new, |b| b.to_string().into_bytes());
     meta.put(&start_key(id), value, 0)?;
