@@ -601,15 +601,16 @@ pub fn start_sized(
     if !m.osds.iter().any(|r| r.id == id) {
         return Err(no_such_osd(dir, id, &m));
     }
-    // A live process runs the OSD only while its up key names it: one
-    // without (booting, or stopping — it gives up its key once the leader
-    // has marked it down, then closes its store) is waited for, and
-    // started again if it goes. Taken for running, a stopping OSD was
-    // left stopped.
+    // A live process runs the OSD only while its up key names it and the
+    // map does not mark it down: one otherwise (booting, or stopping — the
+    // leader marks it down, then it gives up its key and closes its store)
+    // is waited for, and started again if it goes. Taken for running, a
+    // stopping OSD was left stopped.
     let t0 = Instant::now();
     while let Some(pid) = live_pid(&pid_file(dir, id)) {
-        let up = meta.get(&map::up_key(id))?;
-        if up.is_some_and(|kv| parse_up(&kv.value).is_some_and(|(p, _)| p == pid)) {
+        let keyed = (meta.get(&map::up_key(id))?)
+            .is_some_and(|kv| parse_up(&kv.value).is_some_and(|(p, _)| p == pid));
+        if keyed && !map::load(meta)?.state.down.contains(&id) {
             return Ok((pid, true));
         }
         if t0.elapsed() > Duration::from_secs(60) {
@@ -875,7 +876,12 @@ impl Supervise {
             if let Some(id) = id.filter(|&id| !self.slots.iter().any(|s| s.opts.id == id)) {
                 self.add_slot(id, &kv.value);
             }
-            if let Some(s) = self.slots.iter_mut().find(|s| Some(s.opts.id) == id) {
+            if let Some(i) = self.slots.iter().position(|s| Some(s.opts.id) == id) {
+                // A child that exited since this tick's reaping (`osd
+                // start` saw it gone) is reaped now, so the request starts
+                // it rather than finding it still there.
+                self.reap(i, Instant::now());
+                let s = &mut self.slots[i];
                 if s.child.is_none() {
                     s.restart_at = Some(Instant::now());
                     s.delay = RESTART_DELAY;

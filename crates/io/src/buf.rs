@@ -162,9 +162,10 @@ impl std::fmt::Debug for AlignedBuf {
 
 /// A range of a buffer several holders share: one payload sent to several
 /// peers (a primary's replication), or split into pieces sent apart (a
-/// client's write across objects), without a copy per send or piece. A
-/// shared buffer is never written (`Rc` gives no `&mut`), so every holder
-/// reads the bytes it was given.
+/// client's write across objects), without a copy per send or piece.
+/// While it is shared nobody can write it (`Rc` gives no `&mut`), so every
+/// holder reads the bytes it was given; the last holder of all of it may
+/// take the buffer back ([`SharedBuf::into_owned`]).
 #[derive(Clone)]
 pub struct SharedBuf {
     buf: std::rc::Rc<AlignedBuf>,

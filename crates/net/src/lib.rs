@@ -484,17 +484,13 @@ impl FrameSender {
         self.q.borrow().closed
     }
 
-    /// Queues a frame; waits while the queue is over its byte limit.
-    pub async fn send(&self, h: Header, payload: Option<AlignedBuf>) -> Result<(), NetError> {
-        self.send_held(h, payload, Vec::new()).await
-    }
-
-    /// [`FrameSender::send`], holding `permits` (shrunk to the frame's
-    /// size) until the frame is sent.
+    /// Queues a frame (its payload owned or shared); waits while the
+    /// queue is over its byte limit, holding `permits` (shrunk to the
+    /// frame's size) until the frame is sent.
     pub async fn send_held(
         &self,
         h: Header,
-        payload: Option<AlignedBuf>,
+        payload: Option<SendBuf>,
         permits: Vec<Permit>,
     ) -> Result<(), NetError> {
         let mut head = Head {
@@ -502,18 +498,7 @@ impl FrameSender {
             len: HEADER_BYTES as u8,
         };
         h.encode(&mut head.bytes);
-        self.send_head(head, payload.map(SendBuf::from), permits)
-            .await
-    }
-
-    /// [`FrameSender::send`] with a payload of any kind, shared or owned.
-    async fn send_buf(&self, h: Header, payload: Option<SendBuf>) -> Result<(), NetError> {
-        let mut head = Head {
-            bytes: [0; HEAD_MAX_BYTES],
-            len: HEADER_BYTES as u8,
-        };
-        h.encode(&mut head.bytes);
-        self.send_head(head, payload, Vec::new()).await
+        self.send_head(head, payload, permits).await
     }
 
     /// Queues `head` (at most [`HEAD_MAX_BYTES`]) and a payload, for
@@ -784,7 +769,7 @@ impl Conn {
             }
         }
         let mut unsent = Unsent(&self.pending, id, true, &self.slots);
-        self.tx.send_buf(h, payload).await?;
+        self.tx.send_held(h, payload, Vec::new()).await?;
         unsent.2 = false;
         let f = rx.await.unwrap_or(Err(NetError::Closed))?;
         if f.h.op != h.op {
@@ -1157,7 +1142,7 @@ async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>, budget: &Rc<Budget
         let tx = tx.clone();
         inflight.spawn(async move {
             let (rh, payload) = handling.await;
-            let _ = tx.send_held(rh, payload, held).await;
+            let _ = tx.send_held(rh, payload.map(SendBuf::from), held).await;
         });
     }
     inflight.drain(&tx).await;
