@@ -429,11 +429,7 @@ impl Cluster {
                 }
             };
             // Every attempt sends from the caller's buffer, uncopied.
-            let sent = match payload {
-                Some(p) => conn.call_shared(h, p.clone()).await,
-                None => conn.call(h, None).await,
-            };
-            match sent {
+            match conn.call_shared(h, payload.cloned()).await {
                 Ok(f) if f.h.status == Status::StaleEpoch || f.h.status == Status::NotPrimary => {
                     last = format!("osd.{primary}: {:?}", f.h.status);
                     self.refresh_map(&mut last);

@@ -720,8 +720,12 @@ impl Conn {
 
     /// [`Conn::call`] with a payload shared with other holders: it is
     /// sent from where it is, not copied.
-    pub async fn call_shared(&self, h: Header, payload: SharedBuf) -> Result<Frame, NetError> {
-        self.call_with(h, Some(SendBuf::Shared(payload))).await
+    pub async fn call_shared(
+        &self,
+        h: Header,
+        payload: Option<SharedBuf>,
+    ) -> Result<Frame, NetError> {
+        self.call_with(h, payload.map(SendBuf::Shared)).await
     }
 
     async fn call_with(&self, mut h: Header, payload: Option<SendBuf>) -> Result<Frame, NetError> {
@@ -886,7 +890,7 @@ pub trait Rpc: 'static {
     fn call_shared(
         &self,
         h: Header,
-        payload: SharedBuf,
+        payload: Option<SharedBuf>,
     ) -> impl std::future::Future<Output = Result<Frame, NetError>>;
     fn is_closed(&self) -> bool;
 }
@@ -913,7 +917,7 @@ impl Rpc for Conn {
     async fn call(&self, h: Header, payload: Option<AlignedBuf>) -> Result<Frame, NetError> {
         Conn::call(self, h, payload).await
     }
-    async fn call_shared(&self, h: Header, payload: SharedBuf) -> Result<Frame, NetError> {
+    async fn call_shared(&self, h: Header, payload: Option<SharedBuf>) -> Result<Frame, NetError> {
         Conn::call_shared(self, h, payload).await
     }
     fn is_closed(&self) -> bool {

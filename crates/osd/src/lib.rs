@@ -1227,11 +1227,7 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
                     continue;
                 }
             };
-            let sent = match data {
-                Some(d) => conn.call_shared(h, d.clone()).await,
-                None => conn.call(h, None).await,
-            };
-            match sent {
+            match conn.call_shared(h, data.cloned()).await {
                 Ok(f) => return Ok(f),
                 Err(e) => last = e.to_string(),
             }

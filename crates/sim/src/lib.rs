@@ -314,8 +314,9 @@ impl Rpc for SimConn {
 
     /// The receiver owns what it is given in the simulation: a copy, taken
     /// when the request leaves (as a socket's send takes its bytes).
-    async fn call_shared(&self, h: Header, payload: SharedBuf) -> Result<Frame, NetError> {
-        self.call(h, Some(AlignedBuf::from_slice(&payload))).await
+    async fn call_shared(&self, h: Header, payload: Option<SharedBuf>) -> Result<Frame, NetError> {
+        self.call(h, payload.map(|p| AlignedBuf::from_slice(&p)))
+            .await
     }
 
     fn is_closed(&self) -> bool {
