@@ -1797,27 +1797,34 @@ fn a_slow_disk_is_only_named_when_the_action_is_to_warn() {
     slow_disk(false);
 }
 
+/// Gives OSD `id`'s device `us` µs per op.
+fn latency(c: &Cluster, id: u32, us: u64) {
+    (c.nodes.borrow()[id as usize].dev).set_latency(Some(Duration::from_micros(us)));
+}
+
+/// Writes 4 KiB to objects 0..64 of volume 1, one after the other, until
+/// `stop` is set (the load that slow-OSD detection measures).
+fn background_writes(c: &Rc<Cluster>, stop: &Rc<std::cell::Cell<bool>>) -> rt::JoinHandle<()> {
+    let (c, stop) = (c.clone(), stop.clone());
+    rt::spawn(async move {
+        let mut n = 0u64;
+        while !stop.get() {
+            let _ = send(&c, nacre_sim::obj(1, n % 64), 10_000 + n, n as u8).await;
+            n += 1;
+        }
+    })
+}
+
 fn slow_disk(demote: bool) {
     rt::block_on_virtual(async {
         let c = cluster(45).await;
         c.leader.set_slow_osd_action(demote);
-        let latency = |id: usize, us: u64| {
-            (c.nodes.borrow()[id].dev).set_latency(Some(Duration::from_micros(us)));
-        };
+        let latency = |id: u32, us: u64| latency(&c, id, us);
         for id in 0..3 {
             latency(id, 300);
         }
         let stop = Rc::new(std::cell::Cell::new(false));
-        let writer = {
-            let (c, stop) = (c.clone(), stop.clone());
-            rt::spawn(async move {
-                let mut n = 0u64;
-                while !stop.get() {
-                    let _ = send(&c, nacre_sim::obj(1, n % 64), 10_000 + n, n as u8).await;
-                    n += 1;
-                }
-            })
-        };
+        let writer = background_writes(&c, &stop);
         rt::sleep(Duration::from_secs(40)).await;
         assert_eq!(slow_osds(&c), Vec::<u32>::new(), "alike disks");
         assert_eq!(c.leader.map().cluster.demoted, Vec::<u32>::new());
@@ -1856,6 +1863,116 @@ fn slow_disk(demote: bool) {
         assert!(m.pgs().any(|pg| m.primary(pg) == Some(1)));
         stop.set(true);
         writer.await;
+        c.stop();
+    });
+}
+
+/// A PG's first member demoted, its second leads; that primary turns full
+/// (so that, marked out, it is kept as no temporary member), is cut off
+/// from the other OSDs (its heartbeats still reach the leader, the maps
+/// it asks for and its leases are lost, its clients still reach it) and
+/// marked out, so the PG goes on without it in a newer epoch and takes a
+/// write within its last lease.
+/// The old primary still thinks its PG active and must not answer a read
+/// with the old bytes: before the leader records the new interval it
+/// waits out the read lease of the primary that reported the last one
+/// active — not of the PG's first member, which the demotion made
+/// another. Seen failing (the old bytes answered) with the wait on the
+/// first member.
+#[test]
+fn a_primary_leading_for_a_demoted_member_serves_no_stale_read_once_moved_away() {
+    rt::block_on_virtual(async {
+        let c = Cluster::new(Net::new(48, Duration::from_millis(500)), 4, 3, 2, 8).await;
+        c.settle(SETTLE).await.unwrap();
+        for id in 0..4 {
+            latency(&c, id, 300);
+        }
+        let oid = nacre_sim::obj(1, 500);
+        let (pg, _) = c.route(oid);
+        let row = c.placement(oid);
+        let (first, p) = (row[0], row[1]);
+        let stop = Rc::new(std::cell::Cell::new(false));
+        let writer = background_writes(&c, &stop);
+        rt::sleep(Duration::from_secs(40)).await;
+        latency(&c, first, 20_000);
+        let within = |t0: Duration, s: u64| rt::monotonic() - t0 < Duration::from_secs(s);
+        let t0 = rt::monotonic();
+        loop {
+            let m = c.leader.map();
+            let led = m.primary(pg) == Some(p)
+                && c.osd(p).is_some_and(|o| {
+                    o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active)
+                });
+            if m.cluster.demoted == vec![first] && led {
+                break;
+            }
+            assert!(
+                within(t0, 90),
+                "osd.{first} not demoted for osd.{p} to lead"
+            );
+            rt::sleep(Duration::from_millis(500)).await;
+        }
+        put(&c, oid, 1, 0x11).await;
+        let old = c.osd(p).unwrap();
+        let ask = |old_epoch: u64| {
+            let c = &c;
+            async move {
+                let mut h = Header::request(Op::Read, 0, oid);
+                h.length = 4096;
+                h = h.with_pg(pg);
+                h.epoch = old_epoch;
+                let addr = c.nodes.borrow()[p as usize].addr.clone();
+                let conn = nacre_net::Transport::connect(&c.net, &addr).unwrap();
+                let f = nacre_net::Rpc::call(&*conn, h, None).await.unwrap();
+                (f.h.status, f.payload.map(|d| d[0]))
+            }
+        };
+        assert_eq!(
+            ask(old.epoch()).await,
+            (Status::Ok, Some(0x11)),
+            "the primary serves"
+        );
+        // Full, so that marked out it is no temporary member (which the
+        // new interval would have to hear).
+        old.set_full_ratios(1e-9, 2e-9);
+        let t0 = rt::monotonic();
+        while !c.leader.map().full.contains(&p) || old.epoch() != c.leader.map().epoch() {
+            assert!(within(t0, 10), "osd.{p} not full");
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        let old_epoch = old.epoch();
+        let pa = c.nodes.borrow()[p as usize].addr.to_string();
+        let leader = nacre_sim::leader_addr().to_string();
+        c.net.set_filter(move |from, to, h| {
+            (from == pa && (to != leader || h.op != Op::Ping)) || (to == pa && !from.is_empty())
+        });
+        c.mark_out(p, true).unwrap();
+        let t0 = rt::monotonic();
+        loop {
+            let m = c.leader.map();
+            let moved = !m.placement(pg).contains(&p)
+                && (m.primary(pg).and_then(|q| c.osd(q))).is_some_and(|o| {
+                    o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active)
+                });
+            if moved {
+                break;
+            }
+            assert!(within(t0, 30), "PG {pg} not active without osd.{p}");
+            rt::sleep(Duration::from_millis(100)).await;
+        }
+        put(&c, oid, 2, 0x22).await;
+        assert_eq!(old.epoch(), old_epoch, "the old primary learnt the new map");
+        assert_eq!(old.pg_state(pg), Some(PgState::Active));
+        let (s, got) = ask(old_epoch).await;
+        assert_eq!(s, Status::Unavailable, "the old primary answered {got:?}");
+        stop.set(true);
+        writer.await;
+        c.net.clear_filter();
+        old.set_full_ratios(1.0, 1.0);
+        c.mark_out(p, false).unwrap();
+        c.settle(SETTLE).await.unwrap();
+        let got = read(&c, oid).await.expect("the object");
+        assert_eq!(&got[..4096], &[0x22u8; 4096][..]);
         c.stop();
     });
 }
