@@ -848,7 +848,7 @@ fn slow_checks(
             "code": "SLOW_OSD",
             "severity": "HEALTH_WARN",
             "osd": id,
-            "message": format!("osd.{id}: demoted for slow store writes until they are calm for 30 s: it leads no PG while another member is up"),
+            "message": format!("osd.{id}: demoted for slow store writes until they are calm for 30 s (and, demoted again within an hour, for a minute at least, doubled each time): it leads no PG while another member is up"),
             "demoted": true,
         }));
     }
@@ -1992,11 +1992,73 @@ pub fn demo(a: DemoArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{
-        damage_checks, late_scrubs, overcommit_check, pg_summary, raw_usable, scrub_summary,
-        signal_name,
+        damage_checks, late_scrubs, link_checks, overcommit_check, pg_summary, raw_usable,
+        scrub_summary, signal_name, slow_checks,
     };
     use nacre_meta::map;
     use nacre_types::PgId;
+
+    /// `nacre status` reads the figures slow-OSD and slow-link detection
+    /// compare from the OSDs' `Stat` answers as the OSDs encode them: a
+    /// disk five times the others' in every window is `SLOW_OSD` (and said
+    /// demoted when the map says so), a demoted OSD no longer slow is
+    /// still named, a link five times the others' is `SLOW_LINK` between
+    /// its hosts, and OSDs on unix sockets have no link.
+    #[test]
+    fn status_names_slow_osds_and_links_from_the_osds_reports() {
+        let w = |us: f64| vec![Some(us); nacre_osd::LATENCY_WINDOWS_KEPT];
+        let report = |id: u32, disk: f64| {
+            let peers = (0..4).filter(|&p| p != id);
+            let link = |p: u32| match (id.min(p), id.max(p)) {
+                (0, 1) => 20_000.0,
+                _ => 200.0,
+            };
+            let r = nacre_osd::OsdReport {
+                store_write_us_p99: w(disk),
+                peer_ping_us_p50: peers.map(|p| (p, w(link(p)))).collect(),
+                ..Default::default()
+            };
+            (id, Some(serde_json::to_value(r).unwrap()))
+        };
+        let stats: Vec<_> = (0..4)
+            .map(|id| report(id, if id == 2 { 9_000.0 } else { 500.0 }))
+            .collect();
+        let codes = |c: &[serde_json::Value]| -> Vec<(String, String)> {
+            (c.iter())
+                .map(|c| (c["code"].as_str().unwrap().into(), c["message"].to_string()))
+                .collect()
+        };
+        let slow = codes(&slow_checks(&stats, &[2]));
+        assert_eq!(slow.len(), 1, "{slow:?}");
+        assert_eq!(slow[0].0, "SLOW_OSD");
+        assert!(slow[0].1.contains("osd.2") && slow[0].1.contains("9.0 ms"));
+        assert!(slow[0].1.contains("demoted"), "{slow:?}");
+        let calm = codes(&slow_checks(&stats, &[3]));
+        assert_eq!(calm.len(), 2, "{calm:?}");
+        assert!(calm[1].1.contains("osd.3: demoted"), "{calm:?}");
+        let osd = |id: u32, addr: String| map::OsdRecord {
+            id,
+            addr,
+            host: format!("h{id}"),
+            rack: String::new(),
+            weight: 1,
+            pg_logs: 0,
+            store: String::new(),
+            removed: false,
+        };
+        let mut m = map::ClusterMap {
+            osds: (0..4)
+                .map(|id| osd(id, format!("tcp:10.0.0.{id}:7000")))
+                .collect(),
+            ..Default::default()
+        };
+        let links = link_checks(&stats, &m);
+        assert_eq!(codes(&links).len(), 1, "{links:?}");
+        assert_eq!(links[0]["code"], "SLOW_LINK");
+        assert_eq!(links[0]["hosts"], serde_json::json!(["h0", "h1"]));
+        m.osds = (0..4).map(|id| osd(id, format!("unix:/s/{id}"))).collect();
+        assert!(link_checks(&stats, &m).is_empty());
+    }
 
     /// A PG is late once its last scrub (or, never scrubbed, its first
     /// plan) is 1.5 intervals of its primary's old; a deep scrub counts as

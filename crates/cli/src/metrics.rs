@@ -374,6 +374,18 @@ const OSD_FIGURES: &[Figure] = &[
         |m| m.report.full_ratio,
     ),
     (
+        "nacre_osd_client_reads_total",
+        "Client reads the OSD served as primary (or as a shard read directly).",
+        C,
+        |m| m.report.reads as f64,
+    ),
+    (
+        "nacre_osd_client_writes_total",
+        "Client writes the OSD served as primary.",
+        C,
+        |m| m.report.writes as f64,
+    ),
+    (
         "nacre_osd_client_read_bytes_total",
         "Bytes of client reads the OSD served as primary.",
         C,

@@ -93,6 +93,9 @@ pub struct Leader<T: Transport> {
     /// is demoted from leading PGs (`slow_osd_action = demote`).
     slow_figures: RefCell<BTreeMap<u32, Vec<Option<f64>>>>,
     demote_slow: Cell<bool>,
+    /// When this leader demoted each OSD within the last
+    /// [`DEMOTIONS_REMEMBERED`], oldest first ([`hold_down`]).
+    demotions: RefCell<BTreeMap<u32, Vec<Duration>>>,
     /// Whether this leader may still act (an elected monitor's term has
     /// not ended); none: always.
     authority: RefCell<Option<Authority>>,
@@ -114,6 +117,23 @@ struct Active {
     interval: Interval,
     /// What the primary is told, once stored (or refused).
     answer: Rc<Cell<Option<Status>>>,
+}
+
+/// How long a leader remembers that it demoted an OSD ([`hold_down`]).
+const DEMOTIONS_REMEMBERED: Duration = Duration::from_secs(3600);
+
+/// How long an OSD demoted for the `n`th time within
+/// [`DEMOTIONS_REMEMBERED`] stays demoted at least, however calm it turns
+/// meanwhile: nothing the first time (calm in every kept window is
+/// enough), then a minute, doubled at each demotion up to 32 minutes. A
+/// disk slow only under a primary's load — calm once demoted, slow again
+/// once restored — costs two epochs (every PG peers) a few times an hour
+/// instead of every minute.
+fn hold_down(n: usize) -> Duration {
+    match n {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(60) * (1u32 << (n - 2).min(5)),
+    }
 }
 
 /// How long a leader may still act (`None`: no longer); checked at every
@@ -195,6 +215,7 @@ impl<T: Transport> Leader<T> {
             settled: Cell::new(Duration::ZERO),
             slow_figures: RefCell::new(BTreeMap::new()),
             demote_slow: Cell::new(true),
+            demotions: RefCell::new(BTreeMap::new()),
             authority: RefCell::new(None),
             events_after: Cell::new(Duration::ZERO),
             actives: RefCell::new(Vec::new()),
@@ -211,13 +232,26 @@ impl<T: Transport> Leader<T> {
 
     /// Demotes the OSDs up that stand out as slow (`crate::slow`) and
     /// restores those demoted that stand out in no window any more (or
-    /// cannot be judged), or are down, in one epoch if anything changed:
-    /// a PG's primary is then another member.
+    /// cannot be judged) once their hold-down passed ([`hold_down`]), or
+    /// that are down, in one epoch if anything changed: a PG's primary is
+    /// then another member.
     fn demote_the_slow(self: &Rc<Self>) {
         let (up, demoted) = {
             let m = self.map.borrow();
             let up: Vec<u32> = m.up_from.keys().copied().collect();
             (up, m.cluster.demoted.clone())
+        };
+        let now = rt::monotonic();
+        (self.demotions.borrow_mut()).retain(|_, t| {
+            t.retain(|&t| now.saturating_sub(t) < DEMOTIONS_REMEMBERED);
+            !t.is_empty()
+        });
+        let held = |id: &u32| {
+            let d = self.demotions.borrow();
+            let times = d.get(id).map_or(&[][..], |t| &t[..]);
+            times
+                .last()
+                .is_some_and(|&t| now < t + hold_down(times.len()))
         };
         let reports: Vec<(u32, Vec<Option<f64>>)> = {
             let f = self.slow_figures.borrow();
@@ -233,18 +267,30 @@ impl<T: Transport> Leader<T> {
             ),
             false => (Vec::new(), Vec::new()),
         };
+        let keep = |id: &u32| restless.contains(id) || (self.demote_slow.get() && held(id));
         let next: std::collections::BTreeSet<u32> = (demoted.iter().copied())
-            .filter(|id| up.contains(id) && restless.contains(id))
+            .filter(|id| up.contains(id) && keep(id))
             .chain(slow.iter().map(|s| s.osd))
             .collect();
         let next: Vec<u32> = next.into_iter().collect();
         if next == demoted {
             return;
         }
-        let why = match slow.iter().find(|s| !demoted.contains(&s.osd)) {
-            Some(s) => format!("demoted from leading PGs: {}", s.message()),
-            None if next.is_empty() => "no OSD demoted any more (none stands out)".to_string(),
-            None => format!("OSDs demoted from leading PGs (too slow): {next:?}"),
+        let mut hold = None;
+        for id in next.iter().filter(|id| !demoted.contains(id)) {
+            let mut d = self.demotions.borrow_mut();
+            let times = d.entry(*id).or_default();
+            times.push(now);
+            hold = Some(hold_down(times.len())).filter(|h| !h.is_zero());
+        }
+        let why = match (slow.iter().find(|s| !demoted.contains(&s.osd)), hold) {
+            (Some(s), Some(hold)) => format!(
+                "demoted from leading PGs again within an hour, for {hold:?} at least: {}",
+                s.message()
+            ),
+            (Some(s), None) => format!("demoted from leading PGs: {}", s.message()),
+            (None, _) if next.is_empty() => "no OSD demoted any more (none stands out)".to_string(),
+            (None, _) => format!("OSDs demoted from leading PGs (too slow): {next:?}"),
         };
         let _ = self.change(&why, |m| m.cluster.demoted = next);
     }
@@ -1336,6 +1382,16 @@ mod tests {
         let p = m.pools.get_mut(&1).unwrap();
         p.record.ec = Some(nacre_meta::map::EcScheme { k: 2, m: 1 });
         assert!(temp_members(&m, 1, &old).is_empty());
+    }
+
+    #[test]
+    fn a_repeated_demotion_holds_longer_each_time_up_to_32_minutes() {
+        let m = |n| hold_down(n).as_secs() / 60;
+        assert_eq!(hold_down(1), Duration::ZERO);
+        assert_eq!(
+            [m(2), m(3), m(4), m(7), m(8), m(1000)],
+            [1, 2, 4, 32, 32, 32]
+        );
     }
 
     #[test]

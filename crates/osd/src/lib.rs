@@ -73,7 +73,8 @@ pub use scrub::{
     SCRUB_BYTES_PER_S_DEFAULT, SCRUB_INTERVAL_DEFAULT,
 };
 pub use stats::{
-    OpMetrics, OsdMetrics, OsdReport, OsdStats, PgReport, StoreMetrics, VolumeUsage, PG_REPORT_MAX,
+    OpMetrics, OsdMetrics, OsdReport, OsdStats, PgReport, StoreMetrics, VolumeUsage,
+    LATENCY_WINDOWS_KEPT, PG_REPORT_MAX,
 };
 pub use stray::STRAY_CHECK_MS;
 
