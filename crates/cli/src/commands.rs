@@ -848,7 +848,7 @@ fn slow_checks(
             "code": "SLOW_OSD",
             "severity": "HEALTH_WARN",
             "osd": id,
-            "message": format!("osd.{id}: demoted for slow store writes until they are calm for 30 s (and, demoted again within an hour, for a minute at least, doubled each time): it leads no PG while another member is up"),
+            "message": format!("osd.{id}: demoted for slow store writes until they are calm for 30 s (demoted again within the hour: held a minute at least, doubled each time up to 32; the leader's log says how long): it leads no PG while another member is up"),
             "demoted": true,
         }));
     }

@@ -322,6 +322,7 @@ fn digest(path: &std::path::Path) -> u64 {
 /// removed; the file untouched), and on a loop device: blank, then holding
 /// ext4 (refused, nothing written; mounted, refused even when destructive;
 /// destroyed with --destructive, which names it and clears its head),
+/// then a DOS and a GPT partition table (each refused, then destroyed),
 /// then a Nacre store (refused).
 #[test]
 fn disk_check_on_files_and_loop_devices() {
@@ -428,6 +429,29 @@ fn disk_check_on_files_and_loop_devices() {
     assert!(v["destroyed"].as_str().unwrap().contains("ext2/3/4"), "{v}");
     // Its head zeroed: blank again, checked without --destructive.
     check_json(&[&lo.dev]).unwrap();
+    // A partition table: a DOS one (a boot sector with an entry in use),
+    // a GPT (its header in the second sector): refused, nothing written;
+    // named when destroyed, and blank after.
+    let mut dos = vec![0u8; 512];
+    dos[446 + 4] = 0x83;
+    dos[510..].copy_from_slice(&[0x55, 0xaa]);
+    for (at, bytes, what) in [
+        (0, &dos[..], "a DOS partition table"),
+        (512, b"EFI PART", "a GPT"),
+    ] {
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&lo.backing);
+            f.unwrap().write_all_at(bytes, at).unwrap();
+        }
+        let before = digest(&lo.backing);
+        let err = check_json(&[&lo.dev]).unwrap_err();
+        assert!(err.contains(what) && err.contains("--destructive"), "{err}");
+        assert_eq!(digest(&lo.backing), before, "a refused check wrote");
+        let v = check_json(&[&lo.dev, "--destructive"]).unwrap();
+        assert!(v["destroyed"].as_str().unwrap().contains(what), "{v}");
+        check_json(&[&lo.dev]).unwrap();
+    }
     // Too small an area, too short a test: refused.
     for (flag, value, why) in [
         ("--size", "16M", "--size"),

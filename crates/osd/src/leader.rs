@@ -93,9 +93,8 @@ pub struct Leader<T: Transport> {
     /// is demoted from leading PGs (`slow_osd_action = demote`).
     slow_figures: RefCell<BTreeMap<u32, Vec<Option<f64>>>>,
     demote_slow: Cell<bool>,
-    /// When this leader demoted each OSD within the last
-    /// [`DEMOTIONS_REMEMBERED`], oldest first ([`hold_down`]).
-    demotions: RefCell<BTreeMap<u32, Vec<Duration>>>,
+    /// Each OSD's demotions by this leader ([`hold_down`]).
+    demotions: RefCell<BTreeMap<u32, Demotions>>,
     /// Whether this leader may still act (an elected monitor's term has
     /// not ended); none: always.
     authority: RefCell<Option<Authority>>,
@@ -117,6 +116,15 @@ struct Active {
     interval: Interval,
     /// What the primary is told, once stored (or refused).
     answer: Rc<Cell<Option<Status>>>,
+}
+
+/// An OSD's demotions: when this leader demoted it within the last
+/// [`DEMOTIONS_REMEMBERED`], oldest first, and until when (the runtime's
+/// clock) its last demotion holds whatever its figures say.
+#[derive(Default)]
+struct Demotions {
+    times: Vec<Duration>,
+    held_until: Duration,
 }
 
 /// How long a leader remembers that it demoted an OSD ([`hold_down`]).
@@ -232,9 +240,10 @@ impl<T: Transport> Leader<T> {
 
     /// Demotes the OSDs up that stand out as slow (`crate::slow`) and
     /// restores those demoted that stand out in no window any more (or
-    /// cannot be judged) once their hold-down passed ([`hold_down`]), or
-    /// that are down, in one epoch if anything changed: a PG's primary is
-    /// then another member.
+    /// cannot be judged) once their hold-down passed ([`hold_down`]), in
+    /// one epoch if anything changed: a PG's primary is then another
+    /// member. An OSD that goes down is restored unless its hold-down runs
+    /// (restarting a slow OSD does not end its hold).
     fn demote_the_slow(self: &Rc<Self>) {
         let (up, demoted) = {
             let m = self.map.borrow();
@@ -242,16 +251,14 @@ impl<T: Transport> Leader<T> {
             (up, m.cluster.demoted.clone())
         };
         let now = rt::monotonic();
-        (self.demotions.borrow_mut()).retain(|_, t| {
-            t.retain(|&t| now.saturating_sub(t) < DEMOTIONS_REMEMBERED);
-            !t.is_empty()
+        (self.demotions.borrow_mut()).retain(|_, d| {
+            d.times
+                .retain(|&t| now.saturating_sub(t) < DEMOTIONS_REMEMBERED);
+            !d.times.is_empty() || now < d.held_until
         });
+        let demote = self.demote_slow.get();
         let held = |id: &u32| {
-            let d = self.demotions.borrow();
-            let times = d.get(id).map_or(&[][..], |t| &t[..]);
-            times
-                .last()
-                .is_some_and(|&t| now < t + hold_down(times.len()))
+            demote && (self.demotions.borrow().get(id)).is_some_and(|d| now < d.held_until)
         };
         let reports: Vec<(u32, Vec<Option<f64>>)> = {
             let f = self.slow_figures.borrow();
@@ -260,39 +267,51 @@ impl<T: Transport> Leader<T> {
                 .collect()
         };
         // With demotion off, every demoted OSD is restored.
-        let (slow, restless) = match self.demote_slow.get() {
+        let (slow, restless) = match demote {
             true => (
                 crate::slow::slow_osds(&reports),
                 crate::slow::restless_osds(&reports),
             ),
             false => (Vec::new(), Vec::new()),
         };
-        let keep = |id: &u32| restless.contains(id) || (self.demote_slow.get() && held(id));
         let next: std::collections::BTreeSet<u32> = (demoted.iter().copied())
-            .filter(|id| up.contains(id) && keep(id))
+            .filter(|id| (up.contains(id) && restless.contains(id)) || held(id))
             .chain(slow.iter().map(|s| s.osd))
             .collect();
         let next: Vec<u32> = next.into_iter().collect();
         if next == demoted {
             return;
         }
-        let mut hold = None;
-        for id in next.iter().filter(|id| !demoted.contains(id)) {
-            let mut d = self.demotions.borrow_mut();
-            let times = d.entry(*id).or_default();
-            times.push(now);
-            hold = Some(hold_down(times.len())).filter(|h| !h.is_zero());
-        }
-        let why = match (slow.iter().find(|s| !demoted.contains(&s.osd)), hold) {
-            (Some(s), Some(hold)) => format!(
-                "demoted from leading PGs again within an hour, for {hold:?} at least: {}",
-                s.message()
-            ),
-            (Some(s), None) => format!("demoted from leading PGs: {}", s.message()),
-            (None, _) if next.is_empty() => "no OSD demoted any more (none stands out)".to_string(),
-            (None, _) => format!("OSDs demoted from leading PGs (too slow): {next:?}"),
+        // The hold each newly demoted OSD gets: its demotions within the
+        // hour, this one included, decide it.
+        let holds: Vec<(u32, Duration)> = (next.iter())
+            .filter(|id| !demoted.contains(id))
+            .map(|&id| {
+                let d = self.demotions.borrow();
+                let before = d.get(&id).map_or(0, |d| d.times.len());
+                (id, hold_down(before + 1))
+            })
+            .collect();
+        let why = match slow.iter().find(|s| !demoted.contains(&s.osd)) {
+            Some(s) => match holds.iter().find(|h| h.0 == s.osd) {
+                Some((_, hold)) if !hold.is_zero() => format!(
+                    "demoted from leading PGs again within an hour, for {hold:?} at least: {}",
+                    s.message()
+                ),
+                _ => format!("demoted from leading PGs: {}", s.message()),
+            },
+            None if next.is_empty() => "no OSD demoted any more (none stands out)".to_string(),
+            None => format!("OSDs demoted from leading PGs (too slow): {next:?}"),
         };
-        let _ = self.change(&why, |m| m.cluster.demoted = next);
+        // Remembered only once the epoch that demotes them is stored.
+        if self.change(&why, |m| m.cluster.demoted = next).is_ok() {
+            let mut d = self.demotions.borrow_mut();
+            for (id, hold) in holds {
+                let e = d.entry(id).or_default();
+                e.times.push(now);
+                e.held_until = now + hold;
+            }
+        }
     }
 
     /// Marks an OSD out once it has been down for `delay` (zero: never),
@@ -662,8 +681,10 @@ impl<T: Transport> Leader<T> {
             m.full.remove(&id);
             m.cluster.out.retain(|&o| o != id);
             m.cluster.down.retain(|&o| o != id);
+            m.cluster.demoted.retain(|&o| o != id);
         })?;
         self.heard.borrow_mut().remove(&id);
+        self.demotions.borrow_mut().remove(&id);
         self.down_since.borrow_mut().remove(&id);
         self.auto_out.borrow_mut().remove(&id);
         Ok(())
@@ -1024,6 +1045,10 @@ impl<T: Transport> Leader<T> {
             tracing::warn!(
                 "leader: osd.{id} boots with store {store}, not {was}: it holds none of the writes of its earlier intervals"
             );
+        }
+        // A new disk is not held for its predecessor's slowness.
+        if (self.map.borrow().stores.get(&id)).is_some_and(|s| s != store) {
+            self.demotions.borrow_mut().remove(&id);
         }
         self.change(&format!("osd.{id} up"), |m| {
             m.cluster.down.retain(|o| *o != id);
