@@ -58,6 +58,29 @@ const FOLD_PLANS_INFLIGHT_MAX: usize = 64;
 /// reads instead of getting a fresh checksum over damaged bytes.
 const POISON: u32 = 0xdead_beef;
 
+/// The checkpointer's part of the store's state (`State::ckpt`).
+#[derive(Default)]
+pub(crate) struct Checkpoints {
+    /// The checkpoint task runs: the writer, which journals its records,
+    /// stops only after it (a fold ahead may be under way at close).
+    pub running: bool,
+    /// The newest checkpoint's sequence number and slot (0 or 1): the
+    /// next is written to the other slot.
+    pub seq: u64,
+    pub slot: u32,
+    /// A checkpoint is asked for (journal space, a sync, a close).
+    pub wanted: bool,
+    /// Blocks the running checkpoint will return to the allocator.
+    pub releasing: usize,
+    /// Blocks claimed by a fold plan in flight, one plan per block (see
+    /// [`FoldClaim`]); reads of a block whose fold is writing in place
+    /// wait for `flush_done`.
+    pub folds: std::collections::HashMap<u32, FoldClaimState>,
+    pub next_fold_id: u64,
+    /// Folds met during replay, in journal order (empty once open).
+    pub replay_folds: Vec<crate::store::ReplayFold>,
+}
+
 /// The checkpointer: checkpoints when asked, and in between folds journal
 /// data into blocks ahead of time (gently), once the journal is a quarter
 /// full, so a checkpoint finds little left to fold and client writes rarely
@@ -76,7 +99,7 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
             let mut st = inner.st.borrow_mut();
             if st.closing {
                 // The writer waits for this before it stops.
-                st.checkpointer = false;
+                st.ckpt.running = false;
                 drop(st);
                 inner.journal_kick.notify();
                 return;
@@ -84,7 +107,7 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
             let used = st.journal.used();
             if st.failed.is_some() {
                 Next::Wait
-            } else if st.ckpt_wanted {
+            } else if st.ckpt.wanted {
                 Next::Checkpoint
             } else if st.journal.completed >= next_look_at
                 && !st.index.pending.is_empty()
@@ -97,7 +120,7 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
         };
         match next {
             Next::Checkpoint => {
-                inner.st.borrow_mut().ckpt_wanted = false;
+                inner.st.borrow_mut().ckpt.wanted = false;
                 if let Err(e) = run_checkpoint(&inner).await {
                     inner.fail(format!("checkpoint: {e}"));
                 }
@@ -235,7 +258,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         let mut st = inner.st.borrow_mut();
         let fold: Vec<ObjectId> = st.index.pending.keys().copied().collect();
         let releasing = st.alloc.take_deferred();
-        st.releasing = releasing.len();
+        st.ckpt.releasing = releasing.len();
         (st.journal.completed, releasing, fold)
     };
     // Folding rewrites blocks that full-block records before J point at;
@@ -292,8 +315,8 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     let (slot, seq, gen, lineage) = {
         let st = inner.st.borrow();
         (
-            1 - st.ckpt_slot,
-            st.ckpt_seq + 1,
+            1 - st.ckpt.slot,
+            st.ckpt.seq + 1,
             st.journal.gen,
             st.lineage,
         )
@@ -322,14 +345,14 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         }
     }
     let mut st = inner.st.borrow_mut();
-    st.ckpt_slot = slot;
-    st.ckpt_seq = seq;
+    st.ckpt.slot = slot;
+    st.ckpt.seq = seq;
     st.obj_metas = obj_metas;
     st.csum.commit(csum_metas, &csum_pages);
     st.pglogs.metas = pglog_metas;
     st.journal.raise_tail(j);
     st.alloc.release(&releasing);
-    st.releasing = 0;
+    st.ckpt.releasing = 0;
     st.stats.checkpoints += 1;
     drop(st);
     inner.bump_epoch();
@@ -389,7 +412,7 @@ impl<D: BlockDev + 'static> FoldClaim<D> {
         let Some(block) = st.index.block_of(&oid) else {
             return Ok(None);
         };
-        if let Some(other) = st.folds.get(&block) {
+        if let Some(other) = st.ckpt.folds.get(&block) {
             crate::strict_assert!(
                 false,
                 "object {oid}: block {block} already has fold plan {} in flight",
@@ -399,9 +422,10 @@ impl<D: BlockDev + 'static> FoldClaim<D> {
                 "object {oid}: block {block} already has a fold in flight"
             )));
         }
-        st.next_fold_id += 1;
-        let id = st.next_fold_id;
-        st.folds
+        st.ckpt.next_fold_id += 1;
+        let id = st.ckpt.next_fold_id;
+        st.ckpt
+            .folds
             .insert(block, FoldClaimState { id, writing: false });
         Ok(Some(FoldClaim {
             inner: inner.clone(),
@@ -412,7 +436,7 @@ impl<D: BlockDev + 'static> FoldClaim<D> {
 
     /// Asserts that this claim still holds its block (a pair with `take`).
     fn check_held(&self, st: &crate::store::State) {
-        let held = st.folds.get(&self.block).map(|c| c.id);
+        let held = st.ckpt.folds.get(&self.block).map(|c| c.id);
         crate::strict_assert!(
             held == Some(self.id),
             "fold plan {} of block {} lost its claim (held by {held:?})",
@@ -425,8 +449,13 @@ impl<D: BlockDev + 'static> FoldClaim<D> {
 impl<D: BlockDev + 'static> Drop for FoldClaim<D> {
     fn drop(&mut self) {
         let mut st = self.inner.st.borrow_mut();
-        if st.folds.get(&self.block).is_some_and(|c| c.id == self.id) {
-            st.folds.remove(&self.block);
+        if st
+            .ckpt
+            .folds
+            .get(&self.block)
+            .is_some_and(|c| c.id == self.id)
+        {
+            st.ckpt.folds.remove(&self.block);
         }
         drop(st);
         self.inner.flush_done.notify();
@@ -577,7 +606,8 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
         let mut st = inner.st.borrow_mut();
         for p in &plans {
             p.claim.check_held(&st);
-            st.folds
+            st.ckpt
+                .folds
                 .get_mut(&p.claim.block)
                 .expect("claim held")
                 .writing = true;
@@ -696,7 +726,7 @@ async fn fold_all<D: BlockDev + 'static>(
 /// Redoes the folds replay found in the journal (their in-place writes may
 /// be missing or torn), before the store serves anything.
 pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<()> {
-    let folds = std::mem::take(&mut inner.st.borrow_mut().replay_folds);
+    let folds = std::mem::take(&mut inner.st.borrow_mut().ckpt.replay_folds);
     let mut last: crate::index::OidMap<u64> = Default::default();
     for f in folds {
         if inner.st.borrow().index.block_of(&f.oid) != Some(f.block) {
@@ -710,7 +740,7 @@ pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>
         // Nothing else folds while open redoes (the checkpointer starts
         // after): no plan can hold checksums this patch would outdate.
         crate::strict_assert!(
-            st.folds.is_empty(),
+            st.ckpt.folds.is_empty(),
             "a fold plan is in flight during the redo at open"
         );
         st.csum.set(f.block, cs.into_boxed_slice());

@@ -34,7 +34,7 @@ impl<D: BlockDev + 'static> Inner<D> {
             let plan = {
                 let st = self.st.borrow();
                 let block = st.index.block_of(&oid).ok_or(Error::NotFound(oid))?;
-                if st.folds.get(&block).is_some_and(|c| c.writing) {
+                if st.ckpt.folds.get(&block).is_some_and(|c| c.writing) {
                     None
                 } else {
                     let end = offset + len;

@@ -11,7 +11,6 @@
 //! batches in order. A batch that fails either check ends the journal there.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 
 use nacre_io::sync::Notify;
 use nacre_io::{AlignedBuf, BlockDev};
@@ -445,8 +444,6 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         alloc: Allocator::all_used(g.nblocks),
         csum,
         obj_metas: ck.obj.clone(),
-        queue: VecDeque::new(),
-        ckpt_queue: VecDeque::new(),
         inflight: OidMap::default(),
         // Filled in as replay finds the journal's end (below).
         journal: crate::cursor::Cursor {
@@ -459,24 +456,19 @@ pub(crate) async fn open<D: BlockDev + 'static>(
             unsynced: false,
             recorded_synced: synced,
         },
-        sync_waiters: Vec::new(),
-        written: VecDeque::new(),
-        writer_done: false,
-        checkpointer: false,
-        ckpt_seq: ck.seq,
+        writer: Default::default(),
+        ckpt: crate::checkpoint::Checkpoints {
+            seq: ck.seq,
+            slot: ck.slot,
+            ..Default::default()
+        },
         lineage: ck.lineage,
-        ckpt_slot: ck.slot,
-        ckpt_wanted: false,
-        releasing: 0,
         overlay_cache_max: opts.overlay_cache_bytes,
         big_inflight: 0,
         reserve_blocks: 0,
         failed: None,
         closing: false,
-        folds: Default::default(),
-        next_fold_id: 0,
         withdrawn: Default::default(),
-        replay_folds: Vec::new(),
         pglogs,
         undos: Default::default(),
         stats: Stats::default(),

@@ -27,7 +27,6 @@
 //!   references it committed (see `alloc`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::rc::Rc;
 
 use nacre_io::rt;
@@ -229,30 +228,16 @@ pub(crate) struct State {
     pub alloc: Allocator,
     pub csum: CsumTable,
     pub obj_metas: Vec<PageMeta>,
-    pub queue: VecDeque<Queued>,
-    /// Records of the checkpointer, written before any client record.
-    pub ckpt_queue: VecDeque<Queued>,
     pub inflight: OidMap<Inflight>,
     /// The journal's positions and what is durable.
     pub journal: crate::cursor::Cursor,
-    /// Sync barriers waiting; `true` asks for a durable header recording the
-    /// sync (a marker), which the checkpointer needs before folding.
-    pub sync_waiters: Vec<(Sender<Result<()>>, bool)>,
-    /// Batches written and waiting for the syncer.
-    pub written: VecDeque<crate::writer::Written>,
-    /// The writer has stopped (the store is closing).
-    pub writer_done: bool,
-    /// The checkpoint task runs: the writer, which journals its records,
-    /// stops only after it (a fold ahead may be under way at close).
-    pub checkpointer: bool,
-    pub ckpt_seq: u64,
+    /// The journal writer's part: what waits to be written and synced.
+    pub writer: crate::writer::WriterState,
+    /// The checkpointer's part: checkpoints, folds in flight.
+    pub ckpt: crate::checkpoint::Checkpoints,
     /// What the checkpoints record as the store's lineage
     /// ([`Store::lineage`]).
     pub lineage: u32,
-    pub ckpt_slot: u32,
-    pub ckpt_wanted: bool,
-    /// Blocks the running checkpoint will return to the allocator.
-    pub releasing: usize,
     pub overlay_cache_max: u64,
     /// Whole-block writes holding a new block, not yet applied.
     pub big_inflight: usize,
@@ -260,16 +245,9 @@ pub(crate) struct State {
     pub reserve_blocks: u32,
     pub failed: Option<String>,
     pub closing: bool,
-    /// Blocks claimed by a fold plan in flight, one plan per block (see
-    /// `checkpoint::FoldClaim`); reads of a block whose fold is writing in
-    /// place wait for `flush_done`.
-    pub folds: std::collections::HashMap<u32, crate::checkpoint::FoldClaimState>,
-    pub next_fold_id: u64,
     /// Per object, the newest write version withdrawn before it reached
     /// the journal (`NoSpace`): a repeat of it is a new attempt.
     pub withdrawn: OidMap<u64>,
-    /// Folds met during replay, in journal order (empty once open).
-    pub replay_folds: Vec<ReplayFold>,
     pub pglogs: PgLogs,
     pub undos: crate::undo::Undos,
     pub stats: Stats,
@@ -360,8 +338,8 @@ impl<D: BlockDev + 'static> Store<D> {
         // Only now may anything else plan a fold: the checkpointer would
         // otherwise fold the same blocks as the redo, from checksums the
         // redo has not patched yet.
-        crate::strict_assert!(inner.st.borrow().folds.is_empty());
-        inner.st.borrow_mut().checkpointer = true;
+        crate::strict_assert!(inner.st.borrow().ckpt.folds.is_empty());
+        inner.st.borrow_mut().ckpt.running = true;
         tasks.push(rt::spawn(crate::checkpoint::checkpoint_task(inner.clone())));
         let store = Store(inner, Rc::new(RefCell::new(tasks)));
         if report.replay_stopped.is_some() {
@@ -451,7 +429,7 @@ impl<D: BlockDev + 'static> Store<D> {
     /// such a write fails `NoSpace`.
     pub fn spare_blocks(&self) -> u64 {
         let st = self.0.st.borrow();
-        let coming = st.alloc.deferred_count() as u64 + st.releasing as u64;
+        let coming = st.alloc.deferred_count() as u64 + st.ckpt.releasing as u64;
         (u64::from(st.alloc.free_count()) + coming).saturating_sub(u64::from(st.reserve_blocks))
     }
 
@@ -689,7 +667,7 @@ impl<D: BlockDev + 'static> Store<D> {
             total_bytes: total,
             used_bytes: total - free,
             free_bytes: free,
-            pending_free_bytes: (st.alloc.deferred_count() + st.releasing) as u64 * bb,
+            pending_free_bytes: (st.alloc.deferred_count() + st.ckpt.releasing) as u64 * bb,
         }
     }
 
@@ -962,16 +940,12 @@ impl<D: BlockDev + 'static> Inner<D> {
                 f.preparing -= 1;
             }
         }
-        if st.writer_done {
+        if st.writer.done {
             drop(st);
             q.done.send(Err(Error::Failed("store closed".into())));
             return;
         }
-        if q.checkpoint {
-            st.ckpt_queue.push_back(q);
-        } else {
-            st.queue.push_back(q);
-        }
+        st.writer.push(q);
         drop(st);
         self.journal_kick.notify();
         self.applied.notify();
@@ -1202,11 +1176,11 @@ impl<D: BlockDev + 'static> Inner<D> {
         if let Some(why) = &self.st.borrow().failed {
             return Err(Error::Failed(why.clone()));
         }
-        if self.st.borrow().writer_done {
+        if self.st.borrow().writer.done {
             return Err(Error::Failed("store closed".into()));
         }
         let (tx, rx) = oneshot();
-        self.st.borrow_mut().sync_waiters.push((tx, marker));
+        self.st.borrow_mut().writer.sync_waiters.push((tx, marker));
         self.journal_kick.notify();
         rx.await
             .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
@@ -1226,12 +1200,13 @@ impl<D: BlockDev + 'static> Inner<D> {
                         return Ok(b);
                     }
                 }
-                if st.alloc.deferred_count() == 0 && st.releasing == 0 && st.big_inflight == 0 {
+                if st.alloc.deferred_count() == 0 && st.ckpt.releasing == 0 && st.big_inflight == 0
+                {
                     return Err(Error::NoSpace);
                 }
                 // Whole-block writes in flight free their old blocks when
                 // applied; blocks already freed come back at a checkpoint.
-                st.alloc.deferred_count() == 0 && st.releasing == 0
+                st.alloc.deferred_count() == 0 && st.ckpt.releasing == 0
             };
             if wait_for_applied {
                 self.applied.wait().await;
@@ -1242,7 +1217,7 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     pub(crate) async fn request_checkpoint_and_wait(&self) -> Result<()> {
-        let seq = self.st.borrow().ckpt_seq;
+        let seq = self.st.borrow().ckpt.seq;
         loop {
             {
                 let mut st = self.st.borrow_mut();
@@ -1251,10 +1226,10 @@ impl<D: BlockDev + 'static> Inner<D> {
                 }
                 // Two checkpoints complete the request: the one running now
                 // may have started before the caller's changes.
-                if st.ckpt_seq >= seq + 2 || (st.ckpt_seq > seq && !st.ckpt_wanted) {
+                if st.ckpt.seq >= seq + 2 || (st.ckpt.seq > seq && !st.ckpt.wanted) {
                     return Ok(());
                 }
-                st.ckpt_wanted = true;
+                st.ckpt.wanted = true;
             }
             self.ckpt_kick.notify();
             self.ckpt_done.wait().await;

@@ -584,7 +584,7 @@ impl<D: BlockDev + 'static> Store<D> {
             // Journaled with the next batch, without waking the writer
             // (after a crash before it, the undo is back: harmless).
             let (done, _) = oneshot();
-            st.queue.push_back(Queued {
+            st.writer.queue.push_back(Queued {
                 rec: Record::bare(RecordKind::Release, oid, upto, None),
                 data: None,
                 data_done: None,

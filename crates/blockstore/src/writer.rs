@@ -12,6 +12,7 @@
 //! fsync runs, the next batch is already being written, and writers
 //! arriving meanwhile share the next fsync.
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use nacre_io::sync::Sender;
@@ -57,7 +58,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         // Live, the checkpointer applies its own folds; at replay they are
         // redone once the journal is read.
         if replay && st.index.block_of(&rec.oid) == Some(rec.block) {
-            st.replay_folds.push(crate::store::ReplayFold {
+            st.ckpt.replay_folds.push(crate::store::ReplayFold {
                 oid: rec.oid,
                 block: rec.block,
                 version: rec.version,
@@ -114,7 +115,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             // Folds met earlier were for the content this write replaces
             // — or, kept, for the hidden object that holds it now.
             if replay {
-                st.replay_folds.retain_mut(|f| {
+                st.ckpt.replay_folds.retain_mut(|f| {
                     if f.oid == rec.oid && Some(f.block) == keep {
                         f.oid = h;
                     }
@@ -176,7 +177,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 return;
             }
             if replay {
-                st.replay_folds.retain(|f| f.oid != rec.oid);
+                st.ckpt.replay_folds.retain(|f| f.oid != rec.oid);
             }
             let old = st.index.clear_block(&rec.oid);
             st.index.drop_pending(&rec.oid);
@@ -187,14 +188,46 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
     }
 }
 
+/// The journal writer's part of the store's state (`State::writer`).
+#[derive(Default)]
+pub(crate) struct WriterState {
+    /// Client records waiting for the writer.
+    pub queue: VecDeque<Queued>,
+    /// Records of the checkpointer, written before any client record.
+    pub ckpt_queue: VecDeque<Queued>,
+    /// Sync barriers waiting; `true` asks for a durable header recording the
+    /// sync (a marker), which the checkpointer needs before folding.
+    pub sync_waiters: Vec<(Sender<Result<()>>, bool)>,
+    /// Batches written and waiting for the syncer.
+    pub written: VecDeque<Written>,
+    /// The writer has stopped (the store is closing).
+    pub done: bool,
+}
+
+impl WriterState {
+    /// Queues a record for the writer: the checkpointer's ahead of every
+    /// client's.
+    pub fn push(&mut self, q: Queued) {
+        match q.checkpoint {
+            true => self.ckpt_queue.push_back(q),
+            false => self.queue.push_back(q),
+        }
+    }
+
+    /// No record waits to be written.
+    pub fn drained(&self) -> bool {
+        self.queue.is_empty() && self.ckpt_queue.is_empty()
+    }
+}
+
 /// Takes the next batch: checkpoint records first (never mixed with client
 /// writes, so they can use the reserved journal space), else client writes.
 fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> (Vec<Queued>, bool) {
-    let exempt = !st.ckpt_queue.is_empty();
+    let exempt = !st.writer.ckpt_queue.is_empty();
     let queue = if exempt {
-        &mut st.ckpt_queue
+        &mut st.writer.ckpt_queue
     } else {
-        &mut st.queue
+        &mut st.writer.queue
     };
     let max_total = batch_bytes_max(block_bytes);
     let mut hdr = std::mem::size_of::<crate::format::BatchHeader>() as u64;
@@ -254,21 +287,22 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 if full_at_tail.is_some_and(|t| t != st.journal.tail) {
                     full_at_tail = None;
                 }
-                let clients = !st.queue.is_empty() && full_at_tail.is_none();
-                let work = clients || !st.ckpt_queue.is_empty() || !st.sync_waiters.is_empty();
-                if work && st.written.len() < PIPELINE_BATCHES_MAX {
+                let clients = !st.writer.queue.is_empty() && full_at_tail.is_none();
+                let work = clients
+                    || !st.writer.ckpt_queue.is_empty()
+                    || !st.writer.sync_waiters.is_empty();
+                if work && st.writer.written.len() < PIPELINE_BATCHES_MAX {
                     let sector = u64::from(inner.g.sector_bytes);
-                    let (b, exempt) = if clients || !st.ckpt_queue.is_empty() {
+                    let (b, exempt) = if clients || !st.writer.ckpt_queue.is_empty() {
                         take_batch(&mut st, inner.g.block_bytes, sector)
                     } else {
                         (Vec::new(), false)
                     };
-                    let w = std::mem::take(&mut st.sync_waiters);
+                    let w = std::mem::take(&mut st.writer.sync_waiters);
                     break (b, exempt, w);
                 }
-                if st.queue.is_empty() && st.ckpt_queue.is_empty() && st.closing && !st.checkpointer
-                {
-                    st.writer_done = true;
+                if st.writer.drained() && st.closing && !st.ckpt.running {
+                    st.writer.done = true;
                     drop(st);
                     inner.written_kick.notify();
                     return;
@@ -283,10 +317,10 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
             {
                 let mut st = inner.st.borrow_mut();
                 for q in std::mem::take(&mut batch).into_iter().rev() {
-                    st.queue.push_front(q);
+                    st.writer.queue.push_front(q);
                 }
                 full_at_tail = Some(st.journal.tail);
-                st.ckpt_wanted = true;
+                st.ckpt.wanted = true;
             }
             inner.ckpt_kick.notify();
             if waiters.is_empty() {
@@ -345,7 +379,9 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         loop {
             {
                 let st = inner.st.borrow();
-                if st.failed.is_some() || (st.written.is_empty() && st.journal.synced_upto >= end) {
+                if st.failed.is_some()
+                    || (st.writer.written.is_empty() && st.journal.synced_upto >= end)
+                {
                     break;
                 }
             }
@@ -379,7 +415,7 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
 }
 
 fn hand_over<D: BlockDev + 'static>(inner: &Rc<Inner<D>>, w: Written) {
-    inner.st.borrow_mut().written.push_back(w);
+    inner.st.borrow_mut().writer.written.push_back(w);
     inner.written_kick.notify();
 }
 
@@ -390,10 +426,10 @@ pub(crate) async fn sync_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         let group: Vec<Written> = loop {
             {
                 let mut st = inner.st.borrow_mut();
-                if !st.written.is_empty() {
-                    break st.written.drain(..).collect();
+                if !st.writer.written.is_empty() {
+                    break st.writer.written.drain(..).collect();
                 }
-                if st.writer_done {
+                if st.writer.done {
                     return;
                 }
             }
@@ -642,7 +678,7 @@ fn finish_batch<D: BlockDev + 'static>(
         if blocks_waiting
             || used * 100 >= inner.g.journal_bytes * u64::from(inner.opts.checkpoint_at_percent)
         {
-            st.ckpt_wanted = true;
+            st.ckpt.wanted = true;
             inner.ckpt_kick.notify();
         } else if used * 4 >= inner.g.journal_bytes {
             // Time to fold ahead.
