@@ -6,9 +6,10 @@
 #   UP    the pid of `nacre up` (its OSDs are its children); killed by the
 #         EXIT trap
 #   URI   the volume's NBD URI, for fio's nbd engine
-# UP_ARGS, if set, is added to `nacre up`'s arguments (e.g. --metrics ADDR).
+# UP_ARGS, if set, is added to `nacre up`'s arguments (e.g. --metrics ADDR);
+# OSD_SIZE, if set, replaces the OSDs' 4G (e.g. 12G with --journal-size 6G).
 rm -rf "$D"; mkdir -p "$D"
-"$B" up --dir "$D/c" --osd-size 4G --nbd "unix:$D/nbd.sock" ${UP_ARGS:-} > "$D/up.log" 2>&1 &
+"$B" up --dir "$D/c" --osd-size "${OSD_SIZE:-4G}" --nbd "unix:$D/nbd.sock" ${UP_ARGS:-} > "$D/up.log" 2>&1 &
 UP=$!
 trap 'kill $UP 2>/dev/null; wait $UP 2>/dev/null || true' EXIT
 for _ in $(seq 60); do [ -S "$D/nbd.sock" ] && "$B" status --dir "$D/c" >/dev/null 2>&1 && break; sleep 1; done
