@@ -693,6 +693,15 @@ impl Cluster {
         }
     }
 
+    /// The OSD serving PG `pg` now: the map's primary, active in the map's
+    /// epoch (None while the PG peers, or no primary is up).
+    pub fn serving_primary(&self, pg: PgId) -> Option<u32> {
+        let m = self.leader.map();
+        let p = m.primary(pg)?;
+        let o = self.osd(p)?;
+        (o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active)).then_some(p)
+    }
+
     /// Cuts OSD `id` off from the leader and the other OSDs (`cut`), or
     /// joins it again; it runs on, and clients still reach it.
     pub fn isolate(&self, id: u32, cut: bool) {

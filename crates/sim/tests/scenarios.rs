@@ -446,10 +446,7 @@ async fn returning_copy(seed: u64) -> (Rc<Cluster>, Vec<ObjectId>, nacre_osd::Os
     // Every PG active, some still recovering.
     let m = loop {
         let m = c.leader.map();
-        let active = m.pgs().all(|pg| {
-            (m.primary(pg).and_then(|p| c.osd(p)))
-                .is_some_and(|o| o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active))
-        });
+        let active = m.pgs().all(|pg| c.serving_primary(pg).is_some());
         if active && m.is_up(back) {
             break m;
         }
@@ -583,13 +580,7 @@ async fn listed_in_a_new_epoch(c: &Cluster, z: u32, other: u32) {
     let before = listings(c);
     c.crash(other, 2);
     for _ in 0..600 {
-        let m = c.leader.map();
-        let primary = m.primary(PgId::new(1, 0)).and_then(|p| c.osd(p));
-        if !m.is_up(other)
-            && primary.is_some_and(|o| {
-                o.epoch() == m.epoch() && o.pg_state(PgId::new(1, 0)) == Some(PgState::Active)
-            })
-        {
+        if !c.leader.map().is_up(other) && c.serving_primary(PgId::new(1, 0)).is_some() {
             break;
         }
         rt::sleep(Duration::from_millis(20)).await;
@@ -803,10 +794,7 @@ fn a_copy_that_lacks_only_rewritten_objects_is_marked_before_the_rewrites() {
         c.mark_out(w, true).unwrap();
         let pg0 = PgId::new(1, 0);
         for _ in 0..600 {
-            let m = c.leader.map();
-            let active = (m.primary(pg0).and_then(|p| c.osd(p))).is_some_and(|o| {
-                o.epoch() == m.epoch() && o.pg_state(pg0) == Some(PgState::Active)
-            });
+            let active = c.serving_primary(pg0).is_some();
             if active && c.route(x1).1.contains(&r) && !c.osd(y).unwrap().pg_recovering(pg0) {
                 break;
             }
@@ -1802,17 +1790,30 @@ fn latency(c: &Cluster, id: u32, us: u64) {
     (c.nodes.borrow()[id as usize].dev).set_latency(Some(Duration::from_micros(us)));
 }
 
-/// Writes 4 KiB to objects 0..64 of volume 1, one after the other, until
-/// `stop` is set (the load that slow-OSD detection measures).
-fn background_writes(c: &Rc<Cluster>, stop: &Rc<std::cell::Cell<bool>>) -> rt::JoinHandle<()> {
-    let (c, stop) = (c.clone(), stop.clone());
-    rt::spawn(async move {
-        let mut n = 0u64;
-        while !stop.get() {
-            let _ = send(&c, nacre_sim::obj(1, n % 64), 10_000 + n, n as u8).await;
-            n += 1;
-        }
-    })
+/// Gives OSDs `0..osds` alike disks (300 µs per op) and the load that
+/// slow-OSD detection measures — 4 KiB writes to objects 0..64 of volume
+/// 1, one after the other, until the flag returned is set — and returns
+/// once it has run 40 s (every kept window filled), with the writer.
+async fn alike_disks_under_load(
+    c: &Rc<Cluster>,
+    osds: u32,
+) -> (Rc<std::cell::Cell<bool>>, rt::JoinHandle<()>) {
+    for id in 0..osds {
+        latency(c, id, 300);
+    }
+    let stop = Rc::new(std::cell::Cell::new(false));
+    let writer = {
+        let (c, stop) = (c.clone(), stop.clone());
+        rt::spawn(async move {
+            let mut n = 0u64;
+            while !stop.get() {
+                let _ = send(&c, nacre_sim::obj(1, n % 64), 10_000 + n, n as u8).await;
+                n += 1;
+            }
+        })
+    };
+    rt::sleep(Duration::from_secs(40)).await;
+    (stop, writer)
 }
 
 fn slow_disk(demote: bool) {
@@ -1820,12 +1821,7 @@ fn slow_disk(demote: bool) {
         let c = cluster(45).await;
         c.leader.set_slow_osd_action(demote);
         let latency = |id: u32, us: u64| latency(&c, id, us);
-        for id in 0..3 {
-            latency(id, 300);
-        }
-        let stop = Rc::new(std::cell::Cell::new(false));
-        let writer = background_writes(&c, &stop);
-        rt::sleep(Duration::from_secs(40)).await;
+        let (stop, writer) = alike_disks_under_load(&c, 3).await;
         assert_eq!(slow_osds(&c), Vec::<u32>::new(), "alike disks");
         assert_eq!(c.leader.map().cluster.demoted, Vec::<u32>::new());
         latency(1, 20_000);
@@ -1884,26 +1880,17 @@ fn a_primary_leading_for_a_demoted_member_serves_no_stale_read_once_moved_away()
     rt::block_on_virtual(async {
         let c = Cluster::new(Net::new(48, Duration::from_millis(500)), 4, 3, 2, 8).await;
         c.settle(SETTLE).await.unwrap();
-        for id in 0..4 {
-            latency(&c, id, 300);
-        }
         let oid = nacre_sim::obj(1, 500);
         let (pg, _) = c.route(oid);
         let row = c.placement(oid);
         let (first, p) = (row[0], row[1]);
-        let stop = Rc::new(std::cell::Cell::new(false));
-        let writer = background_writes(&c, &stop);
-        rt::sleep(Duration::from_secs(40)).await;
+        let (stop, writer) = alike_disks_under_load(&c, 4).await;
         latency(&c, first, 20_000);
         let within = |t0: Duration, s: u64| rt::monotonic() - t0 < Duration::from_secs(s);
         let t0 = rt::monotonic();
         loop {
-            let m = c.leader.map();
-            let led = m.primary(pg) == Some(p)
-                && c.osd(p).is_some_and(|o| {
-                    o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active)
-                });
-            if m.cluster.demoted == vec![first] && led {
+            let led = c.serving_primary(pg) == Some(p);
+            if c.leader.map().cluster.demoted == vec![first] && led {
                 break;
             }
             assert!(
@@ -1949,11 +1936,7 @@ fn a_primary_leading_for_a_demoted_member_serves_no_stale_read_once_moved_away()
         c.mark_out(p, true).unwrap();
         let t0 = rt::monotonic();
         loop {
-            let m = c.leader.map();
-            let moved = !m.placement(pg).contains(&p)
-                && (m.primary(pg).and_then(|q| c.osd(q))).is_some_and(|o| {
-                    o.epoch() == m.epoch() && o.pg_state(pg) == Some(PgState::Active)
-                });
+            let moved = !c.placement(oid).contains(&p) && c.serving_primary(pg).is_some();
             if moved {
                 break;
             }
@@ -1991,12 +1974,7 @@ fn a_primary_leading_for_a_demoted_member_serves_no_stale_read_once_moved_away()
 fn a_disk_slow_only_while_it_leads_is_not_demoted_and_restored_every_minute() {
     rt::block_on_virtual(async {
         let c = cluster(49).await;
-        for id in 0..3 {
-            latency(&c, id, 300);
-        }
-        let stop = Rc::new(std::cell::Cell::new(false));
-        let writer = background_writes(&c, &stop);
-        rt::sleep(Duration::from_secs(40)).await;
+        let (stop, writer) = alike_disks_under_load(&c, 3).await;
         // Each demotion: when it began, and how long it lasted.
         let mut demotions: Vec<(Duration, Option<Duration>)> = Vec::new();
         let t0 = rt::monotonic();
