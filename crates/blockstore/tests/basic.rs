@@ -372,6 +372,64 @@ fn a_repeat_racing_a_delete_does_not_resurrect() {
     });
 }
 
+/// Small writes one at a time (QD1) through a journal that folds ahead:
+/// each write's own flush is about all the flushing there is, the folds
+/// sharing theirs in groups (a group of the few writes one fold's latency
+/// lets in cost a sync barrier and a flushed batch of Fold records each:
+/// 1.2 flushes per write on a file, more here). Every write reads back.
+#[test]
+fn folding_ahead_at_qd1_shares_its_flushes() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh(&dev, 64 << 10).await;
+        let objs = 512u64;
+        for i in 0..objs {
+            s.write(ObjectId::new(5, i), 1, 0, pattern(0, 64 << 10))
+                .await
+                .unwrap();
+        }
+        let before = s.stats();
+        // 16 MiB of 4 KiB writes through a 4 MiB journal.
+        let ops = 4096u64;
+        let mut last = std::collections::HashMap::new();
+        let mut x = 12345u64;
+        for n in 0..ops {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (obj, chunk) = ((x >> 33) % objs, (x >> 20) % 16);
+            let seed = n as u8;
+            s.write(
+                ObjectId::new(5, obj),
+                n + 2,
+                chunk as u32 * 4096,
+                pattern(seed, 4096),
+            )
+            .await
+            .unwrap();
+            last.insert((obj, chunk), seed);
+        }
+        let after = s.stats();
+        let syncs = after.syncs - before.syncs;
+        assert!(
+            after.flushed_overlays > before.flushed_overlays,
+            "{after:?}"
+        );
+        assert!(
+            syncs <= ops + ops / 20,
+            "{syncs} flushes for {ops} writes: {after:?}"
+        );
+        for ((obj, chunk), seed) in last {
+            assert_eq!(
+                &s.read(ObjectId::new(5, obj), chunk as u32 * 4096, 4096)
+                    .await
+                    .unwrap()[..],
+                &pattern(seed, 4096)[..]
+            );
+        }
+    });
+}
+
 #[test]
 fn journal_wraps_many_times() {
     block_on(async {
