@@ -50,6 +50,33 @@ pub struct TestResult {
     pub name: String,
     pub store: Summary,
     pub raw: Summary,
+    /// What the store did for it beyond the client's I/O.
+    pub store_work: StoreWork,
+}
+
+/// The store's own work during one test, per op of the test (a 4 MiB op
+/// is one op): journal flushes (fdatasync), journal batches written,
+/// overlays folded in place; and the checkpoints in all. It tells where a
+/// store/raw ratio goes: a durable QD1 write needs one flush, and each
+/// fold is a device write of its own.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct StoreWork {
+    pub flushes_per_op: f64,
+    pub batches_per_op: f64,
+    pub folds_per_op: f64,
+    pub checkpoints: u64,
+}
+
+impl StoreWork {
+    fn between(a: &nacre_blockstore::Stats, b: &nacre_blockstore::Stats, ops: u64) -> StoreWork {
+        let per = |x: u64, y: u64| (y - x) as f64 / ops.max(1) as f64;
+        StoreWork {
+            flushes_per_op: per(a.syncs, b.syncs),
+            batches_per_op: per(a.batches, b.batches),
+            folds_per_op: per(a.flushed_overlays, b.flushed_overlays),
+            checkpoints: b.checkpoints - a.checkpoints,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -372,8 +399,10 @@ async fn run_async(opts: &StoreBenchOpts) -> anyhow::Result<StoreBenchReport> {
     let mut store_results = Vec::new();
     for name in writes {
         say(opts, &format!("store {name}"));
+        let before = store.stats();
         let s = store_test(&store, l, name, opts.runtime, version.clone()).await?;
-        store_results.push((name, s));
+        let work = StoreWork::between(&before, &store.stats(), s.ops);
+        store_results.push((name, s, work));
         if name == "write-4m-qd16" {
             // Every object must exist before anything reads it.
             let slots = objects / per;
@@ -398,10 +427,10 @@ async fn run_async(opts: &StoreBenchOpts) -> anyhow::Result<StoreBenchReport> {
         say(opts, &format!("raw   {name}"));
         raw.push((name, raw_test(&dev, l, name, opts.runtime).await?));
         say(opts, &format!("store {name}"));
-        store_results.push((
-            name,
-            store_test(&store, l, name, opts.runtime, version.clone()).await?,
-        ));
+        let before = store.stats();
+        let s = store_test(&store, l, name, opts.runtime, version.clone()).await?;
+        let work = StoreWork::between(&before, &store.stats(), s.ops);
+        store_results.push((name, s, work));
     }
     let mem = store.memory();
     let (index_bytes, csum_bytes) = (mem.index_bytes, mem.csum_cache_bytes);
@@ -416,18 +445,22 @@ async fn run_async(opts: &StoreBenchOpts) -> anyhow::Result<StoreBenchReport> {
         csum_cache_bytes: csum_bytes,
     };
     store.close().await?;
-    let pick = |v: &[(&str, Summary)], name: &str| {
-        v.iter()
-            .find(|(n, _)| *n == name)
-            .expect("every test ran")
-            .1
-    };
     let tests = TEST_NAMES
         .iter()
-        .map(|name| TestResult {
-            name: name.to_string(),
-            store: pick(&store_results, name),
-            raw: pick(&raw, name),
+        .map(|&name| {
+            let (_, store, store_work) = *(store_results.iter())
+                .find(|(n, ..)| *n == name)
+                .expect("every test ran");
+            let (_, raw) = *raw
+                .iter()
+                .find(|(n, _)| *n == name)
+                .expect("every test ran");
+            TestResult {
+                name: name.to_string(),
+                store,
+                raw,
+                store_work,
+            }
         })
         .collect();
     Ok(StoreBenchReport {
@@ -490,6 +523,17 @@ pub fn table(r: &StoreBenchReport) -> String {
                 }
             ));
         }
+    }
+    out.push_str(&format!(
+        "\n{:<20} {:>11} {:>9} {:>9} {:>12}\n",
+        "store work per op", "flushes", "batches", "folds", "checkpoints"
+    ));
+    for t in &r.tests {
+        let w = &t.store_work;
+        out.push_str(&format!(
+            "{:<20} {:>11.3} {:>9.3} {:>9.3} {:>12}\n",
+            t.name, w.flushes_per_op, w.batches_per_op, w.folds_per_op, w.checkpoints
+        ));
     }
     let m = &r.memory;
     out.push_str(&format!(
