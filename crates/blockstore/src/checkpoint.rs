@@ -480,15 +480,34 @@ pub(crate) struct FoldPlan<D: BlockDev + 'static> {
     top: u64,
     bound: Bound,
     /// (device offset, bytes) of each run of dirty chunks.
-    runs: Vec<(u64, AlignedBuf)>,
+    runs: Vec<(u64, RunData)>,
     csums: Vec<u32>,
     /// (chunk, crc32c) of every changed chunk, for the Fold record.
     pairs: Vec<u32>,
 }
 
+/// The new content of a run of chunks.
+enum RunData {
+    /// Built from the block's old bytes and the overlays over them.
+    Built(AlignedBuf),
+    /// Exactly the bytes of one overlay (the newest over the run, covering
+    /// all of it), held in memory: written from where they are when the
+    /// index lets go of them, not copied.
+    Overlay { data: Rc<AlignedBuf>, data_pos: u64 },
+}
+
+impl RunData {
+    fn len(&self) -> usize {
+        match self {
+            RunData::Built(b) => b.len(),
+            RunData::Overlay { data, .. } => data.len(),
+        }
+    }
+}
+
 impl<D: BlockDev + 'static> FoldPlan<D> {
     fn bytes(&self) -> usize {
-        self.runs.iter().map(|(_, b)| b.len()).sum()
+        self.runs.iter().map(|(_, r)| r.len()).sum()
     }
 }
 
@@ -564,6 +583,23 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
         }
         let (off, len) = (c0 * chunk, (c - c0) * chunk);
         let pos = g.block_offset(block) + off as u64;
+        // The newest overlay over the run: if it covers the run exactly,
+        // the run is its bytes, whose checksums were taken when it was
+        // written (or checked when it was read back from the journal).
+        let newest = (ovs.iter())
+            .rposition(|o| (o.offset as usize) < off + len && (o.offset + o.len) as usize > off);
+        if let Some(k) = newest.filter(|&k| {
+            let o = &ovs[k];
+            o.offset as usize == off && o.len as usize == len && o.csums.len() == c - c0
+        }) {
+            for (i, cc) in (c0..c).enumerate() {
+                csums[cc] = ovs[k].csums[i];
+                pairs.extend_from_slice(&[cc as u32, csums[cc]]);
+            }
+            let (data, data_pos) = (datas[k].clone(), ovs[k].data_pos);
+            runs.push((pos, RunData::Overlay { data, data_pos }));
+            continue;
+        }
         let mut buf = if (c0..c).all(full) {
             AlignedBuf::new(len)
         } else {
@@ -592,7 +628,7 @@ pub(crate) async fn plan_fold<D: BlockDev + 'static>(
             csums[cc] = if ok { crc } else { crc ^ POISON };
             pairs.extend_from_slice(&[cc as u32, csums[cc]]);
         }
-        runs.push((pos, buf));
+        runs.push((pos, RunData::Built(buf)));
     }
     let top = ovs.iter().map(|o| o.version).max().expect("non-empty");
     Ok(Some(FoldPlan {
@@ -625,10 +661,27 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
     }
     inner.bump_epoch();
     let mut plans = plans;
-    let writes: Vec<(u64, AlignedBuf)> = plans
-        .iter_mut()
-        .flat_map(|p| std::mem::take(&mut p.runs))
-        .collect();
+    let writes: Vec<(u64, AlignedBuf)> = {
+        let mut st = inner.st.borrow_mut();
+        let mut writes = Vec::new();
+        for p in &mut plans {
+            for (pos, run) in std::mem::take(&mut p.runs) {
+                let buf = match run {
+                    RunData::Built(b) => b,
+                    // Readers of the block wait until the fold is written;
+                    // after it, the overlay goes. The index's copy is let
+                    // go now (a read after a failed write reads the
+                    // journal), so the buffer is most often ours alone.
+                    RunData::Overlay { data, data_pos } => {
+                        st.index.uncache_overlay(&p.oid, data_pos);
+                        Rc::try_unwrap(data).unwrap_or_else(|d| AlignedBuf::from_slice(&d))
+                    }
+                };
+                writes.push((pos, buf));
+            }
+        }
+        writes
+    };
     let result = write_pages(inner, writes).await;
     if result.is_ok() {
         let mut st = inner.st.borrow_mut();

@@ -102,6 +102,19 @@ impl Index {
         }
     }
 
+    /// Lets go of the in-memory data of `oid`'s overlay at journal
+    /// position `data_pos` (reads then take it from the journal).
+    pub fn uncache_overlay(&mut self, oid: &ObjectId, data_pos: u64) {
+        let Some(p) = self.pending.get_mut(oid) else {
+            return;
+        };
+        for o in p.overlays.iter_mut().filter(|o| o.data_pos == data_pos) {
+            if o.data.take().is_some() {
+                self.overlay_data_bytes -= u64::from(o.len);
+            }
+        }
+    }
+
     /// Keeps only the overlays `keep` accepts; returns how many went.
     pub fn retain_overlays(&mut self, oid: &ObjectId, keep: impl Fn(&Overlay) -> bool) -> usize {
         let Some(p) = self.pending.get_mut(oid) else {
