@@ -51,8 +51,8 @@ pub struct Overlay {
     pub version: u64,
     /// crc32c of each 4 KiB of the overlay's own data.
     pub csums: Box<[u32]>,
-    /// The data itself while it fits the overlay cache: folds and reads
-    /// then need no journal read.
+    /// The data itself while it fits the overlay cache: its fold then
+    /// needs no journal read (reads take the data from the journal).
     pub data: Option<Rc<AlignedBuf>>,
 }
 

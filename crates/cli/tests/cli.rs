@@ -70,12 +70,10 @@ fn store_bench_json_has_every_test_for_store_and_raw() {
         for k in ["flushes_per_op", "batches_per_op", "folds_per_op"] {
             assert!(w[k].as_f64().unwrap() >= 0.0, "{}: {w}", t["name"]);
         }
-        // A durable write at QD1 waits for a flush of its own; reads flush nothing.
-        let flushes = w["flushes_per_op"].as_f64().unwrap();
-        match t["name"].as_str().unwrap() {
-            "randwrite-4k-qd1" => assert!(flushes >= 0.9, "{w}"),
-            n if n.contains("read") => assert_eq!(flushes, 0.0, "{n}: {w}"),
-            _ => {}
+        // A durable write at QD1 waits for a flush of its own. (Reads
+        // flush nothing of theirs, but a checkpoint may still be running.)
+        if t["name"] == "randwrite-4k-qd1" {
+            assert!(w["flushes_per_op"].as_f64().unwrap() >= 0.9, "{w}");
         }
     }
     assert!(v["memory"]["index_bytes_per_object"].as_f64().unwrap() > 0.0);
