@@ -245,20 +245,22 @@ async fn store_linear(
     Ok(per * l.block_bytes)
 }
 
+/// One test on the store: its figures, and the store's own work during it.
 async fn store_test(
     s: &Store<Rc<FileDev>>,
     l: Layout,
     name: &str,
     runtime: Duration,
     version: Rc<std::cell::Cell<u64>>,
-) -> anyhow::Result<Summary> {
+) -> anyhow::Result<(Summary, StoreWork)> {
+    let before = s.stats();
     let st = s.clone();
     let next = move || {
         let v = version.get() + 1;
         version.set(v);
         v
     };
-    let s = match name {
+    let sum = match name {
         "randwrite-4k-qd1" | "randwrite-4k-qd128" => {
             let qd = if name.ends_with("qd1") { 1 } else { 128 };
             let stream = if qd == 1 { 1 } else { 2 };
@@ -297,7 +299,7 @@ async fn store_test(
         }
         other => anyhow::bail!("unknown test {other}"),
     };
-    Ok(s)
+    Ok((sum, StoreWork::between(&before, &s.stats(), sum.ops)))
 }
 
 /// Runs the whole comparison. Destroys what `opts.path` held.
@@ -399,9 +401,7 @@ async fn run_async(opts: &StoreBenchOpts) -> anyhow::Result<StoreBenchReport> {
     let mut store_results = Vec::new();
     for name in writes {
         say(opts, &format!("store {name}"));
-        let before = store.stats();
-        let s = store_test(&store, l, name, opts.runtime, version.clone()).await?;
-        let work = StoreWork::between(&before, &store.stats(), s.ops);
+        let (s, work) = store_test(&store, l, name, opts.runtime, version.clone()).await?;
         store_results.push((name, s, work));
         if name == "write-4m-qd16" {
             // Every object must exist before anything reads it.
@@ -427,9 +427,7 @@ async fn run_async(opts: &StoreBenchOpts) -> anyhow::Result<StoreBenchReport> {
         say(opts, &format!("raw   {name}"));
         raw.push((name, raw_test(&dev, l, name, opts.runtime).await?));
         say(opts, &format!("store {name}"));
-        let before = store.stats();
-        let s = store_test(&store, l, name, opts.runtime, version.clone()).await?;
-        let work = StoreWork::between(&before, &store.stats(), s.ops);
+        let (s, work) = store_test(&store, l, name, opts.runtime, version.clone()).await?;
         store_results.push((name, s, work));
     }
     let mem = store.memory();

@@ -668,10 +668,11 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
             for (pos, run) in std::mem::take(&mut p.runs) {
                 let buf = match run {
                     RunData::Built(b) => b,
-                    // Readers of the block wait until the fold is written;
-                    // after it, the overlay goes. The index's copy is let
-                    // go now (a read after a failed write reads the
-                    // journal), so the buffer is most often ours alone.
+                    // The index's copy served folds only (reads take the
+                    // journal), and this fold is the overlay's last: after
+                    // it the overlay goes, and a failed write fails the
+                    // store. Let go of it now, so the buffer is most
+                    // often ours alone.
                     RunData::Overlay { data, data_pos } => {
                         st.index.uncache_overlay(&p.oid, data_pos);
                         Rc::try_unwrap(data).unwrap_or_else(|d| AlignedBuf::from_slice(&d))

@@ -103,7 +103,7 @@ impl Index {
     }
 
     /// Lets go of the in-memory data of `oid`'s overlay at journal
-    /// position `data_pos` (reads then take it from the journal).
+    /// position `data_pos` (a fold of it would then read the journal).
     pub fn uncache_overlay(&mut self, oid: &ObjectId, data_pos: u64) {
         let Some(p) = self.pending.get_mut(oid) else {
             return;

@@ -37,6 +37,18 @@ async fn fresh<D: BlockDev + Clone + 'static>(dev: &D, block: u32) -> Store<D> {
         .0
 }
 
+/// A fresh store of 64 KiB blocks holding objects `0..objs` of volume 5,
+/// each written whole (version 1, `pattern(0, …)`).
+async fn fresh_with_objects<D: BlockDev + Clone + 'static>(dev: &D, objs: u64) -> Store<D> {
+    let s = fresh(dev, 64 << 10).await;
+    for i in 0..objs {
+        s.write(ObjectId::new(5, i), 1, 0, pattern(0, 64 << 10))
+            .await
+            .unwrap();
+    }
+    s
+}
+
 #[test]
 fn write_read_partial_and_full() {
     block_on(async {
@@ -381,13 +393,8 @@ fn a_repeat_racing_a_delete_does_not_resurrect() {
 fn folding_ahead_at_qd1_shares_its_flushes() {
     block_on(async {
         let dev = MemDev::new(64 * MIB, 512);
-        let s = fresh(&dev, 64 << 10).await;
         let objs = 512u64;
-        for i in 0..objs {
-            s.write(ObjectId::new(5, i), 1, 0, pattern(0, 64 << 10))
-                .await
-                .unwrap();
-        }
+        let s = fresh_with_objects(&dev, objs).await;
         let before = s.stats();
         // 16 MiB of 4 KiB writes through a 4 MiB journal.
         let ops = 4096u64;
@@ -434,13 +441,8 @@ fn folding_ahead_at_qd1_shares_its_flushes() {
 fn journal_wraps_many_times() {
     block_on(async {
         let dev = MemDev::new(32 * MIB, 512);
-        let s = fresh(&dev, 64 << 10).await;
         let objs = 40u64;
-        for i in 0..objs {
-            s.write(ObjectId::new(5, i), 1, 0, pattern(0, 64 << 10))
-                .await
-                .unwrap();
-        }
+        let s = fresh_with_objects(&dev, objs).await;
         // ~24 MiB of small writes through a 4 MiB journal.
         let mut last = vec![0u8; objs as usize];
         for round in 0..150u64 {
