@@ -362,6 +362,35 @@ struct JoinState<T> {
     waker: Option<Waker>,
 }
 
+/// A spawned future and where its result goes. The future is polled where
+/// the task's box holds it: an `async` wrapper would move it from its
+/// captures into its await slot on the first poll, a copy of all of it
+/// (a few KiB for some) per task.
+struct Joined<F: Future> {
+    f: F,
+    state: Rc<RefCell<JoinState<F::Output>>>,
+}
+
+impl<F: Future> Future for Joined<F> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // SAFETY: `f` is pinned with `self` (structural pinning): it is
+        // never moved out, `Joined` has no `Drop` and is not `Unpin` unless
+        // `F` is.
+        let this = unsafe { self.get_unchecked_mut() };
+        let f = unsafe { Pin::new_unchecked(&mut this.f) };
+        let Poll::Ready(v) = f.poll(cx) else {
+            return Poll::Pending;
+        };
+        let mut s = this.state.borrow_mut();
+        s.value = Some(v);
+        if let Some(w) = s.waker.take() {
+            w.wake();
+        }
+        Poll::Ready(())
+    }
+}
+
 /// Awaits a spawned task's result. Dropping it detaches the task.
 pub struct JoinHandle<T>(Rc<RefCell<JoinState<T>>>);
 
@@ -398,14 +427,9 @@ pub fn spawn<F: Future + 'static>(f: F) -> JoinHandle<F::Output> {
         value: None,
         waker: None,
     }));
-    let st = state.clone();
-    let wrapped = async move {
-        let v = f.await;
-        let mut s = st.borrow_mut();
-        s.value = Some(v);
-        if let Some(w) = s.waker.take() {
-            w.wake();
-        }
+    let wrapped = Joined {
+        f,
+        state: state.clone(),
     };
     let id = core.free_tasks.borrow_mut().pop();
     let mut tasks = core.tasks.borrow_mut();
