@@ -16,6 +16,20 @@
 //! the runtime runs without a ring: tasks still work, timers sleep the
 //! thread, and devices fall back to plain pread/pwrite (the log says so).
 //!
+//! **Polling before sleeping.** On a VM a thread asleep in `io_uring_enter`
+//! is woken by an interrupt to a halted virtual CPU, some tens of µs; a QD1
+//! operation through the gateway, the primary and its replicas is a chain
+//! of such wake-ups. So a loop about to sleep first polls its ring for up
+//! to [`Spin`]'s budget (`NACRE_SPIN_US`, default
+//! [`SPIN_US_DEFAULT`]; 0 never polls), yielding the CPU every few µs to
+//! any thread that wants it — but only while its last sleep was no longer
+//! than the budget (a daemon with nothing to do never polls) and it was
+//! busy less than [`SPIN_LOAD_MAX`] of its last [`SPIN_WINDOW`] (a loaded
+//! loop rarely sleeps long and would only burn what its peers need). Polling
+//! changes when a completion is seen, never which: it reads the ring's
+//! completion queue and its task-run flag, which the kernel raises for
+//! every completion it holds back.
+//!
 //! [`block_on_virtual`] runs the same code on **virtual time**: [`sleep`]
 //! and [`monotonic`] read a clock that only moves when no task is ready and
 //! no kernel op is in flight, and then jumps straight to the earliest timer.
@@ -94,6 +108,87 @@ struct Reactor {
     ops: RefCell<Vec<Option<OpSlot>>>,
     free_ops: RefCell<Vec<usize>>,
     inflight: Cell<usize>,
+    spin: Spin,
+}
+
+/// The default budget of polling before sleeping (module docs).
+pub const SPIN_US_DEFAULT: u64 = 100;
+/// A loop busy more than this share of its last window does not poll.
+pub const SPIN_LOAD_MAX: f64 = 0.25;
+/// The window over which a loop's load is measured.
+pub const SPIN_WINDOW: Duration = Duration::from_millis(10);
+
+/// When a loop polls its ring before sleeping, and for how long (module
+/// docs).
+struct Spin {
+    /// At most this long; zero: never.
+    budget: Duration,
+    /// The last wait, polled or slept: polling pays only if the next one
+    /// is about as short.
+    last_wait: Cell<Duration>,
+    /// When the loop last stopped waiting.
+    busy_since: Cell<std::time::Instant>,
+    /// Time busy and waiting in the current window.
+    window: Cell<(Duration, Duration)>,
+    /// Whether the last full window's load was below `SPIN_LOAD_MAX`.
+    light: Cell<bool>,
+    /// Waits that polling ended, and waits that slept.
+    polled: Cell<u64>,
+    slept: Cell<u64>,
+}
+
+impl Spin {
+    fn new(budget: Duration) -> Spin {
+        Spin {
+            budget,
+            last_wait: Cell::new(Duration::MAX),
+            busy_since: Cell::new(std::time::Instant::now()),
+            window: Cell::new((Duration::ZERO, Duration::ZERO)),
+            light: Cell::new(true),
+            polled: Cell::new(0),
+            slept: Cell::new(0),
+        }
+    }
+
+    /// The budget from `NACRE_SPIN_US` (µs; unset: the default).
+    fn from_env() -> Spin {
+        #[cfg(test)]
+        if let Some(b) = tests::SPIN_BUDGET.get() {
+            return Spin::new(b);
+        }
+        let us = match std::env::var("NACRE_SPIN_US") {
+            Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+                tracing::warn!(
+                    "NACRE_SPIN_US={v:?} is not a number of µs: using {SPIN_US_DEFAULT}"
+                );
+                SPIN_US_DEFAULT
+            }),
+            Err(_) => SPIN_US_DEFAULT,
+        };
+        Spin::new(Duration::from_micros(us.min(10_000)))
+    }
+
+    /// Whether a wait beginning now should poll first.
+    fn wanted(&self) -> bool {
+        !self.budget.is_zero() && self.light.get() && self.last_wait.get() <= self.budget
+    }
+
+    /// Accounts a wait from `from` to `to`.
+    fn waited(&self, from: std::time::Instant, to: std::time::Instant) {
+        let busy = from.saturating_duration_since(self.busy_since.get());
+        let wait = to.saturating_duration_since(from);
+        self.last_wait.set(wait);
+        self.busy_since.set(to);
+        let (b, w) = self.window.get();
+        let (b, w) = (b + busy, w + wait);
+        if b + w >= SPIN_WINDOW {
+            self.light
+                .set(b.as_secs_f64() < SPIN_LOAD_MAX * (b + w).as_secs_f64());
+            self.window.set((Duration::ZERO, Duration::ZERO));
+        } else {
+            self.window.set((b, w));
+        }
+    }
 }
 
 struct Core {
@@ -160,7 +255,9 @@ pub fn has_uring() -> bool {
     core().reactor.is_some()
 }
 
-fn new_reactor() -> Option<Reactor> {
+/// The loop's reactor; `spin`: whether it may poll before sleeping (not on
+/// virtual time, whose schedule must not depend on how fast the machine is).
+fn new_reactor(spin: bool) -> Option<Reactor> {
     if std::env::var_os("NACRE_NO_URING").is_some_and(|v| v != "0") {
         tracing::warn!("io_uring disabled by NACRE_NO_URING: using blocking pread/pwrite");
         return None;
@@ -171,6 +268,10 @@ fn new_reactor() -> Option<Reactor> {
             ops: RefCell::new(Vec::new()),
             free_ops: RefCell::new(Vec::new()),
             inflight: Cell::new(0),
+            spin: match spin {
+                true => Spin::from_env(),
+                false => Spin::new(Duration::ZERO),
+            },
         }),
         Err(e) => {
             tracing::warn!("io_uring unavailable ({e}): falling back to blocking pread/pwrite");
@@ -217,7 +318,7 @@ fn start<F: Future>(f: F, clock: Clock) -> F::Output {
         tasks: RefCell::new(Vec::new()),
         free_tasks: RefCell::new(Vec::new()),
         ready: Arc::new(ReadyQueue(Mutex::new(Vec::new()))),
-        reactor: new_reactor(),
+        reactor: new_reactor(matches!(clock, Clock::Real(_))),
         clock,
     });
     CORE.with(|c| {
@@ -552,17 +653,28 @@ impl Reactor {
     /// (the ring's task-run flag; an overflowed completion queue).
     fn submit_and_reap(&self, wait: bool) {
         let mut ring = self.ring.borrow_mut();
+        let t0 = (wait && ring.completion().is_empty()).then(std::time::Instant::now);
+        let wait = match t0 {
+            Some(t0) if self.spin.wanted() => !self.poll(&mut ring, t0),
+            _ => wait,
+        };
+        if t0.is_some() {
+            let c = if wait {
+                &self.spin.slept
+            } else {
+                &self.spin.polled
+            };
+            c.set(c.get() + 1);
+        }
         let want = usize::from(wait && ring.completion().is_empty());
         let sq = ring.submission();
         let enter = want > 0 || !sq.is_empty() || sq.taskrun() || sq.cq_overflow();
         drop(sq);
         if enter {
-            match ring.submit_and_wait(want) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-                Err(e) => panic!("io_uring_enter failed: {e}"),
-            }
+            entered(ring.submit_and_wait(want));
+        }
+        if let Some(t0) = t0 {
+            self.spin.waited(t0, std::time::Instant::now());
         }
         let mut ops = self.ops.borrow_mut();
         for cqe in ring.completion() {
@@ -585,6 +697,47 @@ impl Reactor {
                 OpState::Done(_) => unreachable!("second completion for one op"),
             }
         }
+    }
+
+    /// Submits what is queued, then polls the ring for up to the spin
+    /// budget from `t0`: whether a completion came (posted, or held back
+    /// by the kernel for the next enter).
+    fn poll(&self, ring: &mut IoUring, t0: std::time::Instant) -> bool {
+        if !ring.submission().is_empty() {
+            entered(ring.submit());
+        }
+        let mut turns = 0u32;
+        loop {
+            let sq = ring.submission();
+            if sq.taskrun() || sq.cq_overflow() {
+                return true;
+            }
+            drop(sq);
+            if !ring.completion().is_empty() {
+                return true;
+            }
+            turns += 1;
+            if turns.is_multiple_of(64) {
+                if t0.elapsed() > self.spin.budget {
+                    return false;
+                }
+                // Another thread of this CPU that has work runs first.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// Checks what `io_uring_enter` gave: interrupted or busy (the completion
+/// queue full) is for the next turn to retry; anything else is a bug.
+fn entered(r: std::io::Result<usize>) {
+    match r {
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+        Err(e) => panic!("io_uring_enter failed: {e}"),
     }
 }
 
@@ -783,6 +936,75 @@ mod tests {
             turns
         });
         assert!(turns > 0);
+    }
+
+    thread_local! {
+        /// A spin budget for this thread's runtimes, instead of the
+        /// environment's.
+        pub(super) static SPIN_BUDGET: Cell<Option<Duration>> = const { Cell::new(None) };
+    }
+
+    /// Waits this thread's runtime ended by polling, and that slept.
+    fn waits() -> (u64, u64) {
+        let c = core();
+        let s = &c.reactor.as_ref().expect("a ring").spin;
+        (s.polled.get(), s.slept.get())
+    }
+
+    /// 200 short sleeps under a polling budget: their timers' completions
+    /// are found by polling the ring (the kernel holds them back and flags
+    /// the ring), and each sleep ends. Without a budget nothing polls.
+    #[test]
+    fn a_loop_about_to_sleep_polls_its_ring_first() {
+        for (budget, polls) in [(Duration::from_millis(5), true), (Duration::ZERO, false)] {
+            SPIN_BUDGET.set(Some(budget));
+            let (polled, slept) = block_on(async {
+                for _ in 0..200 {
+                    sleep(Duration::from_micros(20)).await;
+                }
+                waits()
+            });
+            SPIN_BUDGET.set(None);
+            assert!(
+                polled + slept >= 200,
+                "{polled} + {slept} waits for 200 sleeps"
+            );
+            match polls {
+                // The first wait sleeps (nothing says polling would pay yet).
+                true => assert!(polled >= 100, "{polled} of {} waits polled", polled + slept),
+                false => assert_eq!(polled, 0),
+            }
+        }
+    }
+
+    /// When polling is wanted: only after a wait no longer than the budget,
+    /// and only while the loop's last window was light.
+    #[test]
+    fn polling_pays_only_after_short_waits_of_a_light_loop() {
+        let us = Duration::from_micros;
+        let s = Spin::new(us(100));
+        assert!(!s.wanted(), "nothing waited yet");
+        let t = s.busy_since.get();
+        // Busy 10 µs, then a wait of 50 µs: polling pays next time.
+        s.waited(t + us(10), t + us(60));
+        assert!(s.wanted());
+        // A wait of 1 ms: the loop has little to do, it sleeps.
+        s.waited(t + us(70), t + us(1070));
+        assert!(!s.wanted());
+        // A window busy 80% of the time: no polling, however short the waits.
+        let mut at = t + us(1070);
+        for _ in 0..200 {
+            s.waited(at + us(80), at + us(100));
+            at += us(100);
+        }
+        assert!(!s.wanted());
+        // Light again: busy 10%, short waits.
+        for _ in 0..200 {
+            s.waited(at + us(10), at + us(100));
+            at += us(100);
+        }
+        assert!(s.wanted());
+        assert!(!Spin::new(Duration::ZERO).wanted());
     }
 
     #[test]
