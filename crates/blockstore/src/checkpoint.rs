@@ -668,11 +668,13 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
             for (pos, run) in std::mem::take(&mut p.runs) {
                 let buf = match run {
                     RunData::Built(b) => b,
-                    // The index's copy served folds only (reads take the
-                    // journal), and this fold is the overlay's last: after
-                    // it the overlay goes, and a failed write fails the
-                    // store. Let go of it now, so the buffer is most
-                    // often ours alone.
+                    // This fold is the overlay's last (after it the overlay
+                    // goes, and a failed write fails the store), and a read
+                    // meanwhile finds the same bytes in the journal, which
+                    // stays until the fold is applied (a read that took
+                    // the overlay before keeps its own reference). Let go
+                    // of the index's copy now, so the buffer is most often
+                    // ours alone.
                     RunData::Overlay { data, data_pos } => {
                         st.index.uncache_overlay(&p.oid, data_pos);
                         Rc::try_unwrap(data).unwrap_or_else(|d| AlignedBuf::from_slice(&d))

@@ -52,7 +52,7 @@ pub struct Overlay {
     /// crc32c of each 4 KiB of the overlay's own data.
     pub csums: Box<[u32]>,
     /// The data itself while it fits the overlay cache: its fold then
-    /// needs no journal read (reads take the data from the journal).
+    /// needs no journal read, and neither does a read of it.
     pub data: Option<Rc<AlignedBuf>>,
 }
 

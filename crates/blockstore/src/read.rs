@@ -158,7 +158,9 @@ impl<D: BlockDev + 'static> Inner<D> {
 
     /// Reads the chunks of an overlay's journal data that cover
     /// `[need_off, need_off + need_len)` (relative to the overlay), verified.
-    /// Returns the data and the overlay offset it starts at.
+    /// Returns the data and the overlay offset it starts at. Data the index
+    /// still holds in memory (the overlay cache) is taken from there, and
+    /// verified against the same write-time checksums as the journal's.
     pub(crate) async fn read_overlay(
         &self,
         o: &Overlay,
@@ -167,15 +169,24 @@ impl<D: BlockDev + 'static> Inner<D> {
     ) -> Result<(AlignedBuf, u32)> {
         let from = chunk_floor(need_off);
         let to = chunk_ceil(need_off + need_len).min(o.len);
-        let align = self.dev.align_bytes().max(SECTOR_BYTES);
-        let read_len = (to - from).div_ceil(align) * align;
-        let jpos = o.data_pos + u64::from(from);
-        let phys = self.g.journal_offset + jpos % self.g.journal_bytes;
-        let mut buf = self
-            .dev
-            .read_at(AlignedBuf::new(read_len as usize), phys)
-            .await?;
-        buf.set_len((to - from) as usize);
+        let cached = (o.data.as_deref()).filter(|d| d.len() == o.len as usize);
+        let buf = match cached {
+            Some(d) => {
+                self.st.borrow_mut().stats.overlay_cache_reads += 1;
+                AlignedBuf::from_slice(&d[from as usize..to as usize])
+            }
+            None => {
+                let align = self.dev.align_bytes().max(SECTOR_BYTES);
+                let read_len = (to - from).div_ceil(align) * align;
+                let jpos = o.data_pos + u64::from(from);
+                let phys = self.g.journal_offset + jpos % self.g.journal_bytes;
+                let mut buf = (self.dev)
+                    .read_at(AlignedBuf::new(read_len as usize), phys)
+                    .await?;
+                buf.set_len((to - from) as usize);
+                buf
+            }
+        };
         for (i, chunk) in buf.chunks(CHUNK as usize).enumerate() {
             let c = (from / CHUNK) as usize + i;
             if nacre_types::crc32c(chunk) != o.csums[c] {

@@ -154,6 +154,10 @@ pub struct Stats {
     pub checkpoints: u64,
     pub flushed_overlays: u64,
     pub read_retries: u64,
+    /// Reads of small-write data served from the overlay cache (memory),
+    /// not the journal.
+    #[serde(default)]
+    pub overlay_cache_reads: u64,
 }
 
 /// What open found and did.
