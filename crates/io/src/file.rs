@@ -391,7 +391,7 @@ impl BlockDev for FileDev {
         let entry = opcode::Fsync::new(self.fd())
             .flags(types::FsyncFlags::DATASYNC)
             .build();
-        let (res, _) = rt::submit(entry, Resources::None).await;
+        let (res, _) = rt::submit_on_worker(entry, Resources::None).await;
         if res < 0 {
             return Err(io::Error::from_raw_os_error(-res));
         }

@@ -25,7 +25,9 @@
 //! any thread that wants it — but only while its last sleep was no longer
 //! than the budget (a daemon with nothing to do never polls) and it was
 //! busy less than [`SPIN_LOAD_MAX`] of its last [`SPIN_WINDOW`] (a loaded
-//! loop rarely sleeps long and would only burn what its peers need). Polling
+//! loop rarely sleeps long and would only burn what its peers need), and
+//! never while an fsync is in flight (a kernel worker thread runs it and
+//! needs a CPU: [`submit_on_worker`]). Polling
 //! changes when a completion is seen, never which: it reads the ring's
 //! completion queue and its task-run flag, which the kernel raises for
 //! every completion it holds back.
@@ -101,6 +103,8 @@ enum OpState {
 struct OpSlot {
     state: OpState,
     res: Resources,
+    /// Run by a kernel worker thread ([`submit_on_worker`]).
+    on_worker: bool,
 }
 
 struct Reactor {
@@ -108,6 +112,8 @@ struct Reactor {
     ops: RefCell<Vec<Option<OpSlot>>>,
     free_ops: RefCell<Vec<usize>>,
     inflight: Cell<usize>,
+    /// Ops in flight that a kernel worker thread runs.
+    on_workers: Cell<usize>,
     spin: Spin,
 }
 
@@ -268,6 +274,7 @@ fn new_reactor(spin: bool) -> Option<Reactor> {
             ops: RefCell::new(Vec::new()),
             free_ops: RefCell::new(Vec::new()),
             inflight: Cell::new(0),
+            on_workers: Cell::new(0),
             spin: match spin {
                 true => Spin::from_env(),
                 false => Spin::new(Duration::ZERO),
@@ -655,7 +662,9 @@ impl Reactor {
         let mut ring = self.ring.borrow_mut();
         let t0 = (wait && ring.completion().is_empty()).then(std::time::Instant::now);
         let wait = match t0 {
-            Some(t0) if self.spin.wanted() => !self.poll(&mut ring, t0),
+            Some(t0) if self.on_workers.get() == 0 && self.spin.wanted() => {
+                !self.poll(&mut ring, t0)
+            }
             _ => wait,
         };
         if t0.is_some() {
@@ -683,6 +692,9 @@ impl Reactor {
             }
             let id = cqe.user_data() as usize;
             let slot = ops[id].as_mut().expect("completion for a free op slot");
+            if slot.on_worker {
+                self.on_workers.set(self.on_workers.get() - 1);
+            }
             match std::mem::replace(&mut slot.state, OpState::Done(cqe.result())) {
                 OpState::Waiting(w) => {
                     if let Some(w) = w {
@@ -753,6 +765,18 @@ pub struct Op {
 /// The entry's pointers must point into `res` (heap memory that does not
 /// move when `res` moves), which the op keeps alive until completion.
 pub fn submit(entry: squeue::Entry, res: Resources) -> Op {
+    submit_to(entry, res, false)
+}
+
+/// [`submit`] for an op the kernel hands to one of its worker threads (an
+/// fsync: it cannot complete without blocking). While one is in flight the
+/// loop sleeps rather than polls: the worker needs a CPU of the few there
+/// are, and polling would compete with it for one.
+pub fn submit_on_worker(entry: squeue::Entry, res: Resources) -> Op {
+    submit_to(entry, res, true)
+}
+
+fn submit_to(entry: squeue::Entry, res: Resources, on_worker: bool) -> Op {
     let core = core();
     let r = core
         .reactor
@@ -763,6 +787,7 @@ pub fn submit(entry: squeue::Entry, res: Resources) -> Op {
         let slot = OpSlot {
             state: OpState::Waiting(None),
             res,
+            on_worker,
         };
         match r.free_ops.borrow_mut().pop() {
             Some(id) => {
@@ -776,6 +801,8 @@ pub fn submit(entry: squeue::Entry, res: Resources) -> Op {
         }
     };
     r.inflight.set(r.inflight.get() + 1);
+    r.on_workers
+        .set(r.on_workers.get() + usize::from(on_worker));
     let entry = entry.user_data(id as u64);
     let mut ring = r.ring.borrow_mut();
     loop {
@@ -975,6 +1002,36 @@ mod tests {
                 false => assert_eq!(polled, 0),
             }
         }
+    }
+
+    /// While an fsync is in flight the loop sleeps instead of polling (the
+    /// kernel worker running it needs a CPU): a loop whose waits would
+    /// otherwise poll (short sleeps before) sleeps through 50 fsyncs.
+    #[test]
+    fn a_loop_waiting_for_an_fsync_sleeps() {
+        use crate::{BlockDev, FileDev, OpenFlags};
+        let dir = tempfile::tempdir().unwrap();
+        SPIN_BUDGET.set(Some(Duration::from_millis(5)));
+        let (polled, slept) = block_on(async {
+            let flags = OpenFlags {
+                create_bytes: Some(1 << 20),
+                ..OpenFlags::default()
+            };
+            let dev = FileDev::open(&dir.path().join("f"), &flags).unwrap();
+            assert!(dev.uses_uring());
+            for _ in 0..5 {
+                sleep(Duration::from_micros(20)).await;
+            }
+            let (p0, s0) = waits();
+            for _ in 0..50 {
+                dev.sync().await.unwrap();
+            }
+            let (p1, s1) = waits();
+            (p1 - p0, s1 - s0)
+        });
+        SPIN_BUDGET.set(None);
+        assert_eq!(polled, 0, "polled with an fsync in flight");
+        assert!(slept > 0);
     }
 
     /// When polling is wanted: only after a wait no longer than the budget,
