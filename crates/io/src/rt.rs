@@ -128,7 +128,7 @@ pub const SPIN_WINDOW: Duration = Duration::from_millis(10);
 /// docs).
 struct Spin {
     /// At most this long; zero: never.
-    budget: Duration,
+    budget: Cell<Duration>,
     /// The last wait, polled or slept: polling pays only if the next one
     /// is about as short.
     last_wait: Cell<Duration>,
@@ -146,7 +146,7 @@ struct Spin {
 impl Spin {
     fn new(budget: Duration) -> Spin {
         Spin {
-            budget,
+            budget: Cell::new(budget),
             last_wait: Cell::new(Duration::MAX),
             busy_since: Cell::new(std::time::Instant::now()),
             window: Cell::new((Duration::ZERO, Duration::ZERO)),
@@ -158,10 +158,6 @@ impl Spin {
 
     /// The budget from `NACRE_SPIN_US` (µs; unset: the default).
     fn from_env() -> Spin {
-        #[cfg(test)]
-        if let Some(b) = tests::SPIN_BUDGET.get() {
-            return Spin::new(b);
-        }
         let us = match std::env::var("NACRE_SPIN_US") {
             Ok(v) => v.trim().parse().unwrap_or_else(|_| {
                 tracing::warn!(
@@ -176,7 +172,8 @@ impl Spin {
 
     /// Whether a wait beginning now should poll first.
     fn wanted(&self) -> bool {
-        !self.budget.is_zero() && self.light.get() && self.last_wait.get() <= self.budget
+        let budget = self.budget.get();
+        !budget.is_zero() && self.light.get() && self.last_wait.get() <= budget
     }
 
     /// Accounts a wait from `from` to `to`.
@@ -254,6 +251,16 @@ thread_local! {
 fn core() -> Rc<Core> {
     CORE.with(|c| c.borrow().clone())
         .expect("nacre runtime: called outside block_on")
+}
+
+/// Sets how long this thread's loop may poll its ring before sleeping
+/// (module docs; zero: never). A measurement of a device, not of Nacre,
+/// turns it off: polling changes how the kernel's threads that complete
+/// some I/O get a CPU.
+pub fn set_spin_budget(budget: Duration) {
+    if let Some(r) = &core().reactor {
+        r.spin.budget.set(budget);
+    }
 }
 
 /// True when this thread's runtime has an io_uring.
@@ -730,7 +737,7 @@ impl Reactor {
             }
             turns += 1;
             if turns.is_multiple_of(64) {
-                if t0.elapsed() > self.spin.budget {
+                if t0.elapsed() > self.spin.budget.get() {
                     return false;
                 }
                 // Another thread of this CPU that has work runs first.
@@ -965,12 +972,6 @@ mod tests {
         assert!(turns > 0);
     }
 
-    thread_local! {
-        /// A spin budget for this thread's runtimes, instead of the
-        /// environment's.
-        pub(super) static SPIN_BUDGET: Cell<Option<Duration>> = const { Cell::new(None) };
-    }
-
     /// Waits this thread's runtime ended by polling, and that slept.
     fn waits() -> (u64, u64) {
         let c = core();
@@ -984,14 +985,13 @@ mod tests {
     #[test]
     fn a_loop_about_to_sleep_polls_its_ring_first() {
         for (budget, polls) in [(Duration::from_millis(5), true), (Duration::ZERO, false)] {
-            SPIN_BUDGET.set(Some(budget));
             let (polled, slept) = block_on(async {
+                set_spin_budget(budget);
                 for _ in 0..200 {
                     sleep(Duration::from_micros(20)).await;
                 }
                 waits()
             });
-            SPIN_BUDGET.set(None);
             assert!(
                 polled + slept >= 200,
                 "{polled} + {slept} waits for 200 sleeps"
@@ -1011,8 +1011,8 @@ mod tests {
     fn a_loop_waiting_for_an_fsync_sleeps() {
         use crate::{BlockDev, FileDev, OpenFlags};
         let dir = tempfile::tempdir().unwrap();
-        SPIN_BUDGET.set(Some(Duration::from_millis(5)));
         let (polled, slept) = block_on(async {
+            set_spin_budget(Duration::from_millis(5));
             let flags = OpenFlags {
                 create_bytes: Some(1 << 20),
                 ..OpenFlags::default()
@@ -1029,7 +1029,6 @@ mod tests {
             let (p1, s1) = waits();
             (p1 - p0, s1 - s0)
         });
-        SPIN_BUDGET.set(None);
         assert_eq!(polled, 0, "polled with an fsync in flight");
         assert!(slept > 0);
     }
