@@ -669,10 +669,10 @@ pub(crate) async fn apply_folds<D: BlockDev + 'static>(
                 let buf = match run {
                     RunData::Built(b) => b,
                     // This fold is the overlay's last (after it the overlay
-                    // goes, and a failed write fails the store), and a read
-                    // meanwhile finds the same bytes in the journal, which
-                    // stays until the fold is applied (a read that took
-                    // the overlay before keeps its own reference). Let go
+                    // goes, and a failed write fails the store), a read of
+                    // the block meanwhile waits for this write, and one
+                    // that took the overlay before holds its own
+                    // reference (then the buffer is copied). Let go
                     // of the index's copy now, so the buffer is most often
                     // ours alone.
                     RunData::Overlay { data, data_pos } => {
