@@ -1049,16 +1049,22 @@ mod tests {
         use crate::{BlockDev, FileDev, OpenFlags};
         let dir = tempfile::tempdir().unwrap();
         let (polled, slept) = block_on(async {
-            set_spin_budget(Duration::from_millis(5));
+            set_spin_budget(SPIN_BUDGET_MAX);
             let flags = OpenFlags {
                 create_bytes: Some(1 << 20),
                 ..OpenFlags::default()
             };
             let dev = FileDev::open(&dir.path().join("f"), &flags).unwrap();
             assert!(dev.uses_uring());
-            for _ in 0..5 {
+            // Short sleeps until the loop would poll (a loaded machine may
+            // take a few).
+            let wanted = || core().reactor.as_ref().expect("a ring").spin.wanted();
+            let mut n = 0;
+            while !wanted() && n < 10_000 {
                 sleep(Duration::from_micros(20)).await;
+                n += 1;
             }
+            assert!(wanted(), "the loop never wanted to poll");
             let g = || core().reactor.as_ref().expect("a ring").spin.gated.get();
             let ((p0, s0), g0) = (waits(), g());
             for _ in 0..50 {
