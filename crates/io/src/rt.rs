@@ -23,12 +23,11 @@
 //! to [`Spin`]'s budget (`NACRE_SPIN_US`, default
 //! [`SPIN_US_DEFAULT`]; 0 never polls), calling `sched_yield` every few µs
 //! (offering the CPU to other runnable threads) — but only while its last
-//! sleep was no longer
-//! than the budget (a daemon with nothing to do never polls) and it was
-//! busy less than [`SPIN_LOAD_MAX`] of its last [`SPIN_WINDOW`] (a loaded
-//! loop rarely sleeps long and would only burn what its peers need), and
-//! never while an fsync is in flight (a kernel worker thread runs it and
-//! needs a CPU: [`submit_on_worker`]). Polling
+//! sleep was no longer than the budget (a daemon with nothing to do never
+//! polls) and it was busy less than [`SPIN_LOAD_MAX`] of its last
+//! [`SPIN_WINDOW`] (a loaded loop rarely sleeps long and would only burn
+//! what its peers need), and never while an fsync is in flight (a kernel
+//! worker thread runs it and needs a CPU: [`submit_on_worker`]). Polling
 //! changes when a completion is seen, never which: it reads the ring's
 //! completion queue and its task-run flag, which the kernel raises for
 //! every completion it holds back.
@@ -162,18 +161,15 @@ impl Spin {
         }
     }
 
-    /// The budget from `NACRE_SPIN_US` (µs; unset: the default).
+    /// The budget from `NACRE_SPIN_US`; what is wrong with it goes to
+    /// the log.
     fn from_env() -> Spin {
-        let us = match std::env::var("NACRE_SPIN_US") {
-            Ok(v) => v.trim().parse().unwrap_or_else(|_| {
-                tracing::warn!(
-                    "NACRE_SPIN_US={v:?} is not a number of µs: using {SPIN_US_DEFAULT}"
-                );
-                SPIN_US_DEFAULT
-            }),
-            Err(_) => SPIN_US_DEFAULT,
-        };
-        Spin::new(Duration::from_micros(us).min(SPIN_BUDGET_MAX))
+        let v = std::env::var("NACRE_SPIN_US").ok();
+        let (budget, why) = spin_budget_of(v.as_deref());
+        if let Some(why) = why {
+            tracing::warn!("{why}");
+        }
+        Spin::new(budget)
     }
 
     /// Whether a wait beginning now should poll first.
@@ -259,11 +255,38 @@ fn core() -> Rc<Core> {
         .expect("nacre runtime: called outside block_on")
 }
 
+/// The polling budget `NACRE_SPIN_US` asks for (µs; unset: the default),
+/// and, if it is not a number of µs or above [`SPIN_BUDGET_MAX`], why the
+/// budget is another.
+fn spin_budget_of(v: Option<&str>) -> (Duration, Option<String>) {
+    let default = Duration::from_micros(SPIN_US_DEFAULT);
+    let Some(v) = v else {
+        return (default, None);
+    };
+    match v.trim().parse::<u64>() {
+        Err(_) => (
+            default,
+            Some(format!(
+                "NACRE_SPIN_US={v:?} is not a whole number of µs: polling {SPIN_US_DEFAULT} µs \
+                 before sleeping (set it to 0 to never poll)"
+            )),
+        ),
+        Ok(us) if Duration::from_micros(us) > SPIN_BUDGET_MAX => (
+            SPIN_BUDGET_MAX,
+            Some(format!(
+                "NACRE_SPIN_US={us} is above the most, {} µs: polling that long",
+                SPIN_BUDGET_MAX.as_micros()
+            )),
+        ),
+        Ok(us) => (Duration::from_micros(us), None),
+    }
+}
+
 /// Sets how long this thread's loop may poll its ring before sleeping
-/// (module docs; zero: never). A measurement of a device, not of Nacre,
-/// turns it off: polling changes how the kernel's threads that complete
-/// some I/O get a CPU.
-/// At most 10 ms; virtual time never polls.
+/// (module docs; zero: never; at most [`SPIN_BUDGET_MAX`]; virtual time
+/// never polls). A measurement of a device, not of Nacre, turns it off:
+/// polling changes how the kernel's threads that complete some I/O get a
+/// CPU.
 pub fn set_spin_budget(budget: Duration) {
     let core = core();
     if let (Some(r), Clock::Real(_)) = (&core.reactor, &core.clock) {
@@ -675,23 +698,23 @@ impl Reactor {
     /// (the ring's task-run flag; an overflowed completion queue).
     fn submit_and_reap(&self, wait: bool) {
         let mut ring = self.ring.borrow_mut();
+        // A wait: polled first if that is wanted and no fsync is in flight;
+        // it sleeps unless polling found a completion.
         let t0 = (wait && ring.completion().is_empty()).then(std::time::Instant::now);
-        let wanted = t0.is_some() && self.spin.wanted();
-        let gated = wanted && self.on_workers.get() > 0;
-        let wait = match t0 {
-            Some(t0) if wanted && !gated => !self.poll(&mut ring, t0),
-            _ => wait,
-        };
-        if gated {
-            self.spin.gated.set(self.spin.gated.get() + 1);
-        }
-        if t0.is_some() {
-            let c = if wait {
-                &self.spin.slept
-            } else {
-                &self.spin.polled
+        let mut wait = wait;
+        if let Some(t0) = t0 {
+            let s = &self.spin;
+            let polled = match (s.wanted(), self.on_workers.get() > 0) {
+                (true, false) => self.poll(&mut ring, t0),
+                (true, true) => {
+                    s.gated.set(s.gated.get() + 1);
+                    false
+                }
+                (false, _) => false,
             };
+            let c = if polled { &s.polled } else { &s.slept };
             c.set(c.get() + 1);
+            wait = !polled;
         }
         let want = usize::from(wait && ring.completion().is_empty());
         let sq = ring.submission();
@@ -762,9 +785,8 @@ impl Reactor {
     }
 }
 
-/// Checks what `io_uring_enter` gave: interrupted or busy (the completion
+/// Whether `io_uring_enter` entered: interrupted or busy (the completion
 /// queue full) is for the next turn to retry; anything else is a bug.
-/// Whether it entered.
 fn entered(r: std::io::Result<usize>) -> bool {
     match r {
         Ok(_) => true,
@@ -986,11 +1008,38 @@ mod tests {
         assert!(turns > 0);
     }
 
-    /// Waits this thread's runtime ended by polling, and that slept.
-    fn waits() -> (u64, u64) {
+    /// Waits this thread's runtime ended by polling, that slept, and that
+    /// would have polled but for an fsync.
+    fn waits() -> (u64, u64, u64) {
         let c = core();
         let s = &c.reactor.as_ref().expect("a ring").spin;
-        (s.polled.get(), s.slept.get())
+        (s.polled.get(), s.slept.get(), s.gated.get())
+    }
+
+    /// `NACRE_SPIN_US`: unset, the default; a number of µs, that; one
+    /// above the most, the most; anything else, the default — the last
+    /// two with a message naming the variable, the value and the budget
+    /// used.
+    #[test]
+    fn the_spin_budget_from_the_environment() {
+        let us = Duration::from_micros;
+        assert_eq!(spin_budget_of(None), (us(SPIN_US_DEFAULT), None));
+        assert_eq!(spin_budget_of(Some("0")), (Duration::ZERO, None));
+        assert_eq!(spin_budget_of(Some(" 250 ")), (us(250), None));
+        let (b, why) = spin_budget_of(Some("99999999"));
+        assert_eq!(b, SPIN_BUDGET_MAX);
+        let why = why.expect("a message");
+        assert!(
+            why.contains("NACRE_SPIN_US=99999999") && why.contains("10000 µs"),
+            "{why}"
+        );
+        for bad in ["abc", "-5", "1.5", "", "100us"] {
+            let (b, why) = spin_budget_of(Some(bad));
+            assert_eq!(b, us(SPIN_US_DEFAULT), "{bad:?}");
+            let why = why.expect("a message");
+            assert!(why.contains(&format!("NACRE_SPIN_US={bad:?}")), "{why}");
+            assert!(why.contains("not a whole number"), "{why}");
+        }
     }
 
     /// Polling finds a completion the kernel holds back: a 20 µs timer,
@@ -1026,7 +1075,8 @@ mod tests {
                 for _ in 0..200 {
                     sleep(Duration::from_micros(20)).await;
                 }
-                waits()
+                let (polled, slept, _) = waits();
+                (polled, slept)
             });
             assert!(
                 polled + slept >= 200,
@@ -1065,12 +1115,11 @@ mod tests {
                 n += 1;
             }
             assert!(wanted(), "the loop never wanted to poll");
-            let g = || core().reactor.as_ref().expect("a ring").spin.gated.get();
-            let ((p0, s0), g0) = (waits(), g());
+            let (p0, s0, g0) = waits();
             for _ in 0..50 {
                 dev.sync().await.unwrap();
             }
-            let ((p1, s1), g1) = (waits(), g());
+            let (p1, s1, g1) = waits();
             // The first fsync's wait came after short sleeps: it would
             // have polled but for the fsync.
             assert!(g1 > g0, "no wait reached the fsync gate");
