@@ -56,15 +56,20 @@ pub struct TestResult {
 
 /// The store's own work during one test, per op of the test (a 4 MiB op
 /// is one op): journal flushes (fdatasync), journal batches written,
-/// overlays folded in place; and the checkpoints in all. It tells where a
-/// store/raw ratio goes: a durable QD1 write needs one flush, and each
-/// fold is a device write of its own.
+/// overlays folded in place; and in all, the checkpoints, the times the
+/// writer paced client writes as the journal neared its limit, and the
+/// times client writes met the limit and waited for a checkpoint. It
+/// tells where a store/raw ratio goes: a durable QD1 write needs one
+/// flush, and each fold is a device write of its own; and where a tail
+/// latency comes from.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct StoreWork {
     pub flushes_per_op: f64,
     pub batches_per_op: f64,
     pub folds_per_op: f64,
     pub checkpoints: u64,
+    pub paced_waits: u64,
+    pub journal_full_waits: u64,
 }
 
 impl StoreWork {
@@ -75,6 +80,8 @@ impl StoreWork {
             batches_per_op: per(a.batches, b.batches),
             folds_per_op: per(a.flushed_overlays, b.flushed_overlays),
             checkpoints: b.checkpoints - a.checkpoints,
+            paced_waits: b.paced_waits - a.paced_waits,
+            journal_full_waits: b.journal_full_waits - a.journal_full_waits,
         }
     }
 }
@@ -523,14 +530,20 @@ pub fn table(r: &StoreBenchReport) -> String {
         }
     }
     out.push_str(&format!(
-        "\n{:<20} {:>11} {:>9} {:>9} {:>12}\n",
-        "store work per op", "flushes", "batches", "folds", "checkpoints"
+        "\n{:<20} {:>11} {:>9} {:>9} {:>12} {:>7} {:>10}\n",
+        "store work per op", "flushes", "batches", "folds", "checkpoints", "paced", "full waits"
     ));
     for t in &r.tests {
         let w = &t.store_work;
         out.push_str(&format!(
-            "{:<20} {:>11.3} {:>9.3} {:>9.3} {:>12}\n",
-            t.name, w.flushes_per_op, w.batches_per_op, w.folds_per_op, w.checkpoints
+            "{:<20} {:>11.3} {:>9.3} {:>9.3} {:>12} {:>7} {:>10}\n",
+            t.name,
+            w.flushes_per_op,
+            w.batches_per_op,
+            w.folds_per_op,
+            w.checkpoints,
+            w.paced_waits,
+            w.journal_full_waits
         ));
     }
     let m = &r.memory;

@@ -41,10 +41,10 @@ use crate::store::Queued;
 use nacre_io::sync::oneshot;
 
 /// Table-page and fold writes in flight at once during a checkpoint: when
-/// the journal is past `URGENT_JOURNAL_PERCENT` full, and otherwise.
+/// the journal is full enough that client writes are paced
+/// (`writer::pacing_from`, 60% of the journal), and otherwise.
 const PAGE_WRITES_INFLIGHT_MAX: usize = 64;
 const PAGE_WRITES_GENTLE_MAX: usize = 4;
-const URGENT_JOURNAL_PERCENT: u64 = 65;
 /// Journal fill at which folding ahead of checkpoints starts.
 const FOLD_AHEAD_PERCENT: u64 = 25;
 /// Objects, and bytes of new chunk content, planned before one group of
@@ -79,6 +79,10 @@ pub(crate) struct Checkpoints {
     pub next_fold_id: u64,
     /// Folds met during replay, in journal order (empty once open).
     pub replay_folds: Vec<crate::store::ReplayFold>,
+    /// How long the last checkpoint that covered at least an eighth of
+    /// the journal took, in ns per journal byte it covered (0 before
+    /// one): what paces client writes (`writer::pace_after`).
+    pub ns_per_byte: f64,
 }
 
 /// The checkpointer: checkpoints when asked, and in between folds journal
@@ -227,10 +231,7 @@ async fn write_pages<D: BlockDev + 'static>(
     for (pos, buf) in writes {
         // Gentle while the journal has room (client I/O keeps its latency),
         // all-out when writers are about to wait for this checkpoint.
-        let urgent = {
-            let st = inner.st.borrow();
-            st.journal.used() * 100 >= inner.g.journal_bytes * URGENT_JOURNAL_PERCENT
-        };
+        let urgent = inner.st.borrow().journal.used() >= crate::writer::pacing_from(&inner.g);
         let window = if urgent {
             PAGE_WRITES_INFLIGHT_MAX
         } else {
@@ -273,8 +274,11 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     };
     // Folding rewrites blocks that full-block records before J point at;
     // replay must know those records are durable and not check their blocks.
+    let started = rt::monotonic();
+    let objects = to_fold.len();
     inner.sync_barrier(true).await?;
     fold_all(inner, to_fold, j).await?;
+    let folded = rt::monotonic();
     // Undos whose bytes lie before J are journaled again after it.
     inner.relog_undos(j).await?;
     // Merge checksum changes into their pages (loading pages as needed).
@@ -318,6 +322,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         }
         (writes, obj_metas, csum_metas, csum_pages, pglog_metas)
     };
+    let pages = writes.len();
     write_pages(inner, writes).await?;
     if !inner.opts.immediate_commit {
         inner.dev.sync().await?;
@@ -360,12 +365,23 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     st.obj_metas = obj_metas;
     st.csum.commit(csum_metas, &csum_pages);
     st.pglogs.metas = pglog_metas;
+    let covered = j.saturating_sub(st.journal.tail);
+    if covered >= g.journal_bytes / 8 {
+        let took = (rt::monotonic() - started).as_nanos() as f64;
+        st.ckpt.ns_per_byte = took / covered as f64;
+    }
     st.journal.raise_tail(j);
     st.alloc.release(&releasing);
     st.ckpt.releasing = 0;
     st.stats.checkpoints += 1;
+    let used_percent = st.journal.used() * 100 / g.journal_bytes;
     drop(st);
     inner.bump_epoch();
+    tracing::debug!(
+        "checkpoint {seq}: {objects} objects folded in {:?}, {pages} pages, {:?} in all; journal {used_percent}% used after",
+        folded - started,
+        rt::monotonic() - started
+    );
     Ok(())
 }
 

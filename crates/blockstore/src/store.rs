@@ -158,6 +158,15 @@ pub struct Stats {
     /// not the journal.
     #[serde(default)]
     pub overlay_cache_reads: u64,
+    /// Times the journal writer held client writes back to pace them
+    /// while the journal neared its limit (docs/internals/blockstore.md,
+    /// *Pacing client writes*).
+    #[serde(default)]
+    pub paced_waits: u64,
+    /// Times client writes found the journal at their limit and waited
+    /// for a checkpoint to move its tail.
+    #[serde(default)]
+    pub journal_full_waits: u64,
 }
 
 /// What open found and did.

@@ -13,14 +13,17 @@
 //! arriving meanwhile share the next fsync.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::time::Duration;
 
 use nacre_io::sync::Sender;
 use nacre_io::{AlignedBuf, BlockDev};
 use std::rc::Rc as StdRc;
 
 use crate::error::{Error, Result};
-use crate::format::{RecordKind, RECORDS_PER_BATCH_MAX};
+use crate::format::{Geometry, RecordKind, RECORDS_PER_BATCH_MAX};
 use crate::index::Overlay;
 use crate::journal::{self, batch_bytes_max, BatchId, Record, BATCH_HDR_BYTES_MAX};
 use crate::store::{Inner, Queued, State};
@@ -222,14 +225,21 @@ impl WriterState {
 
 /// Takes the next batch: checkpoint records first (never mixed with client
 /// writes, so they can use the reserved journal space), else client writes.
-fn take_batch(st: &mut State, block_bytes: u32, sector: u64) -> (Vec<Queued>, bool) {
+/// A client batch in the paced range takes at most an eighth of the room
+/// left below the client limit (`client_batch_max`).
+fn take_batch(st: &mut State, g: &Geometry) -> (Vec<Queued>, bool) {
     let exempt = !st.writer.ckpt_queue.is_empty();
+    let max_total = if exempt {
+        batch_bytes_max(g.block_bytes)
+    } else {
+        client_batch_max(g, st.journal.used())
+    };
+    let sector = u64::from(g.sector_bytes);
     let queue = if exempt {
         &mut st.writer.ckpt_queue
     } else {
         &mut st.writer.queue
     };
-    let max_total = batch_bytes_max(block_bytes);
     let mut hdr = std::mem::size_of::<crate::format::BatchHeader>() as u64;
     let mut data = 0u64;
     let mut out = Vec::new();
@@ -272,6 +282,9 @@ pub(crate) struct Written {
     error: Option<String>,
 }
 
+/// A timer the writer keeps across wake-ups.
+type Timer = Pin<Box<dyn Future<Output = ()>>>;
+
 /// The writer: takes batches off the queues and writes them, one after
 /// another, without waiting for their fsync.
 pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
@@ -280,26 +293,44 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
     // checkpointer's own records are still served (a checkpoint may be
     // waiting for them).
     let mut full_at_tail: Option<u64> = None;
+    // The last client batch: when it was taken and the journal bytes it
+    // took, which pace the next one (`pace_after`).
+    let mut last_client: Option<(Duration, u64)> = None;
+    let pacing = nacre_io::rt::has_timers();
+    // The timer of the pace being waited out and when it ends: kept across
+    // wake-ups (every client write arriving wakes the writer), replaced
+    // only when the pace changes (a checkpoint moved the tail).
+    let mut pace_timer: Option<(Duration, Timer)> = None;
     loop {
-        let (mut batch, exempt, waiters) = loop {
+        let (mut batch, exempt, waiters, taken_at) = loop {
+            let mut paced_until = None;
             {
                 let mut st = inner.st.borrow_mut();
                 if full_at_tail.is_some_and(|t| t != st.journal.tail) {
                     full_at_tail = None;
                 }
-                let clients = !st.writer.queue.is_empty() && full_at_tail.is_none();
+                let mut clients = !st.writer.queue.is_empty() && full_at_tail.is_none();
+                let now = nacre_io::rt::monotonic();
+                if let Some((at, bytes)) = last_client.filter(|_| clients && pacing && !st.closing)
+                {
+                    let due =
+                        at + pace_after(&inner.g, st.journal.used(), bytes, st.ckpt.ns_per_byte);
+                    if due > now {
+                        clients = false;
+                        paced_until = Some((due, now));
+                    }
+                }
                 let work = clients
                     || !st.writer.ckpt_queue.is_empty()
                     || !st.writer.sync_waiters.is_empty();
                 if work && st.writer.written.len() < PIPELINE_BATCHES_MAX {
-                    let sector = u64::from(inner.g.sector_bytes);
                     let (b, exempt) = if clients || !st.writer.ckpt_queue.is_empty() {
-                        take_batch(&mut st, inner.g.block_bytes, sector)
+                        take_batch(&mut st, &inner.g)
                     } else {
                         (Vec::new(), false)
                     };
                     let w = std::mem::take(&mut st.writer.sync_waiters);
-                    break (b, exempt, w);
+                    break (b, exempt, w, now);
                 }
                 if st.writer.drained() && st.closing && !st.ckpt.running {
                     st.writer.done = true;
@@ -308,9 +339,31 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                     return;
                 }
             }
-            // Woken by new work, by the syncer draining, or by a checkpoint.
-            inner.journal_kick.wait().await;
+            // Woken by new work, by the syncer draining, or by a checkpoint
+            // (which may end the pacing: it frees journal space).
+            let Some((due, now)) = paced_until else {
+                pace_timer = None;
+                inner.journal_kick.wait().await;
+                continue;
+            };
+            if pace_timer.as_ref().is_none_or(|(d, _)| *d != due) {
+                inner.st.borrow_mut().stats.paced_waits += 1;
+                pace_timer = Some((due, Box::pin(nacre_io::rt::sleep(due - now))));
+            }
+            let timer = &mut pace_timer.as_mut().expect("set above").1;
+            let mut kick = std::pin::pin!(inner.journal_kick.wait());
+            let fired = std::future::poll_fn(|cx| {
+                if timer.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(true);
+                }
+                kick.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if fired {
+                pace_timer = None;
+            }
         };
+        let head_before = inner.st.borrow().journal.head;
         let mut end_result = write_batch(&inner, &mut batch, exempt, false).await;
         if let Err(Error::JournalFull) = end_result {
             // Put the client batch back; go on with the barriers alone.
@@ -321,6 +374,7 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 }
                 full_at_tail = Some(st.journal.tail);
                 st.ckpt.wanted = true;
+                st.stats.journal_full_waits += 1;
             }
             inner.ckpt_kick.notify();
             if waiters.is_empty() {
@@ -332,7 +386,12 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
         let durable = !waiters.is_empty() || batch.iter().any(|q| q.durable);
         let wrote = !batch.is_empty();
         let end = match end_result {
-            Ok(end) => end,
+            Ok(end) => {
+                if !exempt && !batch.is_empty() {
+                    last_client = Some((taken_at, end.saturating_sub(head_before)));
+                }
+                end
+            }
             Err(e) => {
                 hand_over(
                     &inner,
@@ -593,6 +652,70 @@ async fn write_batch<D: BlockDev + 'static>(
     Ok(pos + total)
 }
 
+/// The journal bytes client writes may fill. They leave a fifth of the
+/// ring (at least two batches) to the checkpointer, whose fold records
+/// must always fit: they are far smaller than the writes they fold, so the
+/// reserve never runs out.
+fn client_limit(g: &Geometry) -> u64 {
+    g.journal_bytes - (g.journal_bytes / 5).max(2 * batch_bytes_max(g.block_bytes))
+}
+
+/// Client writes are paced once the journal is this many quarters of the
+/// way to their limit (`client_limit`), so that a checkpoint that folds
+/// slower than clients write slows them down gradually instead of
+/// stopping them all at the limit until it commits.
+const PACE_FROM_QUARTERS: u64 = 3;
+
+/// Journal bytes in use from which client writes are paced; the
+/// checkpointer folds and writes pages all-out from here on, since
+/// clients are waiting for it.
+pub(crate) fn pacing_from(g: &Geometry) -> u64 {
+    client_limit(g) / 4 * PACE_FROM_QUARTERS
+}
+
+/// The largest client batch with `used` journal bytes in use: the most a
+/// batch may hold, and no more than an eighth of the room left below the
+/// limit (at least one record: a batch always takes one), so that no
+/// batch — with the ring's end it may skip — jumps past the paced range
+/// to the limit, and the pace can still slow clients down as the room
+/// runs out.
+fn client_batch_max(g: &Geometry, used: u64) -> u64 {
+    batch_bytes_max(g.block_bytes).min(client_limit(g).saturating_sub(used) / 8)
+}
+/// The pace's scale, in multiples of the time the last checkpoint took
+/// per journal byte it covered (`Checkpoints::ns_per_byte`): at the
+/// middle of the paced range a client batch delays the next by twice
+/// what the checkpoint spends on as many bytes, at nine tenths by nine
+/// times that, and without bound toward the limit.
+const PACE_PER_CHECKPOINT_NS: f64 = 2.0;
+/// The scale before a checkpoint has been timed: 8 ns per byte (125 MB/s
+/// at the middle of the range).
+const PACE_FIRST_NS_PER_BYTE: f64 = 8.0;
+
+/// How long after a client batch of `bytes` the next one may start, with
+/// `used` journal bytes now in use and the last checkpoint's
+/// `ns_per_byte`: zero below the paced range, then `bytes · k · x/(1−x)`
+/// where `x` in [0, 1) is how far into the range the journal is and `k`
+/// is the scale (`PACE_PER_CHECKPOINT_NS`). With batches of at most an
+/// eighth of the room left (`client_batch_max`), the time clients take
+/// to cross the range grows with the log of its size in records (about
+/// k·range·ln(range/record)): several times what a checkpoint of half
+/// the journal takes at the last one's speed. When a checkpoint moves the
+/// tail, the pace falls with the fill at once.
+fn pace_after(g: &Geometry, used: u64, bytes: u64, ns_per_byte: f64) -> Duration {
+    let (from, limit) = (pacing_from(g), client_limit(g));
+    if used <= from || limit <= from {
+        return Duration::ZERO;
+    }
+    let k = if ns_per_byte > 0.0 {
+        PACE_PER_CHECKPOINT_NS * ns_per_byte
+    } else {
+        PACE_FIRST_NS_PER_BYTE
+    };
+    let x = ((used - from) as f64 / (limit - from) as f64).min(0.999);
+    Duration::from_nanos((bytes as f64 * k * x / (1.0 - x)).min(1e10) as u64)
+}
+
 /// Finds room for `total` bytes at the journal head (writing a wrap marker
 /// if the batch would cross the ring's end). Returns the batch's logical
 /// position, or `None` when the journal is too full.
@@ -602,13 +725,10 @@ async fn reserve_journal<D: BlockDev + 'static>(
     exempt: bool,
 ) -> Result<Option<u64>> {
     let g = &inner.g;
-    // Client writes leave a fifth of the ring (at least two batches) to the
-    // checkpointer, whose fold records must always fit: they are far
-    // smaller than the writes they fold, so the reserve never runs out.
     let limit = if exempt {
         g.journal_bytes
     } else {
-        g.journal_bytes - (g.journal_bytes / 5).max(2 * batch_bytes_max(g.block_bytes))
+        client_limit(g)
     };
     let (head, tail, gen, synced) = {
         let st = inner.st.borrow();

@@ -437,6 +437,74 @@ fn folding_ahead_at_qd1_shares_its_flushes() {
     });
 }
 
+/// Many writers overwriting small pieces faster than the device folds
+/// them: as the journal nears the space client writes may fill, the
+/// writer paces them (`Stats::paced_waits`) so that the checkpoint catches
+/// up before they reach it, instead of stopping every writer at the limit
+/// until the checkpoint commits (`Stats::journal_full_waits`). Every
+/// acknowledged byte reads back. Virtual time, on a device whose 4 KiB
+/// writes take 100 µs, 16 at once, while larger ones stream: the journal
+/// (one write per batch of many writes) outruns the in-place folds (one
+/// write per chunk).
+#[test]
+fn writers_faster_than_folds_are_paced_before_the_journal_fills() {
+    nacre_io::rt::block_on_virtual(async {
+        let dev = FaultDev::new(64 * MIB, 512);
+        let objs = 512u64;
+        let s = fresh_with_objects(&dev, objs).await;
+        dev.set_small_write_time(Some(std::time::Duration::from_micros(100)), 16);
+        let before = s.stats();
+        let last = std::rc::Rc::new(std::cell::RefCell::new(std::collections::HashMap::new()));
+        let mut hs = Vec::new();
+        // One writer per object: its versions rise without coordination.
+        for w in 0..objs {
+            let (s, last) = (s.clone(), last.clone());
+            hs.push(nacre_io::rt::spawn(async move {
+                let mut x = w.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                for n in 0..24u64 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let obj = w;
+                    let chunk = (x >> 20) % 16;
+                    let seed = (w * 24 + n) as u8;
+                    let version = 2 + n;
+                    s.write(
+                        ObjectId::new(5, obj),
+                        version,
+                        chunk as u32 * 4096,
+                        pattern(seed, 4096),
+                    )
+                    .await
+                    .unwrap();
+                    last.borrow_mut().insert((obj, chunk), seed);
+                }
+            }));
+        }
+        for h in hs {
+            h.await;
+        }
+        let after = s.stats();
+        assert!(
+            after.checkpoints > before.checkpoints + 2,
+            "the test must cycle the journal: {after:?}"
+        );
+        assert!(after.paced_waits > before.paced_waits, "{after:?}");
+        assert_eq!(
+            after.journal_full_waits, before.journal_full_waits,
+            "writers met the journal's limit: {after:?}"
+        );
+        for ((obj, chunk), seed) in last.take() {
+            assert_eq!(
+                &s.read(ObjectId::new(5, obj), chunk as u32 * 4096, 4096)
+                    .await
+                    .unwrap()[..],
+                &pattern(seed, 4096)[..]
+            );
+        }
+    });
+}
+
 #[test]
 fn journal_wraps_many_times() {
     block_on(async {

@@ -524,6 +524,18 @@ const OSD_FIGURES: &[Figure] = &[
         |m| m.store.counters.checkpoints as f64,
     ),
     (
+        "nacre_store_paced_waits_total",
+        "Times the store held client writes back to pace them while its journal neared the limit for client writes (its checkpoints fold slower than clients write).",
+        C,
+        |m| m.store.counters.paced_waits as f64,
+    ),
+    (
+        "nacre_store_journal_full_waits_total",
+        "Times client writes found the store's journal at their limit and waited for a checkpoint.",
+        C,
+        |m| m.store.counters.journal_full_waits as f64,
+    ),
+    (
         "nacre_store_read_retries_total",
         "Reads the store retried after a checksum mismatch.",
         C,

@@ -33,6 +33,10 @@ struct State {
     unsynced: RefCell<Vec<(u64, Vec<u8>)>>,
     eio: RefCell<Vec<EioRange>>,
     latency: Cell<Option<Duration>>,
+    /// Each small write this long, served by a fixed number of servers
+    /// (`set_small_write_time`): when each server's write ends.
+    op_time: Cell<Option<Duration>>,
+    busy_until: RefCell<Vec<Duration>>,
     yields: Cell<u32>,
     dead: Cell<bool>,
     align: u32,
@@ -64,6 +68,8 @@ impl FaultDev {
             unsynced: RefCell::new(Vec::new()),
             eio: RefCell::new(Vec::new()),
             latency: Cell::new(None),
+            op_time: Cell::new(None),
+            busy_until: RefCell::new(Vec::new()),
             yields: Cell::new(0),
             dead: Cell::new(false),
             align,
@@ -139,6 +145,17 @@ impl FaultDev {
         self.0.latency.set(d);
     }
 
+    /// Makes every write of at most 4 KiB take `d` (a runtime timer),
+    /// at most `servers` of them at once, the others waiting in arrival
+    /// order; larger writes, reads and syncs are not slowed. A device on
+    /// which small random writes are the bottleneck (a disk's seeks, a
+    /// flash device's read-modify-write, a hybrid OSD's slow data device)
+    /// while large sequential writes stream.
+    pub fn set_small_write_time(&self, d: Option<Duration>, servers: usize) {
+        self.0.op_time.set(d);
+        *self.0.busy_until.borrow_mut() = vec![Duration::ZERO; servers.max(1)];
+    }
+
     /// Makes every op give way to other tasks `n` times before it runs:
     /// concurrent ops interleave, deterministically and without wall time.
     pub fn set_yields(&self, n: u32) {
@@ -170,8 +187,27 @@ impl FaultDev {
         }
     }
 
+    async fn small_write_delay(&self, len: u64) {
+        if len > 4096 {
+            return;
+        }
+        if let Some(d) = self.0.op_time.get() {
+            let now = rt::monotonic();
+            let done = {
+                let mut busy = self.0.busy_until.borrow_mut();
+                let first_free = busy.iter_mut().min().expect("at least one server");
+                *first_free = (*first_free).max(now) + d;
+                *first_free
+            };
+            rt::sleep(done - now).await;
+        }
+    }
+
     async fn gate(&self, offset: u64, len: u64, write: bool) -> io::Result<()> {
         self.delay().await;
+        if write {
+            self.small_write_delay(len).await;
+        }
         if self.0.dead.get() {
             return Err(io::Error::other("device lost power"));
         }
