@@ -378,7 +378,7 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
     drop(st);
     inner.bump_epoch();
     tracing::debug!(
-        "checkpoint {seq}: {objects} objects folded in {:?}, {pages} pages, {:?} in all; journal {used_percent}% used after",
+        "checkpoint {seq}: sync barrier and folds of {objects} objects {:?}, {pages} pages, {:?} in all; journal {used_percent}% used after",
         folded - started,
         rt::monotonic() - started
     );
