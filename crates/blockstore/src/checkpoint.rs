@@ -42,7 +42,8 @@ use nacre_io::sync::oneshot;
 
 /// Table-page and fold writes in flight at once during a checkpoint: when
 /// the journal is full enough that client writes are paced
-/// (`writer::pacing_from`, 60% of the journal), and otherwise.
+/// (`writer::pacing_from`, 60% of a journal of ten batches or more), and
+/// otherwise.
 const PAGE_WRITES_INFLIGHT_MAX: usize = 64;
 const PAGE_WRITES_GENTLE_MAX: usize = 4;
 /// Journal fill at which folding ahead of checkpoints starts.

@@ -225,8 +225,8 @@ impl WriterState {
 
 /// Takes the next batch: checkpoint records first (never mixed with client
 /// writes, so they can use the reserved journal space), else client writes.
-/// A client batch in the paced range takes at most an eighth of the room
-/// left below the client limit (`client_batch_max`).
+/// A client batch takes at most an eighth of the room left below the
+/// client limit (`client_batch_max`).
 fn take_batch(st: &mut State, g: &Geometry) -> (Vec<Queued>, bool) {
     let exempt = !st.writer.ckpt_queue.is_empty();
     let max_total = if exempt {
@@ -298,9 +298,14 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
     let mut last_client: Option<(Duration, u64)> = None;
     let pacing = nacre_io::rt::has_timers();
     // The timer of the pace being waited out and when it ends: kept across
-    // wake-ups (every client write arriving wakes the writer), replaced
-    // only when the pace changes (a checkpoint moved the tail).
+    // wake-ups (every client write arriving wakes the writer) and while
+    // the pace grows (it then fires early and the pace is looked at
+    // again), replaced only when the pace shrinks (a checkpoint moved the
+    // tail), dropped when client batches go on. A dropped timer's op runs
+    // out in the kernel: at most one per commit that ends a pace.
     let mut pace_timer: Option<(Duration, Timer)> = None;
+    // Client batches are held back by the pace (counted once per hold).
+    let mut holding = false;
     loop {
         let (mut batch, exempt, waiters, taken_at) = loop {
             let mut paced_until = None;
@@ -311,8 +316,8 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 }
                 let mut clients = !st.writer.queue.is_empty() && full_at_tail.is_none();
                 let now = nacre_io::rt::monotonic();
-                if let Some((at, bytes)) = last_client.filter(|_| clients && pacing && !st.closing)
-                {
+                let pace = clients && pacing && !st.closing && st.failed.is_none();
+                if let Some((at, bytes)) = last_client.filter(|_| pace) {
                     let due =
                         at + pace_after(&inner.g, st.journal.used(), bytes, st.ckpt.ns_per_byte);
                     if due > now {
@@ -330,6 +335,10 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                         (Vec::new(), false)
                     };
                     let w = std::mem::take(&mut st.writer.sync_waiters);
+                    if clients {
+                        pace_timer = None;
+                        holding = false;
+                    }
                     break (b, exempt, w, now);
                 }
                 if st.writer.drained() && st.closing && !st.ckpt.running {
@@ -346,8 +355,11 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
                 inner.journal_kick.wait().await;
                 continue;
             };
-            if pace_timer.as_ref().is_none_or(|(d, _)| *d != due) {
+            if !holding {
+                holding = true;
                 inner.st.borrow_mut().stats.paced_waits += 1;
+            }
+            if pace_timer.as_ref().is_none_or(|(d, _)| due < *d) {
                 pace_timer = Some((due, Box::pin(nacre_io::rt::sleep(due - now))));
             }
             let timer = &mut pace_timer.as_mut().expect("set above").1;
@@ -673,6 +685,15 @@ pub(crate) fn pacing_from(g: &Geometry) -> u64 {
     client_limit(g) / 4 * PACE_FROM_QUARTERS
 }
 
+/// Journal bytes in use at which a checkpoint starts: `percent` of the
+/// journal, and at the latest where client writes start being paced —
+/// the pace is only there to let a running checkpoint commit (on a small
+/// journal, or with `checkpoint_at_percent` set high, the paced range
+/// would start below the configured trigger).
+fn checkpoint_at(g: &Geometry, percent: u8) -> u64 {
+    (g.journal_bytes * u64::from(percent) / 100).min(pacing_from(g))
+}
+
 /// The largest client batch with `used` journal bytes in use: the most a
 /// batch may hold, and no more than an eighth of the room left below the
 /// limit (at least one record: a batch always takes one), so that no
@@ -686,7 +707,7 @@ fn client_batch_max(g: &Geometry, used: u64) -> u64 {
 /// per journal byte it covered (`Checkpoints::ns_per_byte`): at the
 /// middle of the paced range a client batch delays the next by twice
 /// what the checkpoint spends on as many bytes, at nine tenths by nine
-/// times that, and without bound toward the limit.
+/// times that, and more toward the limit (up to 999 times, 10 s at most).
 const PACE_PER_CHECKPOINT_NS: f64 = 2.0;
 /// The scale before a checkpoint has been timed: 8 ns per byte (125 MB/s
 /// at the middle of the range).
@@ -795,9 +816,7 @@ fn finish_batch<D: BlockDev + 'static>(
         // for one make up a good part of what is left.
         let deferred = st.alloc.deferred_count() as u64;
         let blocks_waiting = deferred >= 64 && deferred * 4 >= u64::from(st.alloc.free_count());
-        if blocks_waiting
-            || used * 100 >= inner.g.journal_bytes * u64::from(inner.opts.checkpoint_at_percent)
-        {
+        if blocks_waiting || used >= checkpoint_at(&inner.g, inner.opts.checkpoint_at_percent) {
             st.ckpt.wanted = true;
             inner.ckpt_kick.notify();
         } else if used * 4 >= inner.g.journal_bytes {
@@ -819,4 +838,51 @@ fn finish_batch<D: BlockDev + 'static>(
         });
     }
     inner.applied.notify();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::LogRegion;
+
+    /// Over journal and block sizes, the smallest included: a checkpoint
+    /// starts no later than the pace, the pace starts below the limit,
+    /// a client batch never exceeds the room left, and the pace is zero
+    /// below its range, grows through it and stays finite at the limit.
+    #[test]
+    fn a_checkpoint_runs_whenever_clients_are_paced() {
+        let mut planned = 0;
+        for block in [4u32 << 10, 128 << 10, 4 << 20] {
+            for journal in [
+                None,
+                Some(2u64 << 20),
+                Some(16 << 20),
+                Some(64 << 20),
+                Some(1 << 30),
+            ] {
+                let Ok(g) =
+                    Geometry::plan([0; 16], 64 << 30, block, 512, journal, LogRegion::DEFAULT)
+                else {
+                    continue;
+                };
+                planned += 1;
+                let (from, limit) = (pacing_from(&g), client_limit(&g));
+                assert!(checkpoint_at(&g, 50) <= from, "{block} {journal:?}");
+                assert!(checkpoint_at(&g, 100) <= from, "{block} {journal:?}");
+                assert!(
+                    from < limit && limit < g.journal_bytes,
+                    "{block} {journal:?}"
+                );
+                for used in [0, from, (from + limit) / 2, limit - 1] {
+                    assert!(client_batch_max(&g, used) <= (limit - used) / 8);
+                }
+                assert_eq!(pace_after(&g, from, 4096, 1.0), Duration::ZERO);
+                let mid = pace_after(&g, (from + limit) / 2, 4096, 1.0);
+                let near = pace_after(&g, limit - 1, 4096, 1.0);
+                assert!(Duration::ZERO < mid && mid < near, "{mid:?} {near:?}");
+                assert!(pace_after(&g, limit, 1 << 30, f64::MAX) <= Duration::from_secs(10));
+            }
+        }
+        assert!(planned >= 10, "{planned} geometries");
+    }
 }
