@@ -273,10 +273,10 @@ async fn run_checkpoint<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<(
         st.ckpt.releasing = releasing.len();
         (st.journal.completed, releasing, fold)
     };
-    // Folding rewrites blocks that full-block records before J point at;
-    // replay must know those records are durable and not check their blocks.
     let started = rt::monotonic();
     let objects = to_fold.len();
+    // Folding rewrites blocks that full-block records before J point at;
+    // replay must know those records are durable and not check their blocks.
     inner.sync_barrier(true).await?;
     fold_all(inner, to_fold, j).await?;
     let folded = rt::monotonic();

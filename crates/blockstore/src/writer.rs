@@ -720,9 +720,11 @@ const PACE_FIRST_NS_PER_BYTE: f64 = 8.0;
 /// is the scale (`PACE_PER_CHECKPOINT_NS`). With batches of at most an
 /// eighth of the room left (`client_batch_max`), the time clients take
 /// to cross the range grows with the log of its size in records (about
-/// k·range·ln(range/record)): several times what a checkpoint of half
-/// the journal takes at the last one's speed. When a checkpoint moves the
-/// tail, the pace falls with the fill at once.
+/// k·range·(ln(range/record) − 1)): for 4 KiB records about five times
+/// what a checkpoint of half the journal takes at the last one's speed,
+/// for 1 MiB records about as long (docs/internals/blockstore.md,
+/// *Pacing client writes*). When a checkpoint moves the tail, the pace
+/// falls with the fill at once.
 fn pace_after(g: &Geometry, used: u64, bytes: u64, ns_per_byte: f64) -> Duration {
     let (from, limit) = (pacing_from(g), client_limit(g));
     if used <= from || limit <= from {

@@ -467,19 +467,18 @@ fn writers_faster_than_folds_are_paced_before_the_journal_fills() {
                     x = x
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
-                    let obj = w;
                     let chunk = (x >> 20) % 16;
                     let seed = (w * 24 + n) as u8;
                     let version = 2 + n;
                     s.write(
-                        ObjectId::new(5, obj),
+                        ObjectId::new(5, w),
                         version,
                         chunk as u32 * 4096,
                         pattern(seed, 4096),
                     )
                     .await
                     .unwrap();
-                    last.borrow_mut().insert((obj, chunk), seed);
+                    last.borrow_mut().insert((w, chunk), seed);
                 }
             }));
         }

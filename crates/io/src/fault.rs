@@ -35,7 +35,7 @@ struct State {
     latency: Cell<Option<Duration>>,
     /// Each small write this long, served by a fixed number of servers
     /// (`set_small_write_time`): when each server's write ends.
-    op_time: Cell<Option<Duration>>,
+    small_write_time: Cell<Option<Duration>>,
     busy_until: RefCell<Vec<Duration>>,
     yields: Cell<u32>,
     dead: Cell<bool>,
@@ -68,7 +68,7 @@ impl FaultDev {
             unsynced: RefCell::new(Vec::new()),
             eio: RefCell::new(Vec::new()),
             latency: Cell::new(None),
-            op_time: Cell::new(None),
+            small_write_time: Cell::new(None),
             busy_until: RefCell::new(Vec::new()),
             yields: Cell::new(0),
             dead: Cell::new(false),
@@ -152,7 +152,7 @@ impl FaultDev {
     /// flash device's read-modify-write, a hybrid OSD's slow data device)
     /// while large sequential writes stream.
     pub fn set_small_write_time(&self, d: Option<Duration>, servers: usize) {
-        self.0.op_time.set(d);
+        self.0.small_write_time.set(d);
         *self.0.busy_until.borrow_mut() = vec![Duration::ZERO; servers.max(1)];
     }
 
@@ -191,7 +191,7 @@ impl FaultDev {
         if len > 4096 {
             return;
         }
-        if let Some(d) = self.0.op_time.get() {
+        if let Some(d) = self.0.small_write_time.get() {
             let now = rt::monotonic();
             let done = {
                 let mut busy = self.0.busy_until.borrow_mut();
