@@ -7,7 +7,9 @@
 #
 # Each run: `nacre up` with 3 OSDs on 10 GiB files, 3 replicas, a 4 GiB
 # volume written whole first, then 4M write and 4M read for RUNTIME_S
-# seconds (default 15). Needs fio with its nbd engine. Uses /tmp/ab-4m.
+# seconds (default 15). Prints IOPS and the CPU of every Nacre process
+# (`nacre up` and its OSDs) per op in ms. Needs fio with its nbd engine.
+# Uses /tmp/ab-4m.
 set -euo pipefail
 OLD=${1:?old nacre binary}
 NEW=${2:?new nacre binary}
@@ -16,9 +18,18 @@ RT=${4:-15}
 D=/tmp/ab-4m
 command -v fio >/dev/null || { echo "fio is missing (apt-get install fio)" >&2; exit 1; }
 
-# Prints "WRITE_IOPS READ_IOPS" for binary $1.
+# CPU ticks of process $1 and its children.
+ticks() {
+	local t=0 p
+	for p in "$1" $(pgrep -P "$1"); do
+		t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat")))
+	done
+	echo "$t"
+}
+
+# Prints "WRITE_IOPS WRITE_CPU_MS READ_IOPS READ_CPU_MS" for binary $1.
 run() {
-	local n=$1 pid iops=()
+	local n=$1 pid c0 out=()
 	rm -rf "$D"
 	mkdir -p "$D"
 	"$n" up --dir "$D/c" --osds 3 --osd-size 10G --replicas 3 --nbd "unix:$D/nbd.sock" >"$D/up.log" 2>&1 &
@@ -31,20 +42,26 @@ run() {
 	local uri="nbd+unix:///bench?socket=$D/nbd.sock"
 	fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=4M --iodepth=16 --size=4G >/dev/null
 	for rw in write read; do
+		c0=$(ticks "$pid")
 		fio --name=t --ioengine=nbd --uri="$uri" --rw=$rw --bs=4M --iodepth=16 --size=4G \
 			--time_based --runtime="$RT" --output-format=json --output="$D/fio.json" >/dev/null
-		iops+=("$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1]))["jobs"][0]; print(round(j["write"]["iops"] + j["read"]["iops"], 1))' "$D/fio.json")")
+		out+=("$(python3 -c '
+import json, os, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+ops = j["write"]["total_ios"] + j["read"]["total_ios"]
+cpu = (int(sys.argv[3]) - int(sys.argv[2])) / os.sysconf("SC_CLK_TCK")
+print(round(j["write"]["iops"] + j["read"]["iops"], 1), round(cpu / ops * 1e3, 2))' "$D/fio.json" "$c0" "$(ticks "$pid")")")
 	done
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
 	rm -rf "$D"
-	echo "${iops[*]}"
+	echo "${out[*]}"
 }
 
-printf '| round | old 4M write | new 4M write | ratio | old 4M read | new 4M read | ratio |\n'
-printf '| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
+printf '| round | old 4M write | new 4M write | ratio | CPU/write old, new (ms) | old 4M read | new 4M read | ratio | CPU/read old, new (ms) |\n'
+printf '| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
 for r in $(seq "$ROUNDS"); do
-	read -r ow or_ < <(run "$OLD")
-	read -r nw nr < <(run "$NEW")
-	python3 -c 'import sys; r, ow, nw, o, n = sys.argv[1:]; print(f"| {r} | {ow} | {nw} | {float(nw)/float(ow):.2f} | {o} | {n} | {float(n)/float(o):.2f} |")' "$r" "$ow" "$nw" "$or_" "$nr"
+	read -r ow owc or_ orc < <(run "$OLD")
+	read -r nw nwc nr nrc < <(run "$NEW")
+	python3 -c 'import sys; r, ow, nw, owc, nwc, o, n, oc, nc = sys.argv[1:]; print(f"| {r} | {ow} | {nw} | {float(nw)/float(ow):.2f} | {owc}, {nwc} | {o} | {n} | {float(n)/float(o):.2f} | {oc}, {nc} |")' "$r" "$ow" "$nw" "$owc" "$nwc" "$or_" "$nr" "$orc" "$nrc"
 done

@@ -31,7 +31,7 @@ use std::rc::Rc;
 
 use nacre_io::rt;
 use nacre_io::sync::{oneshot, Notify, Receiver, Sender};
-use nacre_io::{AlignedBuf, BlockDev};
+use nacre_io::{AlignedBuf, BlockDev, SendBuf};
 use nacre_types::{ObjectId, BLOCK_BYTES_DEFAULT, SECTOR_BYTES};
 use zerocopy::IntoBytes;
 
@@ -387,7 +387,16 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, true, None, Mode::Client, None)
+            .write_inner(
+                oid,
+                version,
+                offset,
+                data.into(),
+                true,
+                None,
+                Mode::Client,
+                None,
+            )
             .await
     }
 
@@ -398,7 +407,16 @@ impl<D: BlockDev + 'static> Store<D> {
     pub async fn recover(&self, oid: ObjectId, version: u64, data: AlignedBuf) -> Result<()> {
         self.check_whole("recovery", oid, &data)?;
         (self.0)
-            .write_inner(oid, version, 0, data, true, None, Mode::Recovery, None)
+            .write_inner(
+                oid,
+                version,
+                0,
+                data.into(),
+                true,
+                None,
+                Mode::Recovery,
+                None,
+            )
             .await
     }
 
@@ -410,7 +428,7 @@ impl<D: BlockDev + 'static> Store<D> {
     pub async fn repair(&self, oid: ObjectId, version: u64, data: AlignedBuf) -> Result<()> {
         self.check_whole("repair", oid, &data)?;
         (self.0)
-            .write_inner(oid, version, 0, data, true, None, Mode::Repair, None)
+            .write_inner(oid, version, 0, data.into(), true, None, Mode::Repair, None)
             .await
     }
 
@@ -464,7 +482,16 @@ impl<D: BlockDev + 'static> Store<D> {
         data: AlignedBuf,
     ) -> Result<()> {
         self.0
-            .write_inner(oid, version, offset, data, false, None, Mode::Client, None)
+            .write_inner(
+                oid,
+                version,
+                offset,
+                data.into(),
+                false,
+                None,
+                Mode::Client,
+                None,
+            )
             .await
     }
 
@@ -478,8 +505,17 @@ impl<D: BlockDev + 'static> Store<D> {
     /// log in the same durable step. A repeat of the version is done only
     /// if the log holds this same entry for it; a repeat that the log
     /// shows was another op's is `Invalid` (one version, one content).
-    pub async fn write_logged(&self, entry: LogEntry, offset: u32, data: AlignedBuf) -> Result<()> {
-        self.logged_write(entry, offset, data, None).await
+    ///
+    /// `data` may be shared with others (a payload the caller also sends
+    /// to other copies): a whole-block write goes to the device from
+    /// where it is, a smaller one is copied.
+    pub async fn write_logged(
+        &self,
+        entry: LogEntry,
+        offset: u32,
+        data: impl Into<SendBuf>,
+    ) -> Result<()> {
+        self.logged_write(entry, offset, data.into(), None).await
     }
 
     /// [`Store::write_logged`], undoable with `undo` (see
@@ -488,7 +524,7 @@ impl<D: BlockDev + 'static> Store<D> {
         &self,
         entry: LogEntry,
         offset: u32,
-        data: AlignedBuf,
+        data: SendBuf,
         undo: Option<crate::undo::Before>,
     ) -> Result<()> {
         self.0.check_entry(&entry, LogOp::Write)?;
@@ -524,7 +560,7 @@ impl<D: BlockDev + 'static> Store<D> {
                 entry.oid,
                 entry.version,
                 0,
-                data,
+                data.into(),
                 true,
                 Some(entry),
                 Mode::Recovery,
@@ -1033,7 +1069,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         oid: ObjectId,
         version: u64,
         offset: u32,
-        data: AlignedBuf,
+        data: SendBuf,
         durable: bool,
         entry: Option<LogEntry>,
         mode: Mode,
@@ -1071,7 +1107,7 @@ impl<D: BlockDev + 'static> Inner<D> {
             } else {
                 let mut b = AlignedBuf::zeroed(self.g.block_bytes as usize);
                 b[offset as usize..(offset + len) as usize].copy_from_slice(&data);
-                b
+                SendBuf::Owned(b)
             };
             let csums = chunk_csums(&block_buf);
             let block = match self.alloc_block(mode != Mode::Client).await {
@@ -1093,7 +1129,10 @@ impl<D: BlockDev + 'static> Inner<D> {
             let this = self.clone();
             let pos = self.g.block_offset(block);
             rt::spawn(async move {
-                let r = this.dev.write_at(block_buf, pos).await.map(drop);
+                let r = match block_buf {
+                    SendBuf::Owned(b) => this.dev.write_at(b, pos).await.map(drop),
+                    SendBuf::Shared(b) => this.dev.write_shared_at(b, pos).await,
+                };
                 dtx.send(r);
             });
             self.st.borrow_mut().stats.big_writes += 1;
@@ -1143,7 +1182,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                     data_pos: 0,
                     entry,
                 },
-                data: Some(data),
+                data: Some(data.into_owned()),
                 data_done: None,
                 durable,
                 checkpoint: false,

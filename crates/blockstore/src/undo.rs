@@ -440,7 +440,7 @@ impl<D: BlockDev + 'static> Store<D> {
                 // write refuses after checking the log): no undo.
                 Some(v) if v >= entry.version => {
                     let data = AlignedBuf::zeroed(len as usize);
-                    return self.logged_write(entry, offset, data, None).await;
+                    return self.logged_write(entry, offset, data.into(), None).await;
                 }
                 _ => {}
             }
@@ -497,7 +497,9 @@ impl<D: BlockDev + 'static> Store<D> {
                     data.len()
                 )));
             }
-            return self.logged_write(entry, offset, data, Some(undo)).await;
+            return self
+                .logged_write(entry, offset, data.into(), Some(undo))
+                .await;
         }
         Err(Error::Busy(format!(
             "{oid} kept changing while an undoable write read it"

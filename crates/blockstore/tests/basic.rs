@@ -1432,3 +1432,45 @@ async fn check_version(s: &Store<MemDev>, oid: ObjectId, v: u64) {
     assert_eq!(s.version(oid), Some(v));
     assert_eq!(s.undo(oid).await.unwrap().map(|u| u.version), Some(v));
 }
+
+/// Logged writes from a buffer others hold too (the primary's payload,
+/// also being sent to the replicas): a whole block goes to the file from
+/// the shared buffer, a part of one is copied; both read back, before
+/// and after replay, and the shared buffer is left as it was.
+#[test]
+fn logged_writes_from_a_shared_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dev");
+    block_on(async {
+        let flags = nacre_io::OpenFlags {
+            create_bytes: Some(64 * MIB),
+            ..nacre_io::OpenFlags::default()
+        };
+        let dev = std::rc::Rc::new(nacre_io::FileDev::open(&path, &flags).unwrap());
+        let s = fresh(&dev, 64 << 10).await;
+        let whole = nacre_io::SharedBuf::new(pattern(3, 64 << 10));
+        let part = nacre_io::SharedBuf::new(pattern(4, 8192));
+        let kept = (whole.clone(), part.clone());
+        let mut e = entry(1, 1, 1, LogOp::Write, 1);
+        e.len = 64 << 10;
+        s.write_logged(e, 0, whole.clone()).await.unwrap();
+        let mut e = entry(1, 2, 2, LogOp::Write, 2);
+        (e.offset, e.len) = (4096, 8192);
+        s.write_logged(e, 4096, part.clone()).await.unwrap();
+        let check = |s: Store<_>| async move {
+            let r = s.read(ObjectId::new(3, 1), 0, 64 << 10).await.unwrap();
+            assert_eq!(&r[..], &pattern(3, 64 << 10)[..]);
+            let r = s.read(ObjectId::new(3, 2), 4096, 8192).await.unwrap();
+            assert_eq!(&r[..], &pattern(4, 8192)[..]);
+            s
+        };
+        let s = check(s).await;
+        drop(s); // no close: replay finds both
+        let (s, _) = Store::open(dev.clone(), StoreOptions::default())
+            .await
+            .unwrap();
+        check(s).await.close().await.unwrap();
+        assert_eq!(&kept.0[..], &pattern(3, 64 << 10)[..]);
+        assert_eq!(&kept.1[..], &pattern(4, 8192)[..]);
+    });
+}

@@ -226,6 +226,16 @@ pub enum SendBuf {
     Shared(SharedBuf),
 }
 
+impl SendBuf {
+    /// The bytes as a buffer of their own (see [`SharedBuf::into_owned`]).
+    pub fn into_owned(self) -> AlignedBuf {
+        match self {
+            SendBuf::Owned(b) => b,
+            SendBuf::Shared(b) => b.into_owned(),
+        }
+    }
+}
+
 impl Deref for SendBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

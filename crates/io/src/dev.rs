@@ -8,7 +8,7 @@
 
 use std::io;
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, SharedBuf};
 
 #[allow(async_fn_in_trait)] // single-threaded runtime: futures need not be Send
 pub trait BlockDev {
@@ -20,6 +20,12 @@ pub trait BlockDev {
     async fn read_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf>;
     /// Writes all of `buf` at `offset`. Not durable until [`BlockDev::sync`].
     async fn write_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf>;
+    /// [`BlockDev::write_at`] from a buffer others hold too (a payload
+    /// also being sent to other copies): a device that can write from it
+    /// where it is does; by default, from a copy.
+    async fn write_shared_at(&self, buf: SharedBuf, offset: u64) -> io::Result<()> {
+        self.write_at(buf.into_owned(), offset).await.map(drop)
+    }
     /// Writes the buffers back to back starting at `offset`, as one request.
     async fn writev_at(&self, bufs: Vec<AlignedBuf>, offset: u64) -> io::Result<Vec<AlignedBuf>>;
     /// Makes every write that completed before this call durable.
@@ -65,6 +71,9 @@ impl<D: BlockDev> BlockDev for std::rc::Rc<D> {
     }
     async fn write_at(&self, buf: AlignedBuf, offset: u64) -> io::Result<AlignedBuf> {
         (**self).write_at(buf, offset).await
+    }
+    async fn write_shared_at(&self, buf: SharedBuf, offset: u64) -> io::Result<()> {
+        (**self).write_shared_at(buf, offset).await
     }
     async fn writev_at(&self, bufs: Vec<AlignedBuf>, offset: u64) -> io::Result<Vec<AlignedBuf>> {
         (**self).writev_at(bufs, offset).await

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use io_uring::{opcode, types};
 
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, SharedBuf};
 use crate::dev::{check_range, total_len, BlockDev};
 use crate::rt::{self, Resources};
 
@@ -329,6 +329,40 @@ impl BlockDev for FileDev {
         Ok(buf)
     }
 
+    async fn write_shared_at(&self, mut buf: SharedBuf, offset: u64) -> io::Result<()> {
+        let len = buf.len();
+        check_range(self.size, self.align, offset, len as u64)?;
+        if !(buf.as_ptr() as usize).is_multiple_of(self.align as usize) {
+            return self.write_at(buf.into_owned(), offset).await.map(drop);
+        }
+        if !self.uring {
+            return self.file.write_all_at(&buf, offset);
+        }
+        let mut done = 0usize;
+        while done < len {
+            // SAFETY: the pointer stays inside the buffer, which the op
+            // holds (a reference to it) until it completes; nobody writes
+            // to a shared buffer.
+            let ptr = unsafe { buf.as_ptr().add(done) };
+            let entry = opcode::Write::new(self.fd(), ptr, (len - done) as u32)
+                .offset(offset + done as u64)
+                .build();
+            let (res, r) = rt::submit(entry, Resources::Shared(buf)).await;
+            let Resources::Shared(b) = r else {
+                unreachable!("op returned other resources")
+            };
+            buf = b;
+            if res <= 0 {
+                return Err(match res {
+                    0 => io::Error::new(io::ErrorKind::WriteZero, "short write at device end"),
+                    _ => io::Error::from_raw_os_error(-res),
+                });
+            }
+            done += res as usize;
+        }
+        Ok(())
+    }
+
     async fn writev_at(&self, bufs: Vec<AlignedBuf>, offset: u64) -> io::Result<Vec<AlignedBuf>> {
         let total = total_len(&bufs);
         check_range(self.size, self.align, offset, total)?;
@@ -479,6 +513,34 @@ mod tests {
             dev.writev_at(parts, 65536).await.unwrap();
             let d = AlignedBuf::from_slice(&[5u8; 4096]);
             dev.write_dsync_at(d, 8192 * 16).await.unwrap();
+            // From a buffer another holder keeps: all of it, an aligned
+            // part, a part that is not aligned in memory (written from a
+            // copy).
+            let mut s = AlignedBuf::new(3 * 4096 + 512);
+            s.iter_mut()
+                .enumerate()
+                .for_each(|(i, b)| *b = (i / 7) as u8);
+            let s = SharedBuf::new(s);
+            let kept = s.clone();
+            dev.write_shared_at(s.slice(0..3 * 4096), 1 << 18)
+                .await
+                .unwrap();
+            dev.write_shared_at(s.slice(4096..8192), 1 << 19)
+                .await
+                .unwrap();
+            dev.write_shared_at(s.slice(512..4608), 3 << 18)
+                .await
+                .unwrap();
+            let e = dev.write_shared_at(s.slice(0..100), 0).await.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            for (at, range) in [
+                (1 << 18, 0..3 * 4096),
+                (1 << 19, 4096..8192),
+                (3 << 18, 512..4608),
+            ] {
+                let r = dev.read_at(AlignedBuf::new(range.len()), at).await.unwrap();
+                assert_eq!(&r[..], &kept[range], "shared write at {at}");
+            }
             dev.sync().await.unwrap();
             let r = dev.read_at(AlignedBuf::new(4096), 8192 * 16).await.unwrap();
             assert!(r.iter().all(|&b| b == 5));

@@ -197,14 +197,25 @@ impl Stream {
 
     /// Receives into `buf[start..]`; returns the byte count (0 = end of
     /// stream) and the buffer.
-    pub async fn recv(&self, mut buf: AlignedBuf, start: usize) -> (io::Result<usize>, AlignedBuf) {
+    pub async fn recv(&self, buf: AlignedBuf, start: usize) -> (io::Result<usize>, AlignedBuf) {
+        self.recv_at_most(buf, start, usize::MAX).await
+    }
+
+    /// [`Stream::recv`] of at most `max` bytes (at least 1).
+    pub async fn recv_at_most(
+        &self,
+        mut buf: AlignedBuf,
+        start: usize,
+        max: usize,
+    ) -> (io::Result<usize>, AlignedBuf) {
         if let Err(e) = need_ring() {
             return (Err(e), buf);
         }
         assert!(start < buf.len(), "recv into a full buffer");
+        assert!(max > 0, "recv of nothing");
         // SAFETY: the pointer stays inside the buffer, which the op owns.
         let ptr = unsafe { buf.as_mut_ptr().add(start) };
-        let n = (buf.len() - start) as u32;
+        let n = (buf.len() - start).min(max).min(u32::MAX as usize) as u32;
         let entry = opcode::Recv::new(types::Fd(self.fd.as_raw_fd()), ptr, n).build();
         let (res, r) = rt::submit(entry, Resources::Buf(buf)).await;
         let Resources::Buf(buf) = r else {

@@ -88,6 +88,8 @@ struct Task {
 pub enum Resources {
     None,
     Buf(AlignedBuf),
+    /// A write from a buffer others read too.
+    Shared(crate::SharedBuf),
     Bufs(Vec<AlignedBuf>, Vec<libc::iovec>),
     /// A sendmsg: its buffers, their iovecs, and the header pointing at them.
     Msg(Vec<crate::SendBuf>, Vec<libc::iovec>, Box<libc::msghdr>),

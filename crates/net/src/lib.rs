@@ -2,7 +2,9 @@
 //!
 //! - [`FrameReader`] reads frames from a stream: headers through a small
 //!   buffer, payloads straight into an aligned buffer that can go to disk
-//!   as it is (no copy for anything larger than what one recv brought in);
+//!   as it is (only the part one receive brought in with the header is
+//!   copied, and after a large payload the next header is received alone,
+//!   so large frames in a row are not copied at all);
 //! - [`FrameSender`] lets any number of tasks queue frames; one writer
 //!   task sends everything queued with one gathered write;
 //! - [`Conn`] is the client side: request ids, any number of requests in
@@ -26,6 +28,13 @@ use nacre_wire::{Header, WireError, HEADER_BYTES};
 
 /// Receive buffer for headers and small payloads.
 const RECV_BUF_BYTES: usize = 64 << 10;
+/// After a payload this large, the next header is received alone
+/// ([`ByteReader::set_lookahead`]): a stream of large frames (whole-object
+/// writes, their replication, large read replies) has its payloads
+/// received straight into their own buffers. Smaller frames come many per
+/// receive and are copied out of the receive buffer, which costs less
+/// than a receive each.
+const LARGE_PAYLOAD_BYTES: usize = 32 << 10;
 /// Frames sent by one gathered write at most.
 const SEND_BATCH_MAX: usize = 256;
 /// Bytes queued on a connection before senders wait.
@@ -88,6 +97,10 @@ pub struct ByteReader {
     buf: AlignedBuf,
     start: usize,
     end: usize,
+    /// With `Some(k)`, a receive takes at most `k` bytes or what the read
+    /// in progress still lacks, whichever is more (none beyond it that
+    /// would then be copied out of the buffer); `None`: as many as fit.
+    lookahead: Option<usize>,
 }
 
 impl ByteReader {
@@ -97,7 +110,17 @@ impl ByteReader {
             buf: AlignedBuf::new(RECV_BUF_BYTES),
             start: 0,
             end: 0,
+            lookahead: None,
         }
+    }
+
+    /// Limits each receive to `k` bytes or what the read in progress still
+    /// lacks, whichever is more (`None`: no limit). A reader expecting a
+    /// large payload after its next header sets `Some(header size)`: the
+    /// header is received alone and the payload then lands in its own
+    /// buffer whole, never copied.
+    pub fn set_lookahead(&mut self, k: Option<usize>) {
+        self.lookahead = k;
     }
 
     /// Bytes received and not yet consumed.
@@ -105,15 +128,17 @@ impl ByteReader {
         self.end - self.start
     }
 
-    /// Receives more bytes; false at end of stream.
-    async fn fill(&mut self) -> std::io::Result<bool> {
+    /// Receives more bytes, for a read that still lacks `want`; false at
+    /// end of stream.
+    async fn fill(&mut self, want: usize) -> std::io::Result<bool> {
         if self.end == self.buf.len() {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
+        let max = self.lookahead.map_or(usize::MAX, |k| k.max(want));
         let buf = std::mem::replace(&mut self.buf, AlignedBuf::new(0));
-        let (r, b) = self.stream.recv(buf, self.end).await;
+        let (r, b) = self.stream.recv_at_most(buf, self.end, max).await;
         self.buf = b;
         let n = r?;
         self.end += n;
@@ -126,7 +151,7 @@ impl ByteReader {
     pub async fn ready(&mut self, n: usize) -> std::io::Result<bool> {
         assert!(n <= RECV_BUF_BYTES, "ready({n}) beyond the receive buffer");
         while self.end - self.start < n {
-            if !self.fill().await? {
+            if !self.fill(n - (self.end - self.start)).await? {
                 if self.end == self.start {
                     return Ok(false);
                 }
@@ -154,7 +179,7 @@ impl ByteReader {
     pub async fn read_exact(&mut self, out: &mut [u8]) -> std::io::Result<()> {
         let mut done = 0;
         while done < out.len() {
-            if self.buffered() == 0 && !self.fill().await? {
+            if self.buffered() == 0 && !self.fill(out.len() - done).await? {
                 return Err(closed_mid_message());
             }
             let n = self.buffered().min(out.len() - done);
@@ -180,7 +205,8 @@ impl ByteReader {
     /// Reads and drops `len` bytes.
     pub async fn skip(&mut self, mut len: u64) -> std::io::Result<()> {
         while len > 0 {
-            if self.buffered() == 0 && !self.fill().await? {
+            let want = len.min(usize::MAX as u64) as usize;
+            if self.buffered() == 0 && !self.fill(want).await? {
                 return Err(closed_mid_message());
             }
             let n = (self.buffered() as u64).min(len);
@@ -240,6 +266,7 @@ impl FrameReader {
         let head = Header::decode(self.rd.peek(HEADER_BYTES))?;
         self.rd.consume(HEADER_BYTES);
         let len = head.payload_len as usize;
+        self.expect_after(len);
         let cost = len + h.reply_bytes_max(&head);
         // Waiting for a share is not the peer's stall.
         stall.end();
@@ -262,6 +289,12 @@ impl FrameReader {
         Ok(Some((f, held)))
     }
 
+    /// Guesses the next frame from this one's payload of `len` bytes: a
+    /// large one is likely followed by another.
+    fn expect_after(&mut self, len: usize) {
+        (self.rd).set_lookahead((len >= LARGE_PAYLOAD_BYTES).then_some(HEADER_BYTES));
+    }
+
     /// The next frame; `None` when the peer closed between frames.
     pub async fn next(&mut self) -> Result<Option<Frame>, NetError> {
         if !self.rd.ready(HEADER_BYTES).await.map_err(eof_is_closed)? {
@@ -270,6 +303,7 @@ impl FrameReader {
         let h = Header::decode(self.rd.peek(HEADER_BYTES))?;
         self.rd.consume(HEADER_BYTES);
         let len = h.payload_len as usize;
+        self.expect_after(len);
         if len == 0 {
             return Ok(Some(Frame { h, payload: None }));
         }
@@ -1151,4 +1185,60 @@ async fn serve_conn<H: Handler>(stream: Rc<Stream>, h: Rc<H>, budget: &Rc<Budget
     }
     inflight.drain(&tx).await;
     stream.shutdown();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nacre_types::ObjectId;
+    use nacre_wire::Op;
+
+    fn frame(n: usize, fill: u8) -> Vec<u8> {
+        let payload = vec![fill; n];
+        let op = if n == 0 { Op::Stat } else { Op::Write };
+        let mut h = Header::request(op, n as u64, ObjectId::default()).with_payload(&payload);
+        h.length = n as u32;
+        let mut out = vec![0; HEADER_BYTES];
+        h.encode(&mut out);
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    /// After a large payload the next header is received alone, so the
+    /// payload behind it goes straight into its own buffer; frames of
+    /// every size in between still come out whole and in order.
+    #[test]
+    fn after_a_large_payload_the_next_header_is_received_alone() {
+        let d = tempfile::tempdir().unwrap();
+        rt::block_on(async {
+            let addr = Addr::Unix(d.path().join("s.sock"));
+            let l = Listener::bind(&addr).unwrap();
+            let tx = Stream::connect(&addr).unwrap();
+            let rx = l.accept().await.unwrap();
+            let big = 128 << 10;
+            let sizes = [big, 4096, 0, 512, big, big];
+            let (sent_tx, sent_rx) = oneshot();
+            let sender = rt::spawn(async move {
+                for (i, &n) in sizes.iter().enumerate() {
+                    tx.send_bytes(&frame(n, i as u8)).await.unwrap();
+                }
+                sent_tx.send(());
+                tx
+            });
+            let mut r = FrameReader::new(Rc::new(rx));
+            for (i, &n) in sizes[..5].iter().enumerate() {
+                let f = r.next().await.unwrap().unwrap();
+                assert_eq!(f.h.payload_len as usize, n);
+                let p = f.payload.map(|p| p.to_vec()).unwrap_or_default();
+                assert_eq!(p, vec![i as u8; n], "frame {i}");
+            }
+            // The last frame is all in the socket; only its header is taken.
+            sent_rx.await.unwrap();
+            assert!(r.rd.ready(1).await.unwrap());
+            assert_eq!(r.rd.buffered(), HEADER_BYTES);
+            let f = r.next().await.unwrap().unwrap();
+            assert_eq!(f.payload.unwrap().to_vec(), vec![5; big]);
+            drop(sender.await);
+        });
+    }
 }

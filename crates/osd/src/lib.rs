@@ -1258,19 +1258,16 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
         data: Option<AlignedBuf>,
     ) -> Status {
         // One buffer shared by the replica tasks (sent from where it is,
-        // kept for a resend); the local write takes the original when no
-        // replica holds it any more, a copy otherwise.
+        // kept for a resend) and the local write (a whole block goes to
+        // the device from it; a smaller write is copied into the journal's
+        // batch anyway).
         let data = data.map(SharedBuf::new);
         let replicas: Vec<_> = (acting.iter().filter(|&&r| r != self.id))
             .map(|&r| (r, rt::spawn(self.clone().to_replica(r, sub, data.clone()))))
             .collect();
         let t0 = rt::monotonic();
         let local = match data {
-            Some(d) => {
-                (self.store)
-                    .write_logged(entry, entry.offset, d.into_owned())
-                    .await
-            }
+            Some(d) => (self.store).write_logged(entry, entry.offset, d).await,
             None => self.store.delete_logged(entry).await,
         };
         self.stats.store_write_done(t0);
