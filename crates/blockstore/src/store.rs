@@ -163,6 +163,10 @@ pub struct Stats {
     /// *Pacing client writes*).
     #[serde(default)]
     pub paced_waits: u64,
+    /// Of those, the ones whose pace ran out on its timer (the others
+    /// ended when a checkpoint freed journal space).
+    #[serde(default)]
+    pub paced_timer_ends: u64,
     /// Times client writes found the journal at their limit and waited
     /// for a checkpoint to move its tail.
     #[serde(default)]

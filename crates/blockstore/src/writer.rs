@@ -373,6 +373,7 @@ pub(crate) async fn journal_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) {
             .await;
             if fired {
                 pace_timer = None;
+                inner.st.borrow_mut().stats.paced_timer_ends += 1;
             }
         };
         let head_before = inner.st.borrow().journal.head;
