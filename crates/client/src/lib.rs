@@ -626,47 +626,71 @@ impl Volume {
         Ok(())
     }
 
-    async fn read_piece(&self, p: Piece) -> Result<Option<AlignedBuf>> {
-        if let Some(got) = (self.cluster.direct_read(self.oid(p.block), p.offset, p.len)).await {
-            return Ok(got);
+    /// The bytes of piece `p` (zeros where unwritten).
+    async fn read_piece(&self, p: Piece) -> Result<AlignedBuf> {
+        let oid = self.oid(p.block);
+        let got = match (self.cluster.direct_read(oid, p.offset, p.len)).await {
+            Some(got) => got,
+            None => {
+                let mut h = Header::request(Op::Read, 0, oid);
+                h.offset = p.offset;
+                h.length = p.len;
+                let f = (self.cluster).object_op(h, None, &self.gone).await?;
+                match f.h.status {
+                    Status::Ok => f.payload,
+                    Status::NotFound => None,
+                    s => return Err(status_err(s, &format!("read {oid}"))),
+                }
+            }
+        };
+        let Some(b) = got else {
+            return Ok(AlignedBuf::zeroed(p.len as usize));
+        };
+        // The reply goes out as it is (read_parts): a wrong length would
+        // shift everything after it.
+        if b.len() != p.len as usize {
+            return Err(ClientError::Unavailable(format!(
+                "read {oid} {}+{}: answered with {} bytes",
+                p.offset,
+                p.len,
+                b.len()
+            )));
         }
-        let mut h = Header::request(Op::Read, 0, self.oid(p.block));
-        h.offset = p.offset;
-        h.length = p.len;
-        let f = (self.cluster).object_op(h, None, &self.gone).await?;
-        match f.h.status {
-            Status::Ok => Ok(f.payload),
-            Status::NotFound => Ok(None),
-            s => Err(status_err(s, &format!("read {}", self.oid(p.block)))),
-        }
+        Ok(b)
     }
 
     /// Reads `len` bytes at `offset`; unwritten ranges are zeros.
     pub async fn read(self: &Rc<Self>, offset: u64, len: u64) -> Result<AlignedBuf> {
+        let mut parts = self.read_parts(offset, len).await?;
+        if parts.len() == 1 {
+            return Ok(parts.pop().expect("one part"));
+        }
+        let mut out = AlignedBuf::new(len as usize);
+        let mut at = 0;
+        for b in parts {
+            out[at..at + b.len()].copy_from_slice(&b);
+            at += b.len();
+        }
+        Ok(out)
+    }
+
+    /// [`Volume::read`] as the objects' own buffers, in order, each of
+    /// them as long as its part of the range: a reply sends them back to
+    /// back instead of assembling them by copying.
+    pub async fn read_parts(self: &Rc<Self>, offset: u64, len: u64) -> Result<Vec<AlignedBuf>> {
         self.check("read", offset, len, IO_MAX_BYTES)?;
         let ps: Vec<Piece> = pieces(offset, len, self.rec.object_bytes).collect();
         if let [p] = ps[..] {
-            return Ok(match self.read_piece(p).await? {
-                Some(b) => b,
-                None => AlignedBuf::zeroed(len as usize),
-            });
+            return Ok(vec![self.read_piece(p).await?]);
         }
         let tasks: Vec<_> = (ps.iter())
             .map(|&p| {
                 let me = self.clone();
-                rt::spawn(async move { (p, me.read_piece(p).await) })
+                rt::spawn(async move { me.read_piece(p).await })
             })
             .collect();
-        let mut out = AlignedBuf::new(len as usize);
         // Every part ends before the read does (none outlives the I/O).
-        for (p, r) in rt::join_all(tasks).await {
-            let dst = &mut out[p.at..p.at + p.len as usize];
-            match r? {
-                Some(b) => dst.copy_from_slice(&b),
-                None => dst.fill(0),
-            }
-        }
-        Ok(out)
+        rt::join_all(tasks).await.into_iter().collect()
     }
 
     async fn write_piece(&self, p: Piece, data: SharedBuf) -> Result<()> {

@@ -460,7 +460,7 @@ async fn transmission(
             let t0 = rt::monotonic();
             let (err, payload) = match handle(&vol, req, data).await {
                 Ok(p) => (0, p),
-                Err(e) => (e, None),
+                Err(e) => (e, Vec::new()),
             };
             let moved = match req.kind {
                 CMD_READ | CMD_WRITE if err == 0 => u64::from(req.len),
@@ -470,7 +470,7 @@ async fn transmission(
             metrics.answered(req.kind, err, moved, rt::monotonic().saturating_sub(t0));
             // Both shares go with the reply until it is sent.
             let reply = simple_reply(err, req.cookie);
-            let _ = tx.send_raw_held(&reply, payload, held).await;
+            let _ = tx.send_raw_parts_held(&reply, payload, held).await;
             drop(counted);
         });
     }
@@ -518,12 +518,13 @@ fn aligned(offset: u64, len: u32) -> bool {
     offset.is_multiple_of(SECTOR) && u64::from(len).is_multiple_of(SECTOR)
 }
 
-/// Runs one request; `Ok(payload)` or an NBD errno.
+/// Runs one request; `Ok(payload)` (in parts, sent back to back; none
+/// for most requests) or an NBD errno.
 async fn handle(
     vol: &Rc<Volume>,
     r: Request,
     data: Option<AlignedBuf>,
-) -> Result<Option<AlignedBuf>, u32> {
+) -> Result<Vec<AlignedBuf>, u32> {
     // Counted until it ends, against the size it was checked with: a
     // shrink waits for it before deleting what lies past the new end.
     let _admitted = vol.admit();
@@ -536,20 +537,16 @@ async fn handle(
                 return Err(EINVAL);
             }
             if r.len == 0 {
-                return Ok(None);
+                return Ok(Vec::new());
             }
             if aligned(r.offset, r.len) {
-                return vol
-                    .read(r.offset, u64::from(r.len))
-                    .await
-                    .map(Some)
-                    .map_err(errno);
+                return (vol.read_parts(r.offset, u64::from(r.len)).await).map_err(errno);
             }
             let a0 = r.offset / SECTOR * SECTOR;
             let a1 = end.div_ceil(SECTOR) * SECTOR;
             let b = vol.read(a0, a1 - a0).await.map_err(errno)?;
             let s = (r.offset - a0) as usize;
-            Ok(Some(AlignedBuf::from_slice(&b[s..s + r.len as usize])))
+            Ok(vec![AlignedBuf::from_slice(&b[s..s + r.len as usize])])
         }
         CMD_WRITE => {
             let data = data.expect("write payload read with the request");
@@ -557,14 +554,17 @@ async fn handle(
                 return Err(ENOSPC);
             }
             if r.len == 0 {
-                return Ok(None);
+                return Ok(Vec::new());
             }
             if !aligned(r.offset, r.len) {
                 return Err(EINVAL);
             }
-            vol.write(r.offset, data).await.map(|_| None).map_err(errno)
+            vol.write(r.offset, data)
+                .await
+                .map(|_| Vec::new())
+                .map_err(errno)
         }
-        CMD_FLUSH => Ok(None),
+        CMD_FLUSH => Ok(Vec::new()),
         CMD_TRIM => {
             if past_end {
                 return Err(EINVAL);
@@ -578,21 +578,21 @@ async fn handle(
             if s < e {
                 vol.zero(s, e - s).await.map_err(errno)?;
             }
-            Ok(None)
+            Ok(Vec::new())
         }
         CMD_WRITE_ZEROES => {
             if past_end {
                 return Err(ENOSPC);
             }
             if r.len == 0 {
-                return Ok(None);
+                return Ok(Vec::new());
             }
             if !aligned(r.offset, r.len) {
                 return Err(EINVAL);
             }
             vol.zero(r.offset, u64::from(r.len))
                 .await
-                .map(|_| None)
+                .map(|_| Vec::new())
                 .map_err(errno)
         }
         _ => Err(EINVAL),

@@ -532,21 +532,24 @@ impl FrameSender {
             len: HEADER_BYTES as u8,
         };
         h.encode(&mut head.bytes);
-        self.send_head(head, payload, permits).await
+        self.send_head(head, payload, Vec::new(), permits).await
     }
 
     /// Queues `head` (at most [`HEAD_MAX_BYTES`]) and a payload, for
     /// protocols other than the wire protocol (NBD replies).
     pub async fn send_raw(&self, head: &[u8], payload: Option<AlignedBuf>) -> Result<(), NetError> {
-        self.send_raw_held(head, payload, Vec::new()).await
+        self.send_raw_parts_held(head, payload.into_iter().collect(), Vec::new())
+            .await
     }
 
-    /// [`FrameSender::send_raw`], holding `permits` (shrunk to the
-    /// message's size) until it is sent.
-    pub async fn send_raw_held(
+    /// [`FrameSender::send_raw`] with a payload in parts, sent back to
+    /// back from their own buffers (a read of several objects, not
+    /// assembled by copying), holding `permits` (shrunk to the message's
+    /// size) until all of it is sent.
+    pub async fn send_raw_parts_held(
         &self,
         head: &[u8],
-        payload: Option<AlignedBuf>,
+        mut parts: Vec<AlignedBuf>,
         permits: Vec<Permit>,
     ) -> Result<(), NetError> {
         let mut h = Head {
@@ -554,18 +557,28 @@ impl FrameSender {
             len: head.len() as u8,
         };
         h.bytes[..head.len()].copy_from_slice(head);
-        self.send_head(h, payload.map(SendBuf::from), permits).await
+        if parts.is_empty() {
+            return self.send_head(h, None, Vec::new(), permits).await;
+        }
+        let first = parts.remove(0);
+        let more = parts.into_iter().map(SendBuf::from).collect();
+        self.send_head(h, Some(first.into()), more, permits).await
     }
 
+    /// Queues `head` and its payload (`payload`, then the parts in `more`)
+    /// as one message: nothing queued by others comes between its parts.
     async fn send_head(
         &self,
         head: Head,
         payload: Option<SendBuf>,
+        more: Vec<SendBuf>,
         mut permits: Vec<Permit>,
     ) -> Result<(), NetError> {
         // Held while queued for what the message is, not for the most it
         // could have been.
-        let size = usize::from(head.len) + payload.as_ref().map_or(0, |p| p.len());
+        let size = usize::from(head.len)
+            + payload.as_ref().map_or(0, |p| p.len())
+            + more.iter().map(|p| p.len()).sum::<usize>();
         for p in &mut permits {
             p.shrink(size);
         }
@@ -583,8 +596,26 @@ impl FrameSender {
             self.drained.wait().await;
         }
         let mut q = self.q.borrow_mut();
-        q.bytes += usize::from(head.len) + payload.as_ref().map_or(0, |p| p.len());
-        q.frames.push_back((head, payload, permits));
+        q.bytes += size;
+        // The shares go with the message's last part: they come back once
+        // all of it is sent.
+        let last = more.len();
+        let mut permits = Some(permits);
+        let mut held = |i: usize| {
+            if i == last {
+                permits.take().unwrap_or_default()
+            } else {
+                Vec::new()
+            }
+        };
+        q.frames.push_back((head, payload, held(0)));
+        for (i, p) in more.into_iter().enumerate() {
+            let bare = Head {
+                bytes: [0; HEAD_MAX_BYTES],
+                len: 0,
+            };
+            q.frames.push_back((bare, Some(p), held(i + 1)));
+        }
         drop(q);
         self.kick.notify();
         Ok(())
@@ -639,8 +670,10 @@ impl FrameSender {
                 bytes += usize::from(h.len) + p.as_ref().map_or(0, |p| p.len());
                 if let Some(p) = p {
                     let n = heads.len();
-                    parts.push((AlignedBuf::from_slice(&heads).into(), 0, n));
-                    heads.clear();
+                    if n > 0 {
+                        parts.push((AlignedBuf::from_slice(&heads).into(), 0, n));
+                        heads.clear();
+                    }
                     let plen = p.len();
                     parts.push((p, 0, plen));
                 }
@@ -1204,6 +1237,14 @@ mod tests {
         out
     }
 
+    /// The two ends of a unix socket connection in `d`.
+    async fn connected(d: &tempfile::TempDir) -> (Stream, Stream) {
+        let addr = Addr::Unix(d.path().join("s.sock"));
+        let l = Listener::bind(&addr).unwrap();
+        let tx = Stream::connect(&addr).unwrap();
+        (tx, l.accept().await.unwrap())
+    }
+
     /// After a large payload the next header is received alone, so the
     /// payload behind it goes straight into its own buffer; frames of
     /// every size in between still come out whole and in order.
@@ -1211,10 +1252,7 @@ mod tests {
     fn after_a_large_payload_the_next_header_is_received_alone() {
         let d = tempfile::tempdir().unwrap();
         rt::block_on(async {
-            let addr = Addr::Unix(d.path().join("s.sock"));
-            let l = Listener::bind(&addr).unwrap();
-            let tx = Stream::connect(&addr).unwrap();
-            let rx = l.accept().await.unwrap();
+            let (tx, rx) = connected(&d).await;
             let big = 128 << 10;
             let sizes = [big, 4096, 0, 512, big, big];
             let (sent_tx, sent_rx) = oneshot();
@@ -1239,6 +1277,59 @@ mod tests {
             let f = r.next().await.unwrap().unwrap();
             assert_eq!(f.payload.unwrap().to_vec(), vec![5; big]);
             drop(sender.await);
+        });
+    }
+
+    /// A message in parts goes out whole: its head, then its parts in
+    /// order, with nothing from other senders in between, however many
+    /// messages are queued at once.
+    #[test]
+    fn a_message_in_parts_is_sent_whole() {
+        let d = tempfile::tempdir().unwrap();
+        rt::block_on(async {
+            let (out, rx) = connected(&d).await;
+            let tx = FrameSender::start(Rc::new(out));
+            // Sender s, message m: head [s, m, parts, 0xee], then `parts`
+            // parts of 4096 + 512 * i bytes, each filled with s ^ m ^ i.
+            let mut senders = Vec::new();
+            for s in 0..4u8 {
+                let tx = tx.clone();
+                senders.push(rt::spawn(async move {
+                    for m in 0..100u8 {
+                        let n = 1 + (m % 5) as usize;
+                        let parts = (0..n)
+                            .map(|i| AlignedBuf::from_slice(&vec![s ^ m ^ i as u8; 4096 + 512 * i]))
+                            .collect();
+                        let head = [s, m, n as u8, 0xee];
+                        tx.send_raw_parts_held(&head, parts, Vec::new())
+                            .await
+                            .unwrap();
+                        rt::yield_now().await;
+                    }
+                }));
+            }
+            // Read while they send (the socket holds far less than 400
+            // messages).
+            let mut rd = ByteReader::new(Rc::new(rx));
+            let mut next = [0u8; 4];
+            let mut seen = [0u8; 4];
+            for _ in 0..400 {
+                rd.read_exact(&mut next).await.unwrap();
+                let [s, m, n, mark] = next;
+                assert_eq!(mark, 0xee, "a head where one is due");
+                assert_eq!(m, seen[s as usize], "sender {s}'s messages in order");
+                seen[s as usize] += 1;
+                for i in 0..n as usize {
+                    let mut part = vec![0; 4096 + 512 * i];
+                    rd.read_exact(&mut part).await.unwrap();
+                    assert!(
+                        part.iter().all(|&b| b == s ^ m ^ i as u8),
+                        "{s}/{m} part {i}"
+                    );
+                }
+            }
+            assert_eq!(seen, [100; 4]);
+            rt::join_all(senders).await;
         });
     }
 }
