@@ -22,7 +22,8 @@ command -v fio >/dev/null || { echo "fio is missing (apt-get install fio)" >&2; 
 ticks() {
 	local t=0 p
 	for p in "$1" $(pgrep -P "$1"); do
-		t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat")))
+		# (A process gone meanwhile counts nothing.)
+		t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
 	done
 	echo "$t"
 }

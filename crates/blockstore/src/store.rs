@@ -163,8 +163,9 @@ pub struct Stats {
     /// *Pacing client writes*).
     #[serde(default)]
     pub paced_waits: u64,
-    /// Of those, the ones whose pace ran out on its timer (the others
-    /// ended when a checkpoint freed journal space).
+    /// Times a held batch's pace ran out on its timer (a hold whose pace
+    /// grew meanwhile can count more than once; one that a checkpoint
+    /// ended, by freeing journal space, counts none).
     #[serde(default)]
     pub paced_timer_ends: u64,
     /// Times client writes found the journal at their limit and waited

@@ -484,10 +484,11 @@ fn paced_writers_wake_on_real_timers() {
             eprintln!("skipped: no io_uring timers here (pacing needs them)");
             return;
         }
-        // Folds of 1 ms, 16 at once: slow enough that writers from memory
-        // outrun them on any machine (the device's time for the folds is
-        // about 0.8 s).
-        let small_write = std::time::Duration::from_millis(1);
+        // Folds of 5 ms, 16 at once: slow enough that writers from memory
+        // outrun them on a loaded machine and in a debug build (they need
+        // about 3 200 writes a second; the device's time for the folds is
+        // about 4 s).
+        let small_write = std::time::Duration::from_millis(5);
         let run = paced_overwrites(small_write);
         let (s, before, _) = nacre_io::rt::timeout(std::time::Duration::from_secs(120), run)
             .await
@@ -1482,8 +1483,10 @@ async fn check_version(s: &Store<MemDev>, oid: ObjectId, v: u64) {
 
 /// Logged writes from a buffer others hold too (the primary's payload,
 /// also being sent to the replicas): a whole block goes to the file from
-/// the shared buffer, a part of one is copied; both read back, before
-/// and after replay, and the shared buffer is left as it was.
+/// the shared buffer; a part of a new object (a block of its own) and a
+/// part of an object with a block (through the journal) are copied; all
+/// read back, before and after replay, and the shared buffers are left as
+/// they were.
 #[test]
 fn logged_writes_from_a_shared_buffer() {
     let dir = tempfile::tempdir().unwrap();
@@ -1504,9 +1507,16 @@ fn logged_writes_from_a_shared_buffer() {
         let mut e = entry(1, 2, 2, LogOp::Write, 2);
         (e.offset, e.len) = (4096, 8192);
         s.write_logged(e, 4096, part.clone()).await.unwrap();
+        let mut e = entry(1, 3, 1, LogOp::Write, 3);
+        (e.offset, e.len) = (8192, 4096);
+        s.write_logged(e, 8192, part.slice(4096..8192))
+            .await
+            .unwrap();
         let check = |s: Store<_>| async move {
             let r = s.read(ObjectId::new(3, 1), 0, 64 << 10).await.unwrap();
-            assert_eq!(&r[..], &pattern(3, 64 << 10)[..]);
+            let mut want = pattern(3, 64 << 10).to_vec();
+            want[8192..12288].copy_from_slice(&pattern(4, 8192)[4096..]);
+            assert_eq!(&r[..], &want[..]);
             let r = s.read(ObjectId::new(3, 2), 4096, 8192).await.unwrap();
             assert_eq!(&r[..], &pattern(4, 8192)[..]);
             s

@@ -637,7 +637,8 @@ impl Volume {
                 h.length = p.len;
                 let f = (self.cluster).object_op(h, None, &self.gone).await?;
                 match f.h.status {
-                    Status::Ok => f.payload,
+                    // (Data, even if the reply wrongly carries none.)
+                    Status::Ok => Some(f.payload.unwrap_or_else(|| AlignedBuf::new(0))),
                     Status::NotFound => None,
                     s => return Err(status_err(s, &format!("read {oid}"))),
                 }

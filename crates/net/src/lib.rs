@@ -97,9 +97,10 @@ pub struct ByteReader {
     buf: AlignedBuf,
     start: usize,
     end: usize,
-    /// With `Some(k)`, a receive takes at most `k` bytes or what the read
-    /// in progress still lacks, whichever is more (none beyond it that
-    /// would then be copied out of the buffer); `None`: as many as fit.
+    /// With `Some(k)`, a receive brings the bytes buffered up to `k` at
+    /// most, or takes what the read in progress still lacks if that is
+    /// more (none beyond it that would then be copied out of the buffer);
+    /// `None`: as many as fit.
     lookahead: Option<usize>,
 }
 
@@ -114,8 +115,9 @@ impl ByteReader {
         }
     }
 
-    /// Limits each receive to `k` bytes or what the read in progress still
-    /// lacks, whichever is more (`None`: no limit). A reader expecting a
+    /// Limits each receive to what brings the bytes buffered up to `k`, or
+    /// what the read in progress still lacks if that is more (`None`: no
+    /// limit). A reader expecting a
     /// large payload after its next header sets `Some(header size)`: the
     /// header is received alone and the payload then lands in its own
     /// buffer whole, never copied.
@@ -136,7 +138,8 @@ impl ByteReader {
             self.end -= self.start;
             self.start = 0;
         }
-        let max = self.lookahead.map_or(usize::MAX, |k| k.max(want));
+        let buffered = self.end - self.start;
+        let max = (self.lookahead).map_or(usize::MAX, |k| k.saturating_sub(buffered).max(want));
         let buf = std::mem::replace(&mut self.buf, AlignedBuf::new(0));
         let (r, b) = self.stream.recv_at_most(buf, self.end, max).await;
         self.buf = b;
@@ -1225,6 +1228,7 @@ mod tests {
     use super::*;
     use nacre_types::ObjectId;
     use nacre_wire::Op;
+    use std::time::Duration;
 
     fn frame(n: usize, fill: u8) -> Vec<u8> {
         let payload = vec![fill; n];
@@ -1254,7 +1258,10 @@ mod tests {
         rt::block_on(async {
             let (tx, rx) = connected(&d).await;
             let big = 128 << 10;
-            let sizes = [big, 4096, 0, 512, big, big];
+            // The last frame fits in any socket's buffer whole (it must be
+            // there before the reader looks), and is still far larger
+            // than a header.
+            let sizes = [big, 4096, 0, 512, big, 40 << 10];
             let (sent_tx, sent_rx) = oneshot();
             let sender = rt::spawn(async move {
                 for (i, &n) in sizes.iter().enumerate() {
@@ -1264,25 +1271,33 @@ mod tests {
                 tx
             });
             let mut r = FrameReader::new(Rc::new(rx));
-            for (i, &n) in sizes[..5].iter().enumerate() {
+            let read = async {
+                for (i, &n) in sizes[..5].iter().enumerate() {
+                    let f = r.next().await.unwrap().unwrap();
+                    assert_eq!(f.h.payload_len as usize, n);
+                    let p = f.payload.map(|p| p.to_vec()).unwrap_or_default();
+                    assert_eq!(p, vec![i as u8; n], "frame {i}");
+                }
+                // The last frame is all in the socket; only its header is
+                // taken.
+                sent_rx.await.unwrap();
+                assert!(r.rd.ready(1).await.unwrap());
+                assert_eq!(r.rd.buffered(), HEADER_BYTES);
                 let f = r.next().await.unwrap().unwrap();
-                assert_eq!(f.h.payload_len as usize, n);
-                let p = f.payload.map(|p| p.to_vec()).unwrap_or_default();
-                assert_eq!(p, vec![i as u8; n], "frame {i}");
-            }
-            // The last frame is all in the socket; only its header is taken.
-            sent_rx.await.unwrap();
-            assert!(r.rd.ready(1).await.unwrap());
-            assert_eq!(r.rd.buffered(), HEADER_BYTES);
-            let f = r.next().await.unwrap().unwrap();
-            assert_eq!(f.payload.unwrap().to_vec(), vec![5; big]);
+                assert_eq!(f.payload.unwrap().to_vec(), vec![5; 40 << 10]);
+            };
+            rt::timeout(Duration::from_secs(60), read)
+                .await
+                .expect("frames arrive");
             drop(sender.await);
         });
     }
 
     /// A message in parts goes out whole: its head, then its parts in
-    /// order, with nothing from other senders in between, however many
-    /// messages are queued at once.
+    /// order, with nothing from other senders in between, also when the
+    /// sender's writer takes it in two batches (more than
+    /// `SEND_BATCH_MAX` parts are queued at once); and the budget share
+    /// it holds stays taken until its last part is sent.
     #[test]
     fn a_message_in_parts_is_sent_whole() {
         let d = tempfile::tempdir().unwrap();
@@ -1291,6 +1306,8 @@ mod tests {
             let tx = FrameSender::start(Rc::new(out));
             // Sender s, message m: head [s, m, parts, 0xee], then `parts`
             // parts of 4096 + 512 * i bytes, each filled with s ^ m ^ i.
+            // No sender waits between messages: all of them (over 1 000
+            // parts) are queued before the writer takes its first batch.
             let mut senders = Vec::new();
             for s in 0..4u8 {
                 let tx = tx.clone();
@@ -1304,32 +1321,63 @@ mod tests {
                         tx.send_raw_parts_held(&head, parts, Vec::new())
                             .await
                             .unwrap();
-                        rt::yield_now().await;
                     }
                 }));
             }
-            // Read while they send (the socket holds far less than 400
-            // messages).
             let mut rd = ByteReader::new(Rc::new(rx));
-            let mut next = [0u8; 4];
-            let mut seen = [0u8; 4];
-            for _ in 0..400 {
-                rd.read_exact(&mut next).await.unwrap();
-                let [s, m, n, mark] = next;
-                assert_eq!(mark, 0xee, "a head where one is due");
-                assert_eq!(m, seen[s as usize], "sender {s}'s messages in order");
-                seen[s as usize] += 1;
-                for i in 0..n as usize {
-                    let mut part = vec![0; 4096 + 512 * i];
-                    rd.read_exact(&mut part).await.unwrap();
-                    assert!(
-                        part.iter().all(|&b| b == s ^ m ^ i as u8),
-                        "{s}/{m} part {i}"
-                    );
+            let read = async {
+                let mut next = [0u8; 4];
+                let mut seen = [0u8; 4];
+                for _ in 0..400 {
+                    rd.read_exact(&mut next).await.unwrap();
+                    let [s, m, n, mark] = next;
+                    assert_eq!(mark, 0xee, "a head where one is due");
+                    assert_eq!(m, seen[s as usize], "sender {s}'s messages in order");
+                    seen[s as usize] += 1;
+                    for i in 0..n as usize {
+                        let mut part = vec![0; 4096 + 512 * i];
+                        rd.read_exact(&mut part).await.unwrap();
+                        assert!(
+                            part.iter().all(|&b| b == s ^ m ^ i as u8),
+                            "{s}/{m} part {i}"
+                        );
+                    }
                 }
-            }
-            assert_eq!(seen, [100; 4]);
-            rt::join_all(senders).await;
+                assert_eq!(seen, [100; 4]);
+                rt::join_all(senders).await;
+
+                // One message of 300 parts of 16 KiB (4.8 MB: two batches,
+                // far more than a socket holds) with a budget share: it is
+                // still held after 270 parts were read, while the second
+                // batch is being sent; it comes back once all are.
+                let budget = Budget::new(8 << 20);
+                let share = budget.take(5 << 20).await;
+                let parts = (0..300)
+                    .map(|i| AlignedBuf::from_slice(&[i as u8; 16 << 10]))
+                    .collect();
+                tx.send_raw_parts_held(&[0xab], parts, vec![share])
+                    .await
+                    .unwrap();
+                let mut head = [0u8; 1];
+                rd.read_exact(&mut head).await.unwrap();
+                assert_eq!(head, [0xab]);
+                let mut part = vec![0; 16 << 10];
+                for i in 0..300 {
+                    if i == 270 {
+                        assert!(
+                            budget.used() > 0,
+                            "share returned before the last part was sent"
+                        );
+                    }
+                    rd.read_exact(&mut part).await.unwrap();
+                    assert!(part.iter().all(|&b| b == i as u8), "part {i}");
+                }
+                tx.flush().await;
+                assert_eq!(budget.used(), 0, "share kept after the message was sent");
+            };
+            rt::timeout(Duration::from_secs(60), read)
+                .await
+                .expect("messages arrive");
         });
     }
 }
