@@ -1259,8 +1259,8 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
     ) -> Status {
         // One buffer shared by the replica tasks (sent from where it is,
         // kept for a resend) and the local write (a whole block goes to
-        // the device from it; a smaller write is copied into the journal's
-        // batch anyway).
+        // the device from it; a smaller write is copied: the store pads
+        // that buffer for its journal write and keeps it for the fold).
         let data = data.map(SharedBuf::new);
         let replicas: Vec<_> = (acting.iter().filter(|&&r| r != self.id))
             .map(|&r| (r, rt::spawn(self.clone().to_replica(r, sub, data.clone()))))
