@@ -117,10 +117,9 @@ impl ByteReader {
 
     /// Limits each receive to what brings the bytes buffered up to `k`, or
     /// what the read in progress still lacks if that is more (`None`: no
-    /// limit). A reader expecting a
-    /// large payload after its next header sets `Some(header size)`: the
-    /// header is received alone and the payload then lands in its own
-    /// buffer whole, never copied.
+    /// limit). A reader expecting a large payload after its next header
+    /// sets `Some(header size)`: the header is received alone and the
+    /// payload then lands in its own buffer whole, never copied.
     pub fn set_lookahead(&mut self, k: Option<usize>) {
         self.lookahead = k;
     }
@@ -552,7 +551,7 @@ impl FrameSender {
     pub async fn send_raw_parts_held(
         &self,
         head: &[u8],
-        mut parts: Vec<AlignedBuf>,
+        parts: Vec<AlignedBuf>,
         permits: Vec<Permit>,
     ) -> Result<(), NetError> {
         let mut h = Head {
@@ -560,12 +559,9 @@ impl FrameSender {
             len: head.len() as u8,
         };
         h.bytes[..head.len()].copy_from_slice(head);
-        if parts.is_empty() {
-            return self.send_head(h, None, Vec::new(), permits).await;
-        }
-        let first = parts.remove(0);
-        let more = parts.into_iter().map(SendBuf::from).collect();
-        self.send_head(h, Some(first.into()), more, permits).await
+        let mut parts = parts.into_iter().map(SendBuf::from);
+        let first = parts.next();
+        self.send_head(h, first, parts.collect(), permits).await
     }
 
     /// Queues `head` and its payload (`payload`, then the parts in `more`)
@@ -600,25 +596,17 @@ impl FrameSender {
         }
         let mut q = self.q.borrow_mut();
         q.bytes += size;
-        // The shares go with the message's last part: they come back once
-        // all of it is sent.
-        let last = more.len();
-        let mut permits = Some(permits);
-        let mut held = |i: usize| {
-            if i == last {
-                permits.take().unwrap_or_default()
-            } else {
-                Vec::new()
-            }
-        };
-        q.frames.push_back((head, payload, held(0)));
-        for (i, p) in more.into_iter().enumerate() {
+        q.frames.push_back((head, payload, Vec::new()));
+        for p in more {
             let bare = Head {
                 bytes: [0; HEAD_MAX_BYTES],
                 len: 0,
             };
-            q.frames.push_back((bare, Some(p), held(i + 1)));
+            q.frames.push_back((bare, Some(p), Vec::new()));
         }
+        // The shares go with the message's last part: they come back once
+        // all of it is sent.
+        q.frames.back_mut().expect("queued above").2 = permits;
         drop(q);
         self.kick.notify();
         Ok(())
