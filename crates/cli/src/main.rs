@@ -7,6 +7,26 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Transparent huge pages off for this process and the processes it
+/// starts (the flag is inherited and kept across exec). mimalloc asks for
+/// huge pages on its arenas (`MADV_HUGEPAGE`), so when a daemon's heap
+/// grows — an OSD's cache of unfolded writes after a checkpoint gave
+/// memory back — the reactor thread takes a page fault that zeroes 2 MiB
+/// at once; with `defrag=madvise` the kernel may also compact memory for
+/// it first. On this machine (a VM whose freed memory goes back to the
+/// host) such a fault held an OSD's only thread for 17–20 ms, some fifty
+/// times in 20 s of QD1 writes: p99.9 of a replicated 4 KiB write
+/// 18.9 ms, 3.8 ms without (docs/BENCHMARKS.md, *Huge page faults*).
+fn huge_pages_off() {
+    // SAFETY: prctl with integer arguments; it changes only this
+    // process's memory policy.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!("transparent huge pages stay on (prctl: {e}): a growing heap may stall a daemon for a huge page's fault");
+    }
+}
+
 mod args;
 mod at;
 mod cluster;
@@ -537,6 +557,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .init();
+    huge_pages_off();
     let cli = Cli::parse();
     let serves = matches!(
         cli.cmd,
