@@ -1558,6 +1558,56 @@ mod tests {
         });
     }
 
+    /// An OSD that answers every read `Ok` with a sector less (or more)
+    /// than was asked for: a well-formed frame (its header's length says
+    /// what its payload holds), the wrong answer.
+    struct Misreads {
+        short: bool,
+    }
+
+    impl nacre_net::Handler for Misreads {
+        async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
+            let mut h = f.h.reply(Status::Ok);
+            if f.h.op != Op::Read {
+                return (h, None);
+            }
+            h.length = match self.short {
+                true => f.h.length - SECTOR_BYTES,
+                false => f.h.length + SECTOR_BYTES,
+            };
+            let data = AlignedBuf::zeroed(h.length as usize);
+            (h.with_payload(&data), Some(data))
+        }
+    }
+
+    /// A read reply of another length than asked for fails the read with
+    /// an error naming the object and what came back; it never reaches the
+    /// caller as data (the NBD reply goes out as the pieces' buffers back
+    /// to back, so a short piece would shift every byte after it).
+    #[test]
+    fn a_read_answered_with_the_wrong_length_fails() {
+        for short in [true, false] {
+            let d = tempfile::tempdir().unwrap();
+            let vol = unreachable(d.path());
+            rt::block_on(async {
+                // The map's three OSDs, all answering alike.
+                for id in 0..3 {
+                    let addr = Addr::Unix(d.path().join(format!("none.{id}.sock")));
+                    let l = nacre_io::net::Listener::bind(&addr).unwrap();
+                    drop(rt::spawn(nacre_net::serve(l, Rc::new(Misreads { short }))));
+                }
+                // One piece; then four objects' pieces (128 KiB objects).
+                for len in [4096u64, 512 << 10] {
+                    let r = vol.read(0, len).await.map(|b| b.len());
+                    let Err(ClientError::Unavailable(why)) = &r else {
+                        panic!("read of {len} (short {short}): {r:?}");
+                    };
+                    assert!(why.contains("answered with"), "{why}");
+                }
+            });
+        }
+    }
+
     /// A meta store whose calls, once `hang` is set, block until it is
     /// cleared (an etcd that does not answer).
     struct Hanging {
