@@ -636,6 +636,14 @@ impl Volume {
                 h.offset = p.offset;
                 h.length = p.len;
                 let f = (self.cluster).object_op(h, None, &self.gone).await?;
+                // A reply is matched to its request by id alone: one that
+                // names another object or range answers something else.
+                if f.h.oid != oid || f.h.offset != p.offset {
+                    return Err(ClientError::Unavailable(format!(
+                        "read {oid} {}+{}: answered for {} {}+{}",
+                        p.offset, p.len, f.h.oid, f.h.offset, f.h.length
+                    )));
+                }
                 match f.h.status {
                     // (Data, even if the reply wrongly carries none.)
                     Status::Ok => Some(f.payload.unwrap_or_else(|| AlignedBuf::new(0))),
@@ -1558,12 +1566,19 @@ mod tests {
         });
     }
 
-    /// An OSD that answers every read `Ok` with a sector less (or more)
-    /// than was asked for: a well-formed frame (its header's length says
-    /// what its payload holds), the wrong answer.
-    struct Misreads {
-        short: bool,
+    /// How [`Misreads`] answers a read: a sector less or more than asked
+    /// for, or the right length a sector further on.
+    #[derive(Clone, Copy, Debug)]
+    enum Lie {
+        Short,
+        Long,
+        Shifted,
     }
+
+    /// An OSD that answers every read `Ok`, wrongly: a well-formed frame
+    /// (its header's length says what its payload holds), the wrong
+    /// answer.
+    struct Misreads(Lie);
 
     impl nacre_net::Handler for Misreads {
         async fn handle(self: Rc<Self>, f: Frame) -> (Header, Option<AlignedBuf>) {
@@ -1571,22 +1586,24 @@ mod tests {
             if f.h.op != Op::Read {
                 return (h, None);
             }
-            h.length = match self.short {
-                true => f.h.length - SECTOR_BYTES,
-                false => f.h.length + SECTOR_BYTES,
-            };
+            match self.0 {
+                Lie::Short => h.length -= SECTOR_BYTES,
+                Lie::Long => h.length += SECTOR_BYTES,
+                Lie::Shifted => h.offset += SECTOR_BYTES,
+            }
             let data = AlignedBuf::zeroed(h.length as usize);
             (h.with_payload(&data), Some(data))
         }
     }
 
-    /// A read reply of another length than asked for fails the read with
-    /// an error naming the object and what came back; it never reaches the
-    /// caller as data (the NBD reply goes out as the pieces' buffers back
-    /// to back, so a short piece would shift every byte after it).
+    /// A read reply of another length or for another range than asked
+    /// fails the read with an error naming the object and what came back;
+    /// it never reaches the caller as data (the NBD reply goes out as the
+    /// pieces' buffers back to back, so a short piece would shift every
+    /// byte after it).
     #[test]
-    fn a_read_answered_with_the_wrong_length_fails() {
-        for short in [true, false] {
+    fn a_read_answered_wrongly_fails() {
+        for lie in [Lie::Short, Lie::Long, Lie::Shifted] {
             let d = tempfile::tempdir().unwrap();
             let vol = unreachable(d.path());
             rt::block_on(async {
@@ -1594,15 +1611,15 @@ mod tests {
                 for id in 0..3 {
                     let addr = Addr::Unix(d.path().join(format!("none.{id}.sock")));
                     let l = nacre_io::net::Listener::bind(&addr).unwrap();
-                    drop(rt::spawn(nacre_net::serve(l, Rc::new(Misreads { short }))));
+                    drop(rt::spawn(nacre_net::serve(l, Rc::new(Misreads(lie)))));
                 }
                 // One piece; then four objects' pieces (128 KiB objects).
                 for len in [4096u64, 512 << 10] {
                     let r = vol.read(0, len).await.map(|b| b.len());
                     let Err(ClientError::Unavailable(why)) = &r else {
-                        panic!("read of {len} (short {short}): {r:?}");
+                        panic!("read of {len} ({lie:?}): {r:?}");
                     };
-                    assert!(why.contains("answered with"), "{why}");
+                    assert!(why.contains("answered"), "{why}");
                 }
             });
         }
