@@ -636,9 +636,7 @@ impl Volume {
                 h.offset = p.offset;
                 h.length = p.len;
                 let f = (self.cluster).object_op(h, None, &self.gone).await?;
-                // A reply is matched to its request by id alone: one that
-                // names another object or range answers something else.
-                if f.h.oid != oid || f.h.offset != p.offset {
+                if f.h.status == Status::Ok && !f.h.answers(&h) {
                     return Err(ClientError::Unavailable(format!(
                         "read {oid} {}+{}: answered for {} {}+{}",
                         p.offset, p.len, f.h.oid, f.h.offset, f.h.length
@@ -1620,6 +1618,7 @@ mod tests {
                         panic!("read of {len} ({lie:?}): {r:?}");
                     };
                     assert!(why.contains("answered"), "{why}");
+                    assert!(why.contains(&vol.oid(0).to_string()), "{why}");
                 }
             });
         }

@@ -610,6 +610,20 @@ impl<D: BlockDev + 'static, T: Transport> Osd<D, T> {
             return (s, None, 0);
         }
         match self.call_osd(to, h, data.as_ref()).await {
+            // Shard data for another object or range is not this read's.
+            Ok(f) if h.op == Op::ShardRead && f.h.status == Status::Ok && !f.h.answers(&h) => {
+                tracing::warn!(
+                    "osd.{}: osd.{to} answered a read of {} {}+{} for {} {}+{}",
+                    self.id,
+                    h.oid,
+                    h.offset,
+                    h.length,
+                    f.h.oid,
+                    f.h.offset,
+                    f.h.length
+                );
+                (Status::Unavailable, None, 0)
+            }
             Ok(f) => (f.h.status, f.payload, f.h.obj_version),
             Err(why) => {
                 tracing::warn!("osd.{}: {why}", self.id);

@@ -519,6 +519,18 @@ impl Header {
         }
     }
 
+    /// Whether this reply names what `req` asked about: its op, object
+    /// and range. Replies are matched to requests by id alone, and a
+    /// reply made with [`Header::reply`] always does; one that does not
+    /// answers something else, and its data is not the request's.
+    pub fn answers(&self, req: &Header) -> bool {
+        self.reply
+            && self.op == req.op
+            && self.oid == req.oid
+            && self.offset == req.offset
+            && self.length == req.length
+    }
+
     /// Sets the payload length and checksum from `payload`.
     pub fn with_payload(mut self, payload: &[u8]) -> Header {
         self.payload_len = payload.len() as u32;

@@ -302,3 +302,30 @@ proptest! {
         }
     }
 }
+
+/// A reply answers its request when it names the same op, object and
+/// range; the status, payload and epoch may differ. Anything else — or a
+/// request — does not.
+#[test]
+fn a_reply_answers_its_request_only() {
+    let mut req = Header::request(Op::Read, 42, ObjectId::new(7, 9));
+    (req.offset, req.length) = (8192, 4096);
+    let data = vec![1u8; 4096];
+    let mut ok = req.reply(Status::Ok).with_payload(&data);
+    ok.epoch = 5;
+    assert!(ok.answers(&req));
+    assert!(req.reply(Status::NotFound).answers(&req));
+    assert!(!req.answers(&req), "a request answers nothing");
+    let changed: [fn(&mut Header); 5] = [
+        |h| h.op = Op::ShardRead,
+        |h| h.oid = ObjectId::new(7, 10),
+        |h| h.oid = ObjectId::new(8, 9),
+        |h| h.offset += 512,
+        |h| h.length -= 512,
+    ];
+    for (i, change) in changed.iter().enumerate() {
+        let mut r = ok;
+        change(&mut r);
+        assert!(!r.answers(&req), "change {i}");
+    }
+}
