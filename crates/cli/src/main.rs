@@ -7,26 +7,6 @@
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Transparent huge pages off for this process and the processes it
-/// starts (the flag is inherited and kept across exec). mimalloc asks for
-/// huge pages on its arenas (`MADV_HUGEPAGE`), so when a daemon's heap
-/// grows — an OSD's cache of unfolded writes after a checkpoint gave
-/// memory back — the reactor thread takes a page fault that zeroes 2 MiB
-/// at once; with `defrag=madvise` the kernel may also compact memory for
-/// it first. On this machine (a VM whose freed memory goes back to the
-/// host) such a fault held an OSD's only thread for 17–20 ms, some fifty
-/// times in 20 s of QD1 writes: p99.9 of a replicated 4 KiB write
-/// 18.9 ms, 3.8 ms without (docs/BENCHMARKS.md, *Huge page faults*).
-fn huge_pages_off() {
-    // SAFETY: prctl with integer arguments; it changes only this
-    // process's memory policy.
-    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        tracing::warn!("transparent huge pages stay on (prctl: {e}): a growing heap may stall a daemon for a huge page's fault");
-    }
-}
-
 mod args;
 mod at;
 mod cluster;
@@ -543,6 +523,33 @@ enum StoreCmd {
     },
 }
 
+/// Transparent huge pages off for this process and the processes it
+/// starts (the flag is inherited through fork and kept across exec).
+/// mimalloc asks for huge pages on its arenas (`MADV_HUGEPAGE`), so when a
+/// daemon's heap grows — an OSD's cache of unfolded writes filling again
+/// after memory went back — the reactor thread takes a page fault that
+/// zeroes 2 MiB at once; with `defrag=madvise` the kernel may also compact
+/// memory for it first. On the test VM such faults held an OSD's only
+/// thread 17–22 ms, some fifty times in 20 s of QD1 writes: p99.9 of a
+/// replicated 4 KiB write 17–19 ms, 3.0–3.1 ms without
+/// (docs/BENCHMARKS.md, *Huge page faults*). Pages faulted before this
+/// runs (mimalloc's first arena) stay as they are. `serves`: a daemon,
+/// which says so if it cannot.
+fn huge_pages_off(serves: bool) {
+    let (disable, unused) = (1 as libc::c_ulong, 0 as libc::c_ulong);
+    // SAFETY: prctl with integer arguments; it changes the memory policy
+    // of this process and of those it starts.
+    let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, disable, unused, unused, unused) };
+    if rc != 0 && serves {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(
+            "transparent huge pages stay on (prctl PR_SET_THP_DISABLE: {e}): a growing heap may stall \
+             a daemon for a huge page's fault; turn them off for the machine \
+             (/sys/kernel/mm/transparent_hugepage/enabled = never) to avoid it"
+        );
+    }
+}
+
 fn block_bytes(v: u64) -> anyhow::Result<u32> {
     u32::try_from(v).context("block size too large")
 }
@@ -557,7 +564,6 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .init();
-    huge_pages_off();
     let cli = Cli::parse();
     let serves = matches!(
         cli.cmd,
@@ -570,6 +576,7 @@ fn main() {
                 cmd: OsdCmd::Run { .. }
             }
     );
+    huge_pages_off(serves);
     if !serves {
         // Short-lived commands die quietly when their output pipe closes
         // (`nacre status | head`), as shell tools do.
