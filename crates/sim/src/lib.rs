@@ -50,6 +50,7 @@ type Handling = Pin<Box<dyn Future<Output = (Header, Option<AlignedBuf>)>>>;
 /// once the node is gone.
 type Serve = Rc<dyn Fn(Frame) -> Option<Handling>>;
 type Filter = Box<dyn Fn(&str, &str, &Header) -> bool>;
+type ReplyEdit = Box<dyn Fn(&str, &str, &mut Header, &mut Option<AlignedBuf>)>;
 
 struct NetState {
     /// What serves each address, with its incarnation (raised at every
@@ -64,6 +65,9 @@ struct NetState {
     /// Requests it matches (source address, empty for a client;
     /// destination address; header) are lost.
     filter: RefCell<Option<Filter>>,
+    /// Edits every reply (caller's address, empty for a client; the
+    /// answering node's; the reply): a node that answers wrongly.
+    reply_edit: RefCell<Option<ReplyEdit>>,
     /// Nodes cut off from every other node (not from clients): a call
     /// from or to one of them is lost.
     isolated: RefCell<std::collections::HashSet<String>>,
@@ -104,6 +108,7 @@ impl Net {
                 rng: RefCell::new(SplitMix(seed)),
                 faults: Cell::new(Faults::default()),
                 filter: RefCell::new(None),
+                reply_edit: RefCell::new(None),
                 isolated: RefCell::new(Default::default()),
                 slow_links: RefCell::new(HashMap::new()),
                 deadline,
@@ -169,6 +174,20 @@ impl Net {
 
     pub fn clear_filter(&self) {
         *self.0.filter.borrow_mut() = None;
+    }
+
+    /// Passes every reply through `f` (the caller's address — empty for a
+    /// client —, the answering node's, the reply's header and payload),
+    /// until [`Net::clear_reply_edit`]: a node that answers wrongly.
+    pub fn set_reply_edit(
+        &self,
+        f: impl Fn(&str, &str, &mut Header, &mut Option<AlignedBuf>) + 'static,
+    ) {
+        *self.0.reply_edit.borrow_mut() = Some(Box::new(f));
+    }
+
+    pub fn clear_reply_edit(&self) {
+        *self.0.reply_edit.borrow_mut() = None;
     }
 
     /// Every message between the nodes at `a` and `b` (either way) takes
@@ -364,10 +383,13 @@ impl SimConn {
             return self.time_out().await;
         };
         let handling = rt::spawn(handling);
-        let (rh, rp) = match self.reply_or_gone(handling, inc).await {
+        let (mut rh, mut rp) = match self.reply_or_gone(handling, inc).await {
             Ok(r) => r,
             Err(e) => return Err(e),
         };
+        if let Some(edit) = self.net.0.reply_edit.borrow().as_ref() {
+            edit(from, &self.to, &mut rh, &mut rp);
+        }
         if self.net.strikes(f.reply_drop_per_mille) {
             return self.time_out().await;
         }

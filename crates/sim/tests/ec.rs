@@ -235,6 +235,34 @@ async fn no_undos_left(c: &Cluster, when: &str) {
 /// exactly, whole and in random ranges; afterwards each object's shards
 /// are what the layout puts there and the parity shards hold their code;
 /// and every undo is released once its write committed.
+/// A shard's OSD that answers reads for another range than asked (with
+/// bytes that are not the range's): the primary reads around it, and
+/// every acknowledged write reads back.
+#[test]
+fn a_shard_answering_another_range_is_read_around() {
+    rt::block_on_virtual(async {
+        let c = ec_cluster(12, 6).await;
+        let oids: Vec<ObjectId> = (0..6).map(|b| nacre_sim::object(1, 1, b)).collect();
+        let mut model = HashMap::new();
+        write_some(&c, &mut Rng(7), &oids, &mut model, 1, 60).await;
+        let liar = c.nodes.borrow()[2].addr.to_string();
+        let lies = std::rc::Rc::new(std::cell::Cell::new(0u64));
+        let counted = lies.clone();
+        c.net.set_reply_edit(move |_, to, h, data| {
+            if to == liar && h.op == Op::ShardRead && h.status == Status::Ok {
+                h.offset += 512;
+                if let Some(d) = data {
+                    d.fill(0xee);
+                }
+                counted.set(counted.get() + 1);
+            }
+        });
+        check_all(&c, &model, "one shard answering another range").await;
+        assert!(lies.get() > 0, "no shard read reached the lying OSD");
+        c.net.clear_reply_edit();
+    });
+}
+
 #[test]
 fn a_whole_ec_pool_reads_back_every_write_and_keeps_its_stripes_coded() {
     rt::block_on_virtual(async {
