@@ -230,11 +230,6 @@ async fn no_undos_left(c: &Cluster, when: &str) {
     assert_eq!(held(), 0, "undos left {when}");
 }
 
-/// Six OSDs, a 4+2 pool of 8 PGs: writes of every shape (inside a unit,
-/// a unit, across units and stripes, whole objects) and deletes read back
-/// exactly, whole and in random ranges; afterwards each object's shards
-/// are what the layout puts there and the parity shards hold their code;
-/// and every undo is released once its write committed.
 /// A shard's OSD that answers reads for another range than asked (with
 /// bytes that are not the range's): the primary reads around it, and
 /// every acknowledged write reads back.
@@ -263,6 +258,11 @@ fn a_shard_answering_another_range_is_read_around() {
     });
 }
 
+/// Six OSDs, a 4+2 pool of 8 PGs: writes of every shape (inside a unit,
+/// a unit, across units and stripes, whole objects) and deletes read back
+/// exactly, whole and in random ranges; afterwards each object's shards
+/// are what the layout puts there and the parity shards hold their code;
+/// and every undo is released once its write committed.
 #[test]
 fn a_whole_ec_pool_reads_back_every_write_and_keeps_its_stripes_coded() {
     rt::block_on_virtual(async {
