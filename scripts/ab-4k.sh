@@ -3,6 +3,9 @@
 # through NBD on a fresh `nacre up` (3 OSDs, a 2 GiB volume, 1 GiB
 # prefilled), RUNTIME s each (default 15): IOPS, p50 and the CPU of every
 # Nacre process per op.   scripts/ab-4k.sh target/release/nacre
+# WS sets the range the tests cover (default 1G); with up-volume.sh's
+# OSD_SIZE, VOL_SIZE, PREFILL, the anchor suite's shape is
+#   OSD_SIZE=10G VOL_SIZE=4G PREFILL=4G WS=4G scripts/ab-4k.sh BINARY
 set -e
 B=${1:?usage: scripts/ab-4k.sh NACRE_BINARY}; D=/tmp/ab
 . "$(dirname "$0")/up-volume.sh"
@@ -10,7 +13,7 @@ ticks() { local t=0; for p in $UP $(pgrep -P $UP); do s=$(awk '{print $14+$15}' 
 for spec in randwrite:128 randread:128 randwrite:1; do
   IFS=: read RW QD <<< "$spec"
   c0=$(ticks)
-  fio --name=w --ioengine=nbd --uri="$URI" --rw=$RW --bs=4k --iodepth=$QD --size=1G --runtime=${RUNTIME:-15} --time_based --output-format=json > $D/fio.json
+  fio --name=w --ioengine=nbd --uri="$URI" --rw=$RW --bs=4k --iodepth=$QD --size="${WS:-1G}" --runtime=${RUNTIME:-15} --time_based --output-format=json > $D/fio.json
   c1=$(ticks)
   python3 - $c0 $c1 $D/fio.json $RW $QD <<'PY'
 import json,sys,os
