@@ -36,8 +36,8 @@ use crate::format::{
 };
 use crate::index::Overlay;
 use crate::journal::Record;
-use crate::store::Inner;
-use crate::store::Queued;
+use crate::state::{FoldClaimState, Inner, Queued};
+use crate::undo::{Before, Kept};
 use nacre_io::sync::oneshot;
 
 /// Table-page and fold writes in flight at once during a checkpoint: when
@@ -58,33 +58,6 @@ const FOLD_PLANS_INFLIGHT_MAX: usize = 64;
 /// while an overlay was folded into part of it: the chunk keeps failing
 /// reads instead of getting a fresh checksum over damaged bytes.
 const POISON: u32 = 0xdead_beef;
-
-/// The checkpointer's part of the store's state (`State::ckpt`).
-#[derive(Default)]
-pub(crate) struct Checkpoints {
-    /// The checkpoint task runs: the writer, which journals its records,
-    /// stops only after it (a fold ahead may be under way at close).
-    pub running: bool,
-    /// The newest checkpoint's sequence number and slot (0 or 1): the
-    /// next is written to the other slot.
-    pub seq: u64,
-    pub slot: u32,
-    /// A checkpoint is asked for (journal space, a sync, a close).
-    pub wanted: bool,
-    /// Blocks the running checkpoint will return to the allocator.
-    pub releasing: usize,
-    /// Blocks claimed by a fold plan in flight, one plan per block (see
-    /// [`FoldClaim`]); reads of a block whose fold is writing in place
-    /// wait for `flush_done`.
-    pub folds: std::collections::HashMap<u32, FoldClaimState>,
-    pub next_fold_id: u64,
-    /// Folds met during replay, in journal order (empty once open).
-    pub replay_folds: Vec<crate::store::ReplayFold>,
-    /// How long the last checkpoint that covered at least an eighth of
-    /// the journal took, in ns per journal byte it covered (0 before
-    /// one): what paces client writes (`writer::pace_after`).
-    pub ns_per_byte: f64,
-}
 
 /// The checkpointer: checkpoints when asked, and in between folds journal
 /// data into blocks ahead of time (gently), once the journal is a quarter
@@ -416,14 +389,6 @@ pub(crate) struct FoldClaim<D: BlockDev + 'static> {
     id: u64,
 }
 
-/// A claim's entry in `State::folds`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FoldClaimState {
-    pub id: u64,
-    /// The plan's in-place writes have started: reads of the block wait.
-    pub writing: bool,
-}
-
 impl<D: BlockDev + 'static> FoldClaim<D> {
     /// Claims the block `oid` lives in (`claim.block`). `Ok(None)` if the
     /// object has no block.
@@ -462,7 +427,7 @@ impl<D: BlockDev + 'static> FoldClaim<D> {
     }
 
     /// Asserts that this claim still holds its block (a pair with `take`).
-    fn check_held(&self, st: &crate::store::State) {
+    fn check_held(&self, st: &crate::state::State) {
         let held = st.ckpt.folds.get(&self.block).map(|c| c.id);
         crate::strict_assert!(
             held == Some(self.id),
@@ -840,4 +805,55 @@ pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>
         apply_folds(inner, plans).await?;
     }
     Ok(())
+}
+
+impl<D: BlockDev + 'static> Inner<D> {
+    /// Journals again every undo whose record lies before journal position
+    /// `j`, durably: the checkpoint about to move the tail to `j` would
+    /// otherwise drop its bytes (or, for a kept block, the record naming
+    /// it; the block itself is in the object table, under its hidden name).
+    pub(crate) async fn relog_undos(&self, j: u64) -> Result<()> {
+        let old: Vec<(bool, ObjectId, Kept)> = {
+            let st = self.st.borrow();
+            let u = &st.undos;
+            (u.held.iter().map(|(o, u)| (false, o, u)))
+                .chain(u.staged.iter().map(|(o, u)| (true, o, u)))
+                .filter(|(_, _, u)| u.pos() < j)
+                .map(|(staged, oid, u)| (staged, *oid, u.clone()))
+                .collect()
+        };
+        let mut acks = Vec::with_capacity(old.len());
+        for (staged, oid, u) in old {
+            let before = match &u {
+                Kept::Block { .. } => Before::Block,
+                Kept::Bytes(o) => Before::Bytes(match (&o.data, o.len) {
+                    (_, 0) => None,
+                    (Some(d), _) => Some((o.offset, AlignedBuf::from_slice(d))),
+                    (None, _) => Some((o.offset, self.read_overlay(o, 0, o.len).await?.0)),
+                }),
+            };
+            // Released or replaced while its bytes were read: nothing to
+            // keep (a release queued from here on is journaled after this
+            // copy: the checkpointer's records go first).
+            let still = {
+                let st = self.st.borrow();
+                let map = if staged {
+                    &st.undos.staged
+                } else {
+                    &st.undos.held
+                };
+                map.get(&oid).is_some_and(|n| {
+                    n.version() == u.version() && n.pos() == u.pos() && n.is_block() == u.is_block()
+                })
+            };
+            if still {
+                acks.push(self.enqueue_undo(oid, u.version(), before, true, true));
+            }
+        }
+        for rx in acks {
+            rx.await
+                .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))?;
+        }
+        Ok(())
+    }
 }

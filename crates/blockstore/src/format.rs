@@ -466,7 +466,7 @@ impl Geometry {
                 "device sector size {sector_bytes} is not 512..4096"
             )));
         }
-        let journal_min = JOURNAL_BYTES_MIN.max(4 * crate::journal::batch_bytes_max(block_bytes));
+        let journal_min = JOURNAL_BYTES_MIN.max(4 * batch_bytes_max(block_bytes));
         let journal = match journal_bytes {
             Some(j) => {
                 if !(journal_min..=JOURNAL_BYTES_MAX).contains(&j) {
@@ -675,6 +675,17 @@ pub fn get_label(page: &[u8], uuid: &[u8; 16]) -> Result<Option<Vec<u8>>> {
         return Err(Error::Corrupt("label checksum".into()));
     }
     Ok(Some(label.to_vec()))
+}
+
+/// Record-header region of one batch, at most.
+pub const BATCH_HDR_BYTES_MAX: u64 = 64 << 10;
+/// Small-write data in one batch, at most (unless one write is bigger):
+/// 128 queued 4 KiB writes fit in one batch.
+pub const BATCH_DATA_BYTES_MAX: u64 = 512 << 10;
+
+/// Largest batch (header region + data) for a store of `block_bytes` blocks.
+pub fn batch_bytes_max(block_bytes: u32) -> u64 {
+    u64::from(block_bytes).max(BATCH_DATA_BYTES_MAX) + BATCH_HDR_BYTES_MAX
 }
 
 /// Records per journal batch, at most.

@@ -18,24 +18,14 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::format::{
-    BatchHeader, LogEntryDisk, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_MAGIC,
-    FORMAT_VERSION, RECORDS_PER_BATCH_MAX, REC_FLAG_LOGGED,
+    BatchHeader, LogEntryDisk, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_HDR_BYTES_MAX,
+    BATCH_MAGIC, FORMAT_VERSION, RECORDS_PER_BATCH_MAX, REC_FLAG_LOGGED,
 };
 use crate::pglog::{LogEntry, LogOp};
 
 const HDR_BYTES: usize = std::mem::size_of::<BatchHeader>();
 const REC_BYTES: usize = std::mem::size_of::<RecordHeader>();
 const ENTRY_BYTES: usize = std::mem::size_of::<LogEntryDisk>();
-/// Record-header region of one batch, at most.
-pub const BATCH_HDR_BYTES_MAX: u64 = 64 << 10;
-/// Small-write data in one batch, at most (unless one write is bigger):
-/// 128 queued 4 KiB writes fit in one batch.
-pub const BATCH_DATA_BYTES_MAX: u64 = 512 << 10;
-
-/// Largest batch (header region + data) for a store of `block_bytes` blocks.
-pub fn batch_bytes_max(block_bytes: u32) -> u64 {
-    u64::from(block_bytes).max(BATCH_DATA_BYTES_MAX) + BATCH_HDR_BYTES_MAX
-}
 
 /// crc32c of every 4 KiB chunk of `data` (the last may be shorter).
 pub fn chunk_csums(data: &[u8]) -> Vec<u32> {

@@ -14,7 +14,7 @@ use nacre_types::{ObjectId, CSUM_CHUNK_BYTES, SECTOR_BYTES};
 use crate::error::{Error, Result};
 use crate::format::{page_crc, PAGE_BYTES, PAGE_NEVER_WRITTEN};
 use crate::index::Overlay;
-use crate::store::{Inner, READ_RETRY_MAX};
+use crate::state::{Inner, READ_RETRY_MAX};
 
 const CHUNK: u32 = CSUM_CHUNK_BYTES;
 

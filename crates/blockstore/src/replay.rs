@@ -14,21 +14,75 @@ use std::cell::{Cell, RefCell};
 
 use nacre_io::sync::Notify;
 use nacre_io::{AlignedBuf, BlockDev};
+use nacre_types::BLOCK_BYTES_DEFAULT;
 use zerocopy::FromBytes;
 
 use crate::alloc::Allocator;
 use crate::checkpoint::encode_slot;
 use crate::csum::CsumTable;
 use crate::error::{Error, Result};
+use crate::format::batch_bytes_max;
+use crate::format::LogRegion;
 use crate::format::{
     page_crc, BlockEntry, CheckpointHeader, Geometry, LogSlotMeta, PageMeta, RecordKind,
     CKPT_MAGIC, FORMAT_VERSION, OBJ_ENTRIES_PER_PAGE, PAGE_BYTES, PAGE_NEVER_WRITTEN,
 };
 use crate::index::{Index, OidMap};
-use crate::journal::{self, batch_bytes_max, BatchError, BatchId, Record};
+use crate::journal::{self, BatchError, BatchId, Record};
 use crate::pglog::PgLogs;
-use crate::store::{FormatOptions, Inner, OpenReport, State, Stats, StoreOptions};
+use crate::state::{Checkpoints, Inner, State, Stats, StoreOptions};
 use crate::writer::apply_record;
+
+/// Options fixed when a store is formatted.
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    pub block_bytes: u32,
+    /// Journal ring size; default 1/64 of the device within 64 MiB..1 GiB.
+    pub journal_bytes: Option<u64>,
+    /// Store id; random if not given.
+    pub uuid: Option<[u8; 16]>,
+    /// Write zeros over the journal at format, so that a file-backed store
+    /// has its journal allocated before the first fsync'd write.
+    pub zero_journal: bool,
+    /// How many PG logs the store holds, and how long each may be.
+    pub pg_logs: LogRegion,
+    /// Bytes the store's owner keeps in the superblock page (at most
+    /// [`crate::format::LABEL_BYTES_MAX`]): fixed at format, read back
+    /// with [`crate::read_label`] without opening the store (an OSD's
+    /// cluster and id).
+    pub label: Vec<u8>,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            block_bytes: BLOCK_BYTES_DEFAULT,
+            journal_bytes: None,
+            uuid: None,
+            zero_journal: true,
+            pg_logs: LogRegion::DEFAULT,
+            label: Vec::new(),
+        }
+    }
+}
+
+/// What open found and did.
+#[derive(Clone, Debug, Default)]
+pub struct OpenReport {
+    pub checkpoint_seq: u64,
+    pub objects_loaded: u64,
+    pub batches_replayed: u64,
+    pub records_replayed: u64,
+    pub journal_bytes_replayed: u64,
+    /// Why replay stopped before the end of what was written, if it did
+    /// (torn or damaged batch); `None` for a clean end of the journal.
+    pub replay_stopped: Option<String>,
+    /// The journal ended at a whole-block write whose data block was not
+    /// completely written: a write in flight at a crash, never
+    /// acknowledged (its fsync waits for the block, and every later batch
+    /// waits for that fsync), so the normal end of the journal, not damage.
+    pub torn_tail: Option<String>,
+}
 
 /// Bytes zeroed per write when clearing the journal at format.
 const ZERO_CHUNK_BYTES: u64 = 4 << 20;
@@ -457,7 +511,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
             recorded_synced: synced,
         },
         writer: Default::default(),
-        ckpt: crate::checkpoint::Checkpoints {
+        ckpt: Checkpoints {
             seq: ck.seq,
             slot: ck.slot,
             ..Default::default()

@@ -1,4 +1,5 @@
-//! The store: public API, shared state, and the tasks that run it.
+//! The store: its public API and write admission, over the shared state
+//! (`state`) and the tasks that run it (`writer`, `checkpoint`).
 //!
 //! Write path (`// PERF-CRITICAL`): a partial write to an object that has a
 //! block becomes a Small journal record carrying its data; a whole-block
@@ -26,22 +27,20 @@
 //! - a freed block is reused only after a checkpoint that no longer
 //!   references it committed (see `alloc`).
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use nacre_io::rt;
-use nacre_io::sync::{oneshot, Notify, Receiver, Sender};
+use nacre_io::sync::oneshot;
 use nacre_io::{AlignedBuf, BlockDev, SendBuf};
-use nacre_types::{ObjectId, BLOCK_BYTES_DEFAULT, SECTOR_BYTES};
-use zerocopy::IntoBytes;
+use nacre_types::ObjectId;
 
-use crate::alloc::Allocator;
-use crate::csum::CsumTable;
 use crate::error::{Error, Result};
-use crate::format::{Geometry, LogRegion, PageMeta, RecordKind, PAGE_BYTES};
-use crate::index::{Index, OidMap};
+use crate::format::{Geometry, RecordKind};
 use crate::journal::{chunk_csums, Record};
-use crate::pglog::{Admission, LogEntry, LogOp, PgLog, PgLogs};
+use crate::pglog::{Admission, LogEntry, LogOp, PgLog};
+use crate::replay::{FormatOptions, OpenReport};
+use crate::state::{Inner, Queued, State, Stats, Store, StoreOptions};
 use crate::undo::is_hidden;
 
 /// Refuses an op from outside that names a hidden object (the block an
@@ -53,71 +52,6 @@ fn check_visible(oid: &ObjectId) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Options fixed when a store is formatted.
-#[derive(Clone, Debug)]
-pub struct FormatOptions {
-    pub block_bytes: u32,
-    /// Journal ring size; default 1/64 of the device within 64 MiB..1 GiB.
-    pub journal_bytes: Option<u64>,
-    /// Store id; random if not given.
-    pub uuid: Option<[u8; 16]>,
-    /// Write zeros over the journal at format, so that a file-backed store
-    /// has its journal allocated before the first fsync'd write.
-    pub zero_journal: bool,
-    /// How many PG logs the store holds, and how long each may be.
-    pub pg_logs: LogRegion,
-    /// Bytes the store's owner keeps in the superblock page (at most
-    /// [`crate::format::LABEL_BYTES_MAX`]): fixed at format, read back
-    /// with [`crate::read_label`] without opening the store (an OSD's
-    /// cluster and id).
-    pub label: Vec<u8>,
-}
-
-impl Default for FormatOptions {
-    fn default() -> Self {
-        FormatOptions {
-            block_bytes: BLOCK_BYTES_DEFAULT,
-            journal_bytes: None,
-            uuid: None,
-            zero_journal: true,
-            pg_logs: LogRegion::DEFAULT,
-            label: Vec::new(),
-        }
-    }
-}
-
-/// Options chosen at every open.
-#[derive(Clone, Debug)]
-pub struct StoreOptions {
-    /// The device has no volatile write cache (or power-loss protection):
-    /// a completed write is durable, so the store never fsyncs.
-    pub immediate_commit: bool,
-    /// RAM for cached checksum-table pages.
-    pub csum_cache_bytes: u64,
-    /// RAM for small-write data waiting to be folded into blocks (beyond
-    /// it, folds and reads fetch the data from the journal).
-    pub overlay_cache_bytes: u64,
-    /// Refuse to open a store with another id.
-    pub expect_uuid: Option<[u8; 16]>,
-    /// Discard (TRIM / punch) data blocks when they are freed.
-    pub discard_freed: bool,
-    /// Start a checkpoint when the journal is this full (percent).
-    pub checkpoint_at_percent: u8,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            immediate_commit: false,
-            csum_cache_bytes: 64 << 20,
-            overlay_cache_bytes: 128 << 20,
-            expect_uuid: None,
-            discard_freed: false,
-            checkpoint_at_percent: 50,
-        }
-    }
 }
 
 /// Space in bytes.
@@ -143,84 +77,6 @@ pub struct Memory {
     pub undo_bytes: u64,
 }
 
-/// Counters since open.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Stats {
-    pub batches: u64,
-    pub records: u64,
-    pub small_writes: u64,
-    pub big_writes: u64,
-    pub syncs: u64,
-    pub checkpoints: u64,
-    pub flushed_overlays: u64,
-    pub read_retries: u64,
-    /// Reads of small-write data served from the overlay cache (memory),
-    /// not the journal.
-    #[serde(default)]
-    pub overlay_cache_reads: u64,
-    /// Times the journal writer held client writes back to pace them
-    /// while the journal neared its limit (docs/internals/blockstore.md,
-    /// *Pacing client writes*).
-    #[serde(default)]
-    pub paced_waits: u64,
-    /// Times a held batch's pace ran out on its timer (a hold whose pace
-    /// grew meanwhile can count more than once; one that a checkpoint
-    /// ended, by freeing journal space, counts none).
-    #[serde(default)]
-    pub paced_timer_ends: u64,
-    /// Times client writes found the journal at their limit and waited
-    /// for a checkpoint to move its tail.
-    #[serde(default)]
-    pub journal_full_waits: u64,
-}
-
-/// What open found and did.
-#[derive(Clone, Debug, Default)]
-pub struct OpenReport {
-    pub checkpoint_seq: u64,
-    pub objects_loaded: u64,
-    pub batches_replayed: u64,
-    pub records_replayed: u64,
-    pub journal_bytes_replayed: u64,
-    /// Why replay stopped before the end of what was written, if it did
-    /// (torn or damaged batch); `None` for a clean end of the journal.
-    pub replay_stopped: Option<String>,
-    /// The journal ended at a whole-block write whose data block was not
-    /// completely written: a write in flight at a crash, never
-    /// acknowledged (its fsync waits for the block, and every later batch
-    /// waits for that fsync), so the normal end of the journal, not damage.
-    pub torn_tail: Option<String>,
-}
-
-pub(crate) struct Queued {
-    pub rec: Record,
-    pub data: Option<AlignedBuf>,
-    pub data_done: Option<Receiver<std::io::Result<()>>>,
-    pub durable: bool,
-    /// Written for the checkpointer (not an admitted client op); may use
-    /// the journal space kept back from client writes.
-    pub checkpoint: bool,
-    pub done: Sender<Result<()>>,
-}
-
-/// A fold found in the journal at replay: redone before the store opens.
-pub(crate) struct ReplayFold {
-    pub oid: ObjectId,
-    pub block: u32,
-    pub version: u64,
-    pub pairs: Vec<u32>,
-}
-
-/// Ops admitted on one object and not yet applied.
-#[derive(Default)]
-pub(crate) struct Inflight {
-    pub max_version: u64,
-    /// Admitted and not yet finished.
-    pub count: u32,
-    /// Admitted and not yet in the journal queue.
-    pub preparing: u32,
-}
-
 #[derive(Clone, Copy)]
 enum Admit {
     Full,
@@ -241,72 +97,6 @@ pub(crate) enum Mode {
     Repair,
 }
 
-pub(crate) struct State {
-    pub index: Index,
-    pub alloc: Allocator,
-    pub csum: CsumTable,
-    pub obj_metas: Vec<PageMeta>,
-    pub inflight: OidMap<Inflight>,
-    /// The journal's positions and what is durable.
-    pub journal: crate::cursor::Cursor,
-    /// The journal writer's part: what waits to be written and synced.
-    pub writer: crate::writer::WriterState,
-    /// The checkpointer's part: checkpoints, folds in flight.
-    pub ckpt: crate::checkpoint::Checkpoints,
-    /// What the checkpoints record as the store's lineage
-    /// ([`Store::lineage`]).
-    pub lineage: u32,
-    pub overlay_cache_max: u64,
-    /// Whole-block writes holding a new block, not yet applied.
-    pub big_inflight: usize,
-    /// Free blocks only recovery may take ([`Store::set_full_ratio`]).
-    pub reserve_blocks: u32,
-    pub failed: Option<String>,
-    pub closing: bool,
-    /// Per object, the newest write version withdrawn before it reached
-    /// the journal (`NoSpace`): a repeat of it is a new attempt.
-    pub withdrawn: OidMap<u64>,
-    pub pglogs: PgLogs,
-    pub undos: crate::undo::Undos,
-    pub stats: Stats,
-}
-
-pub(crate) struct Inner<D: BlockDev> {
-    pub dev: D,
-    pub g: Geometry,
-    pub opts: StoreOptions,
-    pub st: RefCell<State>,
-    /// Wakes the journal writer.
-    pub journal_kick: Notify,
-    /// Wakes the syncer.
-    pub written_kick: Notify,
-    /// Wakes the checkpointer.
-    pub ckpt_kick: Notify,
-    /// A checkpoint finished (journal space and freed blocks returned).
-    pub ckpt_done: Notify,
-    /// A batch was applied to the index (or an op was queued or withdrawn).
-    pub applied: Notify,
-    /// A fold plan released its block (its rewrite is done or abandoned).
-    pub flush_done: Notify,
-    /// Raised around every change that can invalidate a read in flight
-    /// (in-place folding, journal trimming, block release); reads that see
-    /// it move retry.
-    pub epoch: Cell<u64>,
-}
-
-/// One OSD's store. Cheap to clone; all clones share one state and must
-/// stay on the runtime thread that opened it.
-pub struct Store<D: BlockDev + 'static>(
-    pub(crate) Rc<Inner<D>>,
-    Rc<RefCell<Vec<rt::JoinHandle<()>>>>,
-);
-
-impl<D: BlockDev + 'static> Clone for Store<D> {
-    fn clone(&self) -> Self {
-        Store(self.0.clone(), self.1.clone())
-    }
-}
-
 /// A logged op's hold on its PG's log (see `PgLogs::hold`).
 struct PgHold<'a, D: BlockDev>(&'a Inner<D>, Option<LogEntry>);
 
@@ -318,9 +108,6 @@ impl<D: BlockDev> Drop for PgHold<'_, D> {
     }
 }
 
-/// Reads attempt at most this many times when concurrent maintenance moves
-/// the data under them.
-pub(crate) const READ_RETRY_MAX: u32 = 64;
 /// Withdrawn writes remembered for their repeats (see `Inner::repeat`).
 const WITHDRAWN_MAX: usize = 65_536;
 
@@ -793,50 +580,6 @@ impl<D: BlockDev + 'static> Store<D> {
 }
 
 impl<D: BlockDev + 'static> Inner<D> {
-    pub(crate) fn check_writable(&self) -> Result<()> {
-        let st = self.st.borrow();
-        if let Some(why) = &st.failed {
-            return Err(Error::Failed(why.clone()));
-        }
-        if st.closing {
-            return Err(Error::Failed("store is closing".into()));
-        }
-        Ok(())
-    }
-
-    /// Marks the store failed after an I/O error on a write path: no more
-    /// writes, fsyncs or checkpoints; reads go on.
-    pub(crate) fn fail(&self, why: String) {
-        tracing::error!("blockstore stopped: {why}");
-        let mut st = self.st.borrow_mut();
-        if st.failed.is_none() {
-            st.failed = Some(why);
-        }
-        drop(st);
-        self.applied.notify();
-        self.ckpt_done.notify();
-        self.journal_kick.notify();
-        self.written_kick.notify();
-    }
-
-    pub(crate) fn bump_epoch(&self) {
-        self.epoch.set(self.epoch.get() + 1);
-    }
-
-    pub(crate) fn check_range(&self, offset: u32, len: u32) -> Result<()> {
-        let bb = self.g.block_bytes;
-        if len == 0
-            || !offset.is_multiple_of(SECTOR_BYTES)
-            || !len.is_multiple_of(SECTOR_BYTES)
-            || u64::from(offset) + u64::from(len) > u64::from(bb)
-        {
-            return Err(Error::Invalid(format!(
-                "range {offset}+{len} must be non-empty, {SECTOR_BYTES}-byte aligned and inside a {bb}-byte block"
-            )));
-        }
-        Ok(())
-    }
-
     /// The newest version of `oid` counting writes still in flight.
     fn current_version(&self, oid: &ObjectId) -> Option<u64> {
         let st = self.st.borrow();
@@ -844,17 +587,6 @@ impl<D: BlockDev + 'static> Inner<D> {
         match st.inflight.get(oid) {
             Some(f) => Some(stored.unwrap_or(0).max(f.max_version)),
             None => stored,
-        }
-    }
-
-    /// Waits until no op on `oid` is in flight.
-    pub(crate) async fn wait_idle(&self, oid: &ObjectId) -> Result<()> {
-        loop {
-            if !self.st.borrow().inflight.contains_key(oid) {
-                return Ok(());
-            }
-            self.check_writable()?;
-            self.applied.wait().await;
         }
     }
 
@@ -985,35 +717,6 @@ impl<D: BlockDev + 'static> Inner<D> {
         }
         drop(st);
         self.applied.notify();
-    }
-
-    pub(crate) fn enqueue(&self, q: Queued) {
-        let mut st = self.st.borrow_mut();
-        if q.rec.kind.is_object_op() {
-            if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
-                f.preparing -= 1;
-            }
-        }
-        if st.writer.done {
-            drop(st);
-            q.done.send(Err(Error::Failed("store closed".into())));
-            return;
-        }
-        st.writer.push(q);
-        drop(st);
-        self.journal_kick.notify();
-        self.applied.notify();
-    }
-
-    /// Checks that an entry describes the op it is logged with.
-    pub(crate) fn check_entry(&self, e: &LogEntry, op: LogOp) -> Result<()> {
-        if e.op != op || e.version == 0 {
-            return Err(Error::Invalid(format!(
-                "log entry {:?} at version {} does not describe a {op:?}",
-                e.op, e.version
-            )));
-        }
-        Ok(())
     }
 
     /// Admits a logged op's entry (see `PgLogs::hold`): `Ok(None)` when
@@ -1222,27 +925,6 @@ impl<D: BlockDev + 'static> Inner<D> {
             .await
     }
 
-    pub(crate) async fn sync(&self) -> Result<()> {
-        self.sync_barrier(false).await
-    }
-
-    /// Makes everything applied so far durable, and, with `marker`, makes a
-    /// journal header on disk say so (replay then skips checking the data
-    /// blocks of those records, which folding may change).
-    pub(crate) async fn sync_barrier(&self, marker: bool) -> Result<()> {
-        if let Some(why) = &self.st.borrow().failed {
-            return Err(Error::Failed(why.clone()));
-        }
-        if self.st.borrow().writer.done {
-            return Err(Error::Failed("store closed".into()));
-        }
-        let (tx, rx) = oneshot();
-        self.st.borrow_mut().writer.sync_waiters.push((tx, marker));
-        self.journal_kick.notify();
-        rx.await
-            .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
-    }
-
     /// A free block (for a write other than `recovery`, one beyond the
     /// reserve); when none is free but some wait for a checkpoint (or are
     /// being returned by the running one), waits for it and tries again.
@@ -1271,37 +953,5 @@ impl<D: BlockDev + 'static> Inner<D> {
                 self.request_checkpoint_and_wait().await?;
             }
         }
-    }
-
-    pub(crate) async fn request_checkpoint_and_wait(&self) -> Result<()> {
-        let seq = self.st.borrow().ckpt.seq;
-        loop {
-            {
-                let mut st = self.st.borrow_mut();
-                if let Some(why) = &st.failed {
-                    return Err(Error::Failed(why.clone()));
-                }
-                // Two checkpoints complete the request: the one running now
-                // may have started before the caller's changes.
-                if st.ckpt.seq >= seq + 2 || (st.ckpt.seq > seq && !st.ckpt.wanted) {
-                    return Ok(());
-                }
-                st.ckpt.wanted = true;
-            }
-            self.ckpt_kick.notify();
-            self.ckpt_done.wait().await;
-        }
-    }
-
-    /// Bytes of a table page, for writing.
-    pub(crate) fn obj_page_bytes(&self, page: u32) -> AlignedBuf {
-        let st = self.st.borrow();
-        let per = crate::format::OBJ_ENTRIES_PER_PAGE as usize;
-        let start = page as usize * per;
-        let end = (start + per).min(st.index.blocks.len());
-        let mut buf = AlignedBuf::zeroed(PAGE_BYTES as usize);
-        let bytes = st.index.blocks[start..end].as_bytes();
-        buf[..bytes.len()].copy_from_slice(bytes);
-        buf
     }
 }

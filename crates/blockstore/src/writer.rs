@@ -12,7 +12,6 @@
 //! fsync runs, the next batch is already being written, and writers
 //! arriving meanwhile share the next fsync.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -23,10 +22,12 @@ use nacre_io::{AlignedBuf, BlockDev};
 use std::rc::Rc as StdRc;
 
 use crate::error::{Error, Result};
-use crate::format::{Geometry, RecordKind, RECORDS_PER_BATCH_MAX};
+use crate::format::{
+    batch_bytes_max, Geometry, RecordKind, BATCH_HDR_BYTES_MAX, RECORDS_PER_BATCH_MAX,
+};
 use crate::index::Overlay;
-use crate::journal::{self, batch_bytes_max, BatchId, Record, BATCH_HDR_BYTES_MAX};
-use crate::store::{Inner, Queued, State};
+use crate::journal::{self, BatchId, Record};
+use crate::state::{Inner, Queued, State, Written};
 
 fn pad(v: u64, to: u64) -> u64 {
     v.div_ceil(to) * to
@@ -46,12 +47,10 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         RecordKind::PgForget => return st.pglogs.forget(rec.oid.volume.0, rec.version),
         RecordKind::PgMark => return st.pglogs.mark(rec.oid.volume.0, rec.version != 0),
         RecordKind::PgTail => return st.pglogs.raise_tail(rec.oid.volume.0, rec.version),
-        RecordKind::Undo | RecordKind::UndoBlock => {
-            return crate::undo::apply(st, rec, data, replay)
-        }
+        RecordKind::Undo | RecordKind::UndoBlock => return st.apply_undo(rec, data, replay),
         RecordKind::Release => {
             if st.undos.on_release(&rec.oid, rec.version) {
-                crate::undo::drop_hidden(st, rec.oid, replay);
+                st.drop_hidden(rec.oid, replay);
             }
             return;
         }
@@ -61,7 +60,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         // Live, the checkpointer applies its own folds; at replay they are
         // redone once the journal is read.
         if replay && st.index.block_of(&rec.oid) == Some(rec.block) {
-            st.ckpt.replay_folds.push(crate::store::ReplayFold {
+            st.ckpt.replay_folds.push(crate::state::ReplayFold {
                 oid: rec.oid,
                 block: rec.block,
                 version: rec.version,
@@ -85,7 +84,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 crate::strict_assert!(replay, "small write to {} without a block", rec.oid);
                 return;
             }
-            if crate::undo::on_write(st, rec.oid, rec.version, replay) {
+            if st.undo_on_write(rec.oid, rec.version, replay) {
                 // Only a whole-block write keeps a block (a replay of
                 // records no live store wrote): nothing to keep here.
                 crate::strict_assert!(replay, "a small write of {} kept a block", rec.oid);
@@ -108,7 +107,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
             );
         }
         RecordKind::Big => {
-            let keeps_block = crate::undo::on_write(st, rec.oid, rec.version, replay);
+            let keeps_block = st.undo_on_write(rec.oid, rec.version, replay);
             let h = crate::undo::hidden(rec.oid);
             let old = st.index.clear_block(&rec.oid);
             // The block replaced, kept as the write's undo under the
@@ -144,7 +143,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                     if st.index.block_of(&h).is_some() {
                         // Only from a stale table in replay.
                         crate::strict_assert!(replay, "{h} holds a block already");
-                        crate::undo::drop_hidden(st, rec.oid, replay);
+                        st.drop_hidden(rec.oid, replay);
                     }
                     st.index.set_block(h, b, cur.unwrap_or(0));
                 }
@@ -174,7 +173,7 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
         | RecordKind::Release => unreachable!("handled above"),
         RecordKind::Delete => {
             if st.undos.on_delete(&rec.oid) {
-                crate::undo::drop_hidden(st, rec.oid, replay);
+                st.drop_hidden(rec.oid, replay);
             }
             if cur.is_none() {
                 return;
@@ -188,38 +187,6 @@ pub(crate) fn apply_record(st: &mut State, rec: &Record, data: Option<AlignedBuf
                 st.alloc.defer(old);
             }
         }
-    }
-}
-
-/// The journal writer's part of the store's state (`State::writer`).
-#[derive(Default)]
-pub(crate) struct WriterState {
-    /// Client records waiting for the writer.
-    pub queue: VecDeque<Queued>,
-    /// Records of the checkpointer, written before any client record.
-    pub ckpt_queue: VecDeque<Queued>,
-    /// Sync barriers waiting; `true` asks for a durable header recording the
-    /// sync (a marker), which the checkpointer needs before folding.
-    pub sync_waiters: Vec<(Sender<Result<()>>, bool)>,
-    /// Batches written and waiting for the syncer.
-    pub written: VecDeque<Written>,
-    /// The writer has stopped (the store is closing).
-    pub done: bool,
-}
-
-impl WriterState {
-    /// Queues a record for the writer: the checkpointer's ahead of every
-    /// client's.
-    pub fn push(&mut self, q: Queued) {
-        match q.checkpoint {
-            true => self.ckpt_queue.push_back(q),
-            false => self.queue.push_back(q),
-        }
-    }
-
-    /// No record waits to be written.
-    pub fn drained(&self) -> bool {
-        self.queue.is_empty() && self.ckpt_queue.is_empty()
     }
 }
 
@@ -266,21 +233,6 @@ fn take_batch(st: &mut State, g: &Geometry) -> (Vec<Queued>, bool) {
 /// Batches handed from the writer to the syncer at most (bounds the memory
 /// and the time between a write and its acknowledgement).
 const PIPELINE_BATCHES_MAX: usize = 4;
-
-/// A batch whose journal write (and data blocks) completed, waiting for the
-/// syncer to make it durable, apply it and acknowledge it.
-pub(crate) struct Written {
-    batch: Vec<Queued>,
-    waiters: Vec<(Sender<Result<()>>, bool)>,
-    /// Journal position after this batch.
-    end: u64,
-    /// Someone in it asked for durability.
-    durable: bool,
-    /// Something was written (a marker or records).
-    wrote: bool,
-    /// It could not be written; nothing of it is applied.
-    error: Option<String>,
-}
 
 /// A timer the writer keeps across wake-ups.
 type Timer = Pin<Box<dyn Future<Output = ()>>>;
