@@ -3,6 +3,7 @@
 # through NBD on a fresh `nacre up` (3 OSDs, a 2 GiB volume, 1 GiB
 # prefilled), RUNTIME s each (default 15): IOPS, p50 and the CPU of every
 # Nacre process per op.   scripts/ab-4k.sh target/release/nacre
+# SPECS replaces the tests (RW:QD pairs, e.g. "randread:128 randread:1").
 # WS sets the range the tests cover (default 1G); with up-volume.sh's
 # OSD_SIZE, VOL_SIZE, PREFILL, the anchor suite's shape is
 #   OSD_SIZE=10G VOL_SIZE=4G PREFILL=4G WS=4G scripts/ab-4k.sh BINARY
@@ -10,7 +11,7 @@ set -e
 B=${1:?usage: scripts/ab-4k.sh NACRE_BINARY}; D=/tmp/ab
 . "$(dirname "$0")/up-volume.sh"
 ticks() { local t=0; for p in $UP $(pgrep -P $UP); do s=$(awk '{print $14+$15}' /proc/$p/stat); t=$((t+s)); done; echo $t; }
-for spec in randwrite:128 randread:128 randwrite:1; do
+for spec in ${SPECS:-randwrite:128 randread:128 randwrite:1}; do
   IFS=: read RW QD <<< "$spec"
   c0=$(ticks)
   fio --name=w --ioengine=nbd --uri="$URI" --rw=$RW --bs=4k --iodepth=$QD --size="${WS:-1G}" --runtime=${RUNTIME:-15} --time_based --output-format=json > $D/fio.json
