@@ -18,10 +18,14 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::format::{
-    BatchHeader, LogEntryDisk, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_HDR_BYTES_MAX,
-    BATCH_MAGIC, FORMAT_VERSION, RECORDS_PER_BATCH_MAX, REC_FLAG_LOGGED,
+    BatchHeader, LogEntryDisk, RecordHeader, RecordKind, BATCH_FLAG_WRAP, BATCH_MAGIC,
+    FORMAT_VERSION, RECORDS_PER_BATCH_MAX, REC_FLAG_LOGGED,
 };
 use crate::pglog::{LogEntry, LogOp};
+
+/// The batch bounds (defined in `format`, which sizes the journal by
+/// them), under the path they first had.
+pub use crate::format::{batch_bytes_max, BATCH_DATA_BYTES_MAX, BATCH_HDR_BYTES_MAX};
 
 const HDR_BYTES: usize = std::mem::size_of::<BatchHeader>();
 const REC_BYTES: usize = std::mem::size_of::<RecordHeader>();

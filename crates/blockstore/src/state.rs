@@ -5,16 +5,19 @@
 //! (`cursor::Cursor`), the journal writer's queues and written batches
 //! (`WriterState`), the checkpointer's sequence and fold claims
 //! (`Checkpoints`), the undos (`undo::Undos`). `Inner` adds the device, the
-//! geometry and the notifications the tasks wait on, and the few
-//! operations all of them use (queueing a record, a sync barrier, asking
-//! for a checkpoint, failing the store).
+//! geometry and the notifications the tasks wait on, and the operations
+//! the modules above use on it (queueing a record, a sync barrier, asking
+//! for a checkpoint and waiting for it, failing the store, checking an
+//! op's range and log entry, waiting until an object is idle).
 //!
-//! The modules stack without a cycle, lowest first: the on-disk formats
-//! and in-memory tables (`format`, `journal`, `pglog`, `index`, `csum`,
-//! `alloc`, `cursor`, `undo`), this module, then `read`, `writer`,
-//! `checkpoint`, `replay`, and on top `store` (the write path and the
-//! public API) and `undoable` (undoable writes, over the write path).
-//! `tests/layers.rs` checks it.
+//! The modules stack without a cycle, lowest first: `error`, then the
+//! on-disk formats and in-memory tables (`format`, `alloc`, `cursor`,
+//! `oidtable`, `csum`, `index`, `pglog`, `journal`, `undo`), this
+//! module, then `read`, `writer`, `checkpoint`, `replay`, and on top
+//! `store` (write admission and the public API) and `undoable` (undoable
+//! writes, over the write path). `tests/layers.rs` checks the `crate::`
+//! paths each module names; a method of `Inner` defined in one module and
+//! called from a lower one it cannot see.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -266,7 +269,7 @@ pub(crate) struct Checkpoints {
     /// Blocks the running checkpoint will return to the allocator.
     pub releasing: usize,
     /// Blocks claimed by a fold plan in flight, one plan per block (see
-    /// [`FoldClaim`]); reads of a block whose fold is writing in place
+    /// [`crate::checkpoint::FoldClaim`]); reads of a block whose fold is writing in place
     /// wait for `flush_done`.
     pub folds: std::collections::HashMap<u32, FoldClaimState>,
     pub next_fold_id: u64,
@@ -278,7 +281,7 @@ pub(crate) struct Checkpoints {
     pub ns_per_byte: f64,
 }
 
-/// A claim's entry in `State::folds`.
+/// A claim's entry in `Checkpoints::folds`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FoldClaimState {
     pub id: u64,

@@ -7,7 +7,7 @@
 //! This module holds the table of undos (`Undos`), below the store's
 //! state; the store's API for undoable writes is in `undoable`.
 //!
-//! [`Store::write_undoable`] reads the range it is about to replace (or
+//! [`crate::Store::write_undoable`] reads the range it is about to replace (or
 //! notes that the object does not exist), and journals an `Undo` record
 //! with those bytes immediately before the write's own record. Batches
 //! are applied in journal order and replay stops at the first bad one, so
@@ -139,7 +139,7 @@ pub(crate) struct Undos {
     /// twice for a moment, never missed).
     pub admitted: u64,
     /// Undos in `held` that keep a block (each a hidden object).
-    pub blocks: usize,
+    blocks: usize,
 }
 
 /// What re-logging an undo of `len` bytes costs the journal, at most: its
@@ -240,7 +240,7 @@ impl Undos {
     }
 
     /// A release of `oid`'s undo at `upto` or older (see
-    /// [`Store::release_undo`]); whether it kept a block.
+    /// [`crate::Store::release_undo`]); whether it kept a block.
     pub(crate) fn on_release(&mut self, oid: &ObjectId, upto: u64) -> bool {
         if self.held.get(oid).is_some_and(|u| u.version() <= upto) {
             return self.drop_held(oid);

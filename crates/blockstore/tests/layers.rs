@@ -26,34 +26,84 @@ const LAYERS: &[&str] = &[
     "undoable",
 ];
 
-/// Every `crate::name` in the code of `text` (comments left out, but a
-/// trailing comment after code is cut off, not the code before it), with
-/// its line.
-fn references(text: &str) -> Vec<(usize, String)> {
+/// Every module a `crate::` path in the code of `text` names (comments
+/// left out, but a trailing comment after code is cut off, not the code
+/// before it), with its line: `crate::m::…` names `m`; `crate::{a::X,
+/// b}` names `a` and `b`; `crate::Name` names the module `lib.rs`
+/// re-exports `Name` from (`exports`), or itself if `lib.rs` does not
+/// re-export it (then no module owns it and the check fails).
+fn references(text: &str, exports: &[(String, String)]) -> Vec<(usize, String)> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let resolve = |name: String| -> String {
+        match exports.iter().find(|(n, _)| *n == name) {
+            Some((_, m)) => m.clone(),
+            None => name,
+        }
+    };
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let code = line.split("//").next().unwrap_or("");
         let mut rest = code;
         while let Some(i) = rest.find("crate::") {
             rest = &rest[i + "crate::".len()..];
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                .collect();
-            out.push((n + 1, name));
+            if let Some(group) = rest.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                for part in inner.split(',') {
+                    out.push((n + 1, resolve(ident(part.trim()))));
+                }
+            } else {
+                out.push((n + 1, resolve(ident(rest))));
+            }
         }
     }
     out
 }
 
+/// `lib.rs`'s re-exports, `pub use m::{A, B};` or `pub use m::A;`: name →
+/// module.
+fn exports(lib: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in lib.lines() {
+        let Some(rest) = line.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((module, names)) = rest.trim_end_matches(';').split_once("::") else {
+            continue;
+        };
+        let names = names.trim_start_matches('{').trim_end_matches('}');
+        for name in names.split(',') {
+            out.push((name.trim().to_string(), module.to_string()));
+        }
+    }
+    out
+}
+
+/// Items of `lib.rs` itself that any module may use.
+const FROM_LIB: &[&str] = &["strict_assert", "strict"];
+
 #[test]
 fn modules_name_only_modules_below_them() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let exports = exports(&std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs"));
+    assert!(
+        exports.iter().any(|(n, m)| n == "Store" && m == "state"),
+        "lib.rs's re-exports not read: {exports:?}"
+    );
     let mut wrong = Vec::new();
     let mut seen = Vec::new();
     for entry in std::fs::read_dir(&src).expect("src") {
         let path = entry.expect("entry").path();
         let module = path.file_stem().unwrap().to_string_lossy().to_string();
+        if path.is_dir() {
+            wrong.push(format!(
+                "{module}/: a module directory, not placed in LAYERS"
+            ));
+            continue;
+        }
         if path.extension().is_none_or(|e| e != "rs") || module == "lib" {
             continue;
         }
@@ -63,15 +113,16 @@ fn modules_name_only_modules_below_them() {
         };
         seen.push(module.clone());
         let text = std::fs::read_to_string(&path).expect("read");
-        for (line, name) in references(&text) {
-            // Macros defined in lib.rs (`crate::strict_assert!`).
-            if name == module || name.is_empty() || name == "strict_assert" {
+        for (line, name) in references(&text, &exports) {
+            if name == module || FROM_LIB.contains(&name.as_str()) {
                 continue;
             }
             match LAYERS.iter().position(|m| *m == name) {
                 Some(r) if r < rank => {}
                 Some(_) => wrong.push(format!("{module}.rs:{line} names {name}, above it")),
-                None => wrong.push(format!("{module}.rs:{line} names {name}, not in LAYERS")),
+                None => wrong.push(format!(
+                    "{module}.rs:{line} names {name:?}, not a module in LAYERS"
+                )),
             }
         }
     }
@@ -85,10 +136,23 @@ fn modules_name_only_modules_below_them() {
 
 #[test]
 fn references_are_found_in_code_and_not_in_comments() {
-    let text = "use crate::state::{Inner, State};\n/// [`crate::store::Store`]\nlet x = crate::undo::hidden(o); // crate::writer\n";
-    let found: Vec<(usize, String)> = references(text);
-    assert_eq!(
-        found,
-        vec![(1, "state".to_string()), (3, "undo".to_string())]
-    );
+    let exports = exports("pub use store::{Memory, Space};\npub use state::Store;\n");
+    let text = "use crate::state::{Inner, State};\n\
+                /// [`crate::store::Store`]\n\
+                let x = crate::undo::hidden(o); // crate::writer\n\
+                use crate::{read::X, writer};\n\
+                let m: crate::Memory = crate::Store::new();\n\
+                crate::Unknown::f();\n";
+    let found: Vec<(usize, String)> = references(text, &exports);
+    let want = [
+        (1, "state"),
+        (3, "undo"),
+        (4, "read"),
+        (4, "writer"),
+        (5, "store"),
+        (5, "state"),
+        (6, "Unknown"),
+    ];
+    let want: Vec<(usize, String)> = want.iter().map(|(l, m)| (*l, m.to_string())).collect();
+    assert_eq!(found, want);
 }
