@@ -98,8 +98,14 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
         };
         match next {
             Next::Checkpoint => {
-                inner.st.borrow_mut().ckpt.wanted = false;
-                if let Err(e) = run_checkpoint(&inner).await {
+                {
+                    let mut st = inner.st.borrow_mut();
+                    st.ckpt.wanted = false;
+                    st.ckpt.in_progress = true;
+                }
+                let r = run_checkpoint(&inner).await;
+                inner.st.borrow_mut().ckpt.in_progress = false;
+                if let Err(e) = r {
                     inner.fail(format!("checkpoint: {e}"));
                 }
                 next_look_at = 0;

@@ -266,6 +266,8 @@ pub(crate) struct Checkpoints {
     pub slot: u32,
     /// A checkpoint is asked for (journal space, a sync, a close).
     pub wanted: bool,
+    /// A checkpoint is under way (it commits as `seq + 1`).
+    pub in_progress: bool,
     /// Blocks the running checkpoint will return to the allocator.
     pub releasing: usize,
     /// Blocks claimed by a fold plan in flight, one plan per block (see
@@ -426,20 +428,39 @@ impl<D: BlockDev + 'static> Inner<D> {
             .unwrap_or_else(|| Err(Error::Failed("journal writer stopped".into())))
     }
 
+    /// Asks for a checkpoint and waits until one that began after this
+    /// call has committed: the next one, or, if one is under way (it may
+    /// have captured the tables before the caller's changes), the one
+    /// after it.
     pub(crate) async fn request_checkpoint_and_wait(&self) -> Result<()> {
-        let seq = self.st.borrow().ckpt.seq;
+        self.wait_for_checkpoint(true).await
+    }
+
+    /// Waits until the next checkpoint commits (asking for one if none is
+    /// under way), whenever it began: enough for a writer waiting for
+    /// freed blocks, which looks again after each.
+    pub(crate) async fn wait_for_next_checkpoint(&self) -> Result<()> {
+        self.wait_for_checkpoint(false).await
+    }
+
+    async fn wait_for_checkpoint(&self, begun_after_call: bool) -> Result<()> {
+        let target = {
+            let st = self.st.borrow();
+            st.ckpt.seq + 1 + u64::from(begun_after_call && st.ckpt.in_progress)
+        };
         loop {
             {
                 let mut st = self.st.borrow_mut();
                 if let Some(why) = &st.failed {
                     return Err(Error::Failed(why.clone()));
                 }
-                // Two checkpoints complete the request: the one running now
-                // may have started before the caller's changes.
-                if st.ckpt.seq >= seq + 2 || (st.ckpt.seq > seq && !st.ckpt.wanted) {
+                if st.ckpt.seq >= target {
                     return Ok(());
                 }
-                st.ckpt.wanted = true;
+                // Unless the one under way is the target, ask for another.
+                if !(st.ckpt.in_progress && st.ckpt.seq + 1 >= target) {
+                    st.ckpt.wanted = true;
+                }
             }
             self.ckpt_kick.notify();
             self.ckpt_done.wait().await;

@@ -950,7 +950,7 @@ impl<D: BlockDev + 'static> Inner<D> {
             if wait_for_applied {
                 self.applied.wait().await;
             } else {
-                self.request_checkpoint_and_wait().await?;
+                self.wait_for_next_checkpoint().await?;
             }
         }
     }

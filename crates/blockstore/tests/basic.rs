@@ -566,6 +566,48 @@ async fn paced_overwrites(
     (s, before, took)
 }
 
+/// `checkpoint()` returns only once a checkpoint that began after the
+/// call has committed: asked for while another runs (which may have
+/// started before the caller's writes), it waits for the next one too.
+/// Every op of the device gives way to other tasks first, so the second
+/// call lands while the first checkpoint is under way.
+#[test]
+fn a_checkpoint_asked_for_during_another_waits_for_the_next() {
+    block_on(async {
+        let dev = FaultDev::new(64 * MIB, 4096);
+        let s = fresh_with_objects(&dev, 4).await;
+        s.write(ObjectId::new(5, 0), 2, 4096, pattern(1, 4096))
+            .await
+            .unwrap();
+        dev.set_yields(20);
+        let before = s.stats().checkpoints;
+        let first = nacre_io::rt::spawn({
+            let s = s.clone();
+            async move { s.checkpoint().await }
+        });
+        // Until the first checkpoint is under way (it has not committed).
+        for _ in 0..50 {
+            nacre_io::rt::yield_now().await;
+        }
+        assert_eq!(
+            s.stats().checkpoints,
+            before,
+            "the first one committed already"
+        );
+        s.write(ObjectId::new(5, 1), 2, 4096, pattern(2, 4096))
+            .await
+            .unwrap();
+        s.checkpoint().await.unwrap();
+        let after = s.stats().checkpoints;
+        assert!(
+            after >= before + 2,
+            "checkpoint() returned after {} checkpoints committed, one of them begun before the call",
+            after - before
+        );
+        first.await.unwrap();
+    });
+}
+
 #[test]
 fn journal_wraps_many_times() {
     block_on(async {
