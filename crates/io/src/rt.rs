@@ -1010,6 +1010,30 @@ mod tests {
         assert!(turns > 0);
     }
 
+    /// On a kernel that has them (Linux 6.1 on), the ring is made with
+    /// `SINGLE_ISSUER | DEFER_TASKRUN | TASKRUN_FLAG` (the three are asked
+    /// for together, and only a kernel without them gets a plain ring), so
+    /// `completions_arrive_while_the_loop_never_idles` exercises the
+    /// deferred ring, not the fallback.
+    #[test]
+    fn the_ring_is_deferred_where_the_kernel_can() {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release
+            .trim()
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+        let deferred = block_on(async {
+            let c = core();
+            let r = c.reactor.as_ref().expect("a ring");
+            let deferred = r.ring.borrow().params().is_setup_single_issuer();
+            deferred
+        });
+        if (major, minor) >= (6, 1) {
+            assert!(deferred, "a plain ring on Linux {}", release.trim());
+        }
+    }
+
     /// Waits this thread's runtime ended by polling, that slept, and that
     /// would have polled but for an fsync.
     fn waits() -> (u64, u64, u64) {
