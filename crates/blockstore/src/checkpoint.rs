@@ -76,10 +76,12 @@ pub(crate) async fn checkpoint_task<D: BlockDev + 'static>(inner: Rc<Inner<D>>) 
         let next = {
             let mut st = inner.st.borrow_mut();
             if st.closing {
-                // The writer waits for this before it stops.
+                // The writer waits for this before it stops; so does
+                // anyone still waiting for a checkpoint (it gets an error).
                 st.ckpt.running = false;
                 drop(st);
                 inner.journal_kick.notify();
+                inner.ckpt_done.notify();
                 return;
             }
             let used = st.journal.used();

@@ -429,9 +429,10 @@ impl<D: BlockDev + 'static> Inner<D> {
     }
 
     /// Asks for a checkpoint and waits until one that began after this
-    /// call has committed: the next one, or, if one is under way (it may
-    /// have captured the tables before the caller's changes), the one
-    /// after it.
+    /// call has committed: the next one, or, if one is under way (its
+    /// journal position J may precede the caller's changes, which then
+    /// stay in the journal), the one after it. An error once the store
+    /// has closed (no checkpoint will come).
     pub(crate) async fn request_checkpoint_and_wait(&self) -> Result<()> {
         self.wait_for_checkpoint(true).await
     }
@@ -456,6 +457,9 @@ impl<D: BlockDev + 'static> Inner<D> {
                 }
                 if st.ckpt.seq >= target {
                     return Ok(());
+                }
+                if st.closing && !st.ckpt.running {
+                    return Err(Error::Failed("store is closing".into()));
                 }
                 // Unless the one under way is the target, ask for another.
                 if !(st.ckpt.in_progress && st.ckpt.seq + 1 >= target) {

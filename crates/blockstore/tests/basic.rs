@@ -597,6 +597,13 @@ fn a_checkpoint_asked_for_during_another_waits_for_the_next() {
         s.write(ObjectId::new(5, 1), 2, 4096, pattern(2, 4096))
             .await
             .unwrap();
+        // Still under way as the second call comes (else this test shows
+        // nothing).
+        assert_eq!(
+            s.stats().checkpoints,
+            before,
+            "the first one committed already"
+        );
         s.checkpoint().await.unwrap();
         let after = s.stats().checkpoints;
         assert!(
@@ -605,6 +612,23 @@ fn a_checkpoint_asked_for_during_another_waits_for_the_next() {
             after - before
         );
         first.await.unwrap();
+    });
+}
+
+/// A checkpoint asked for on a clone of a store that has closed is an
+/// error, not a wait for a checkpointer that has stopped.
+#[test]
+fn a_checkpoint_after_close_is_an_error() {
+    block_on(async {
+        let dev = MemDev::new(64 * MIB, 512);
+        let s = fresh_with_objects(&dev, 2).await;
+        let other = s.clone();
+        s.close().await.unwrap();
+        let r = other.checkpoint().await;
+        assert!(
+            matches!(&r, Err(Error::Failed(why)) if why.contains("closing")),
+            "{r:?}"
+        );
     });
 }
 
