@@ -161,6 +161,7 @@ async fn fold_ahead<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<usize
     let n = oids.len();
     inner.sync_barrier(true).await?;
     fold_all(inner, oids, j).await?;
+    inner.st.borrow_mut().stats.folds_ahead += n as u64;
     Ok(n)
 }
 
@@ -780,8 +781,9 @@ async fn fold_all<D: BlockDev + 'static>(
 }
 
 /// Redoes the folds replay found in the journal (their in-place writes may
-/// be missing or torn), before the store serves anything.
-pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<()> {
+/// be missing or torn), before the store serves anything. Returns how many
+/// objects it folded again.
+pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>>) -> Result<u64> {
     let folds = std::mem::take(&mut inner.st.borrow_mut().ckpt.replay_folds);
     let mut last: crate::index::OidMap<u64> = Default::default();
     for f in folds {
@@ -809,10 +811,11 @@ pub(crate) async fn redo_replay_folds<D: BlockDev + 'static>(inner: &Rc<Inner<D>
             plans.push(p);
         }
     }
+    let n = plans.len() as u64;
     if !plans.is_empty() {
         apply_folds(inner, plans).await?;
     }
-    Ok(())
+    Ok(n)
 }
 
 impl<D: BlockDev + 'static> Inner<D> {

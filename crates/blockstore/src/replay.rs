@@ -82,6 +82,9 @@ pub struct OpenReport {
     /// acknowledged (its fsync waits for the block, and every later batch
     /// waits for that fsync), so the normal end of the journal, not damage.
     pub torn_tail: Option<String>,
+    /// Objects whose folds replay found in the journal (Fold records) and
+    /// open wrote again before serving anything.
+    pub folds_redone: u64,
 }
 
 /// Bytes zeroed per write when clearing the journal at format.

@@ -99,6 +99,11 @@ pub struct Stats {
     /// for a checkpoint to move its tail.
     #[serde(default)]
     pub journal_full_waits: u64,
+    /// Objects folded ahead, between checkpoints (docs/internals/
+    /// blockstore.md, *Folding ahead*); the rest of `flushed_overlays`
+    /// was folded by checkpoints.
+    #[serde(default)]
+    pub folds_ahead: u64,
 }
 
 /// A record waiting for the journal writer: its data, and who waits for

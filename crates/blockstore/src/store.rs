@@ -120,7 +120,7 @@ impl<D: BlockDev + 'static> Store<D> {
     /// Opens the store on `dev`: loads the newest checkpoint, replays the
     /// journal after it, and starts the journal writer and checkpointer.
     pub async fn open(dev: D, opts: StoreOptions) -> Result<(Store<D>, OpenReport)> {
-        let (inner, report) = crate::replay::open(dev, opts).await?;
+        let (inner, mut report) = crate::replay::open(dev, opts).await?;
         let inner = Rc::new(inner);
         let mut tasks = vec![
             rt::spawn(crate::writer::journal_task(inner.clone())),
@@ -134,11 +134,14 @@ impl<D: BlockDev + 'static> Store<D> {
             inner.sync_barrier(true).await?;
             crate::checkpoint::redo_replay_folds(&inner).await
         };
-        if let Err(e) = redone.await {
-            // The writer and syncer stop once their queues are empty.
-            inner.st.borrow_mut().closing = true;
-            inner.journal_kick.notify();
-            return Err(e);
+        match redone.await {
+            Ok(n) => report.folds_redone = n,
+            Err(e) => {
+                // The writer and syncer stop once their queues are empty.
+                inner.st.borrow_mut().closing = true;
+                inner.journal_kick.notify();
+                return Err(e);
+            }
         }
         // Only now may anything else plan a fold: the checkpointer would
         // otherwise fold the same blocks as the redo, from checksums the

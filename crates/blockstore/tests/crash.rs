@@ -27,7 +27,9 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
-use nacre_blockstore::{Error, FormatOptions, LogEntry, LogOp, LogRegion, Store, StoreOptions};
+use nacre_blockstore::{
+    Error, FormatOptions, LogEntry, LogOp, LogRegion, OpenReport, Store, StoreOptions,
+};
 use nacre_io::rt::{block_on, spawn, yield_now};
 use nacre_io::{AlignedBuf, FaultDev};
 use nacre_types::ObjectId;
@@ -188,6 +190,40 @@ struct Harness {
     cuts: u32,
     /// Every entry issued, by version.
     entries: HashMap<u64, LogEntry>,
+    /// What the stores of the case did, summed over every open.
+    tally: Tally,
+}
+
+/// What a case's stores did, summed over every open: lets a regression
+/// check that it still reaches the state it was found in.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// Objects folded ahead (`Stats::folds_ahead`).
+    folds_ahead: u64,
+    /// Objects whose journaled folds an open redid
+    /// (`OpenReport::folds_redone`).
+    folds_redone: u64,
+    /// Objects folded ahead by a store whose open redid folds.
+    folds_ahead_after_redo: u64,
+    /// Whether the store open now redid folds.
+    redid: bool,
+}
+
+impl Tally {
+    /// Counts what `store` did before it is replaced.
+    fn done(&mut self, store: &Store<FaultDev>) {
+        let n = store.stats().folds_ahead;
+        self.folds_ahead += n;
+        if self.redid {
+            self.folds_ahead_after_redo += n;
+        }
+    }
+
+    /// Counts what the open of the next store did.
+    fn opened(&mut self, report: &OpenReport) {
+        self.folds_redone += report.folds_redone;
+        self.redid = report.folds_redone > 0;
+    }
 }
 
 impl Harness {
@@ -292,6 +328,7 @@ impl Harness {
                 None => {}
             }
         }
+        self.tally.done(&self.store);
         self.dev = dev;
         self.dev.set_yields(2);
         let (store, report) = Store::open(self.dev.clone(), StoreOptions::default())
@@ -300,6 +337,7 @@ impl Harness {
         if std::env::var_os("NACRE_CRASH_DEBUG").is_some() {
             eprintln!("cut {}: {_report:?}; open: {report:?}", self.cuts);
         }
+        self.tally.opened(&report);
         self.store = store;
         self.cuts += 1;
         self.check_after_crash().await;
@@ -645,9 +683,11 @@ impl Harness {
             .close()
             .await
             .unwrap_or_else(|e| panic!("close after the last cut: {e}"));
-        let (store, _) = Store::open(self.dev.clone(), StoreOptions::default())
+        self.tally.done(&self.store);
+        let (store, report) = Store::open(self.dev.clone(), StoreOptions::default())
             .await
             .unwrap_or_else(|e| panic!("reopen after a clean close: {e}"));
+        self.tally.opened(&report);
         self.store = store;
         self.check_live("after a clean close").await;
         // Every block in use is an object's or one an undo keeps.
@@ -660,7 +700,7 @@ impl Harness {
     }
 }
 
-fn run_case(ops: Vec<Op>) {
+fn run_case(ops: Vec<Op>) -> Tally {
     block_on(async {
         let dev = FaultDev::new(DEV_BYTES, 512);
         let fmt = FormatOptions {
@@ -701,9 +741,12 @@ fn run_case(ops: Vec<Op>) {
             version: 0,
             cuts: 0,
             entries: HashMap::new(),
+            tally: Tally::default(),
         };
         h.run(ops).await;
-    });
+        h.tally.done(&h.store);
+        h.tally
+    })
 }
 
 fn cases() -> u32 {
@@ -775,7 +818,7 @@ fn regression_checkpoint_cut() {
 /// an acknowledged overwrite came back rolled back.
 #[test]
 fn regression_fold_redo_raced_fold_ahead() {
-    run_case(vec![
+    let t = run_case(vec![
         w(0, 0, false),
         w(0, 0, false),
         Op::Burst {
@@ -784,6 +827,9 @@ fn regression_fold_redo_raced_fold_ahead() {
         },
         Op::Read { obj: 0 },
     ]);
+    // The case still reaches what it was found in: an open that redid
+    // journaled folds, and folds ahead by that store.
+    assert!(t.folds_ahead_after_redo > 0, "{t:?}");
 }
 
 /// A clean close raced the checkpointer: after close's two checkpoints it
@@ -827,5 +873,7 @@ fn regression_close_raced_fold_ahead() {
         }])
         .chain([long(0, 8), long(0, 5), Op::Delete { obj: 3 }])
         .chain([Op::Delete { obj: 6 }, long(1, 7)]);
-    run_case(ops.collect());
+    let t = run_case(ops.collect());
+    // The case still folds ahead.
+    assert!(t.folds_ahead > 0, "{t:?}");
 }

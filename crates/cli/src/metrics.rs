@@ -536,6 +536,12 @@ const OSD_FIGURES: &[Figure] = &[
         |m| m.store.counters.journal_full_waits as f64,
     ),
     (
+        "nacre_store_folds_ahead_total",
+        "Objects the store folded ahead, between checkpoints (the rest of its folds run in checkpoints).",
+        C,
+        |m| m.store.counters.folds_ahead as f64,
+    ),
+    (
         "nacre_store_read_retries_total",
         "Reads the store retried after a checksum mismatch.",
         C,
