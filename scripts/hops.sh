@@ -10,22 +10,25 @@
 # transport, gateway → primary the client library and its socket, primary
 # → store the replication round trip beyond the local write.
 #   B=target/release/nacre scripts/hops.sh [randwrite|randread] [SECONDS]
+# QD sets fio's queue depth (default 1): at depth, the differences are
+# where operations queue, not one operation's hops.
 set -euo pipefail
 B=${B:-target/release/nacre}
 RW=${1:-randwrite}
 SECS=${2:-20}
+QD=${QD:-1}
 D=${D:-/var/tmp/nacre-hops}
 PORT=${PORT:-9299}
 UP_ARGS="--metrics 127.0.0.1:$PORT"
 # shellcheck source=up-volume.sh
 . "$(dirname "$0")/up-volume.sh"
 curl -fsS "http://127.0.0.1:$PORT/metrics" > "$D/before.txt"
-fio --name=hops --ioengine=nbd --uri="$URI" --rw="$RW" --bs=4k --iodepth=1 \
+fio --name=hops --ioengine=nbd --uri="$URI" --rw="$RW" --bs=4k --iodepth="$QD" \
   --size=1G --time_based --runtime="$SECS" --output-format=json > "$D/fio.json"
 curl -fsS "http://127.0.0.1:$PORT/metrics" > "$D/after.txt"
-python3 - "$D" "$RW" <<'PY'
+python3 - "$D" "$RW" "$QD" <<'PY'
 import json, re, sys
-d, rw = sys.argv[1], sys.argv[2]
+d, rw, qd = sys.argv[1], sys.argv[2], sys.argv[3]
 def load(p):
     m = {}
     for line in open(p):
@@ -59,7 +62,7 @@ rows.append((f'primary: {op}', *mean('nacre_osd_op_latency_seconds', {'op': op})
 if side == 'write':
     rows.append(('replica: rep_write', *mean('nacre_osd_op_latency_seconds', {'op': 'rep_write'})))
     rows.append(('store write', *mean('nacre_osd_store_write_latency_seconds', {})))
-print(f'| layer ({rw} 4 KiB QD1) | mean latency (us) | ops |')
+print(f'| layer ({rw} 4 KiB QD{qd}) | mean latency (us) | ops |')
 print('| --- | ---: | ---: |')
 for name, us, n in rows:
     print(f'| {name} | {us:.1f} | {n} |' if us is not None else f'| {name} | - | {n} |')
