@@ -27,7 +27,7 @@ use crate::format::{
     page_crc, BlockEntry, CheckpointHeader, Geometry, LogSlotMeta, PageMeta, RecordKind,
     CKPT_MAGIC, FORMAT_VERSION, OBJ_ENTRIES_PER_PAGE, PAGE_BYTES, PAGE_NEVER_WRITTEN,
 };
-use crate::index::{Index, OidMap};
+use crate::index::Index;
 use crate::journal::{self, BatchError, BatchId, Record};
 use crate::pglog::PgLogs;
 use crate::state::{Checkpoints, Inner, State, Stats, StoreOptions};
@@ -501,7 +501,7 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         alloc: Allocator::all_used(g.nblocks),
         csum,
         obj_metas: ck.obj.clone(),
-        inflight: OidMap::default(),
+        adm: Default::default(),
         // Filled in as replay finds the journal's end (below).
         journal: crate::cursor::Cursor {
             ring: g.journal_bytes,
@@ -521,11 +521,8 @@ pub(crate) async fn open<D: BlockDev + 'static>(
         },
         lineage: ck.lineage,
         overlay_cache_max: opts.overlay_cache_bytes,
-        big_inflight: 0,
-        reserve_blocks: 0,
         failed: None,
         closing: false,
-        withdrawn: Default::default(),
         pglogs,
         undos: Default::default(),
         stats: Stats::default(),

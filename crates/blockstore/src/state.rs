@@ -127,6 +127,138 @@ pub(crate) struct ReplayFold {
     pub pairs: Vec<u32>,
 }
 
+/// Write admission: the ops admitted on each object and not yet applied,
+/// the write versions withdrawn before they reached the journal, the
+/// whole-block writes holding a new block, and the free blocks kept for
+/// recovery. Relations, asserted under `strict` where they change: every
+/// object in `inflight` has an op in flight (`count ≥ 1`), and no more of
+/// them are still being prepared than are in flight
+/// (`preparing ≤ count`).
+#[derive(Default)]
+pub(crate) struct Admission {
+    inflight: OidMap<Inflight>,
+    /// Per object, the newest write version withdrawn before it reached
+    /// the journal (`NoSpace`): a repeat of it is a new attempt.
+    withdrawn: OidMap<u64>,
+    /// Whole-block writes holding a new block, not yet applied.
+    pub big_inflight: usize,
+    /// Free blocks only recovery may take ([`Store::set_full_ratio`]).
+    pub reserve_blocks: u32,
+}
+
+impl Admission {
+    /// Whether an op on `oid` is in flight.
+    pub fn busy(&self, oid: &ObjectId) -> bool {
+        self.inflight.contains_key(oid)
+    }
+
+    /// The highest version admitted on `oid` and not yet applied.
+    pub fn max_version(&self, oid: &ObjectId) -> Option<u64> {
+        self.inflight.get(oid).map(|f| f.max_version)
+    }
+
+    /// Admits an op at `version` on `oid` unless `wait` says the ops
+    /// already in flight there must finish first; true if admitted.
+    pub fn admit(
+        &mut self,
+        oid: ObjectId,
+        version: u64,
+        wait: impl FnOnce(&Inflight) -> bool,
+    ) -> bool {
+        if self.inflight.get(&oid).is_some_and(wait) {
+            return false;
+        }
+        let f = self.inflight.entry(oid).or_default();
+        f.max_version = f.max_version.max(version);
+        f.count += 1;
+        f.preparing += 1;
+        true
+    }
+
+    /// An admitted op on `oid` reached the journal queue.
+    pub fn queued(&mut self, oid: &ObjectId) {
+        if let Some(f) = self.inflight.get_mut(oid) {
+            crate::strict_assert!(f.preparing > 0, "object {oid}: queued twice");
+            f.preparing -= 1;
+        }
+    }
+
+    /// An admitted op on `oid` was applied (or failed with its batch);
+    /// `big` if it was a whole-block write.
+    pub fn applied(&mut self, oid: &ObjectId, big: bool) {
+        if big {
+            self.big_inflight -= 1;
+        }
+        self.finish(oid);
+    }
+
+    /// An admitted op on `oid` that never reached the queue is withdrawn;
+    /// `write` is the version of a withdrawn write, which a repeat must
+    /// not take as done. `stored` gives an object's stored version, to
+    /// forget withdrawn versions no repeat can meet when too many are
+    /// remembered.
+    pub fn withdraw(
+        &mut self,
+        oid: &ObjectId,
+        write: Option<u64>,
+        stored: impl Fn(&ObjectId) -> Option<u64>,
+    ) {
+        if let Some(v) = write {
+            if self.withdrawn.len() >= WITHDRAWN_MAX {
+                // Only entries above the stored version can still be met
+                // by a repeat (anything at or below it is stale or done).
+                self.withdrawn
+                    .retain(|o, w| stored(o).is_none_or(|s| s < *w));
+                if self.withdrawn.len() >= WITHDRAWN_MAX {
+                    tracing::warn!(
+                        "{} withdrawn writes remembered; forgetting them",
+                        self.withdrawn.len()
+                    );
+                    self.withdrawn.clear();
+                }
+            }
+            let e = self.withdrawn.entry(*oid).or_default();
+            *e = (*e).max(v);
+        }
+        if let Some(f) = self.inflight.get_mut(oid) {
+            crate::strict_assert!(
+                f.preparing > 0,
+                "object {oid}: withdrawn after it was queued"
+            );
+            f.preparing -= 1;
+        }
+        self.finish(oid);
+    }
+
+    /// Whether `version` of `oid` was withdrawn (forgetting it: the
+    /// repeat asking is the new attempt).
+    pub fn take_withdrawn(&mut self, oid: &ObjectId, version: u64) -> bool {
+        if self.withdrawn.get(oid) == Some(&version) {
+            self.withdrawn.remove(oid);
+            return true;
+        }
+        false
+    }
+
+    fn finish(&mut self, oid: &ObjectId) {
+        if let Some(f) = self.inflight.get_mut(oid) {
+            crate::strict_assert!(
+                f.count > 0 && f.preparing < f.count,
+                "object {oid}: {} ops in flight, {} preparing",
+                f.count,
+                f.preparing
+            );
+            f.count -= 1;
+            if f.count == 0 {
+                self.inflight.remove(oid);
+            }
+        }
+    }
+}
+
+/// Withdrawn writes remembered for their repeats (see `Inner::repeat`).
+const WITHDRAWN_MAX: usize = 65_536;
+
 /// Ops admitted on one object and not yet applied.
 #[derive(Default)]
 pub(crate) struct Inflight {
@@ -144,7 +276,9 @@ pub(crate) struct State {
     pub alloc: Allocator,
     pub csum: CsumTable,
     pub obj_metas: Vec<PageMeta>,
-    pub inflight: OidMap<Inflight>,
+    /// Write admission: ops in flight per object, withdrawn versions,
+    /// space held for whole-block writes and for recovery.
+    pub adm: Admission,
     /// The journal's positions and what is durable.
     pub journal: crate::cursor::Cursor,
     /// The journal writer's part: what waits to be written and synced.
@@ -155,15 +289,8 @@ pub(crate) struct State {
     /// ([`Store::lineage`]).
     pub lineage: u32,
     pub overlay_cache_max: u64,
-    /// Whole-block writes holding a new block, not yet applied.
-    pub big_inflight: usize,
-    /// Free blocks only recovery may take ([`Store::set_full_ratio`]).
-    pub reserve_blocks: u32,
     pub failed: Option<String>,
     pub closing: bool,
-    /// Per object, the newest write version withdrawn before it reached
-    /// the journal (`NoSpace`): a repeat of it is a new attempt.
-    pub withdrawn: OidMap<u64>,
     pub pglogs: PgLogs,
     pub undos: Undos,
     pub stats: Stats,
@@ -375,7 +502,7 @@ impl<D: BlockDev + 'static> Inner<D> {
     /// Waits until no op on `oid` is in flight.
     pub(crate) async fn wait_idle(&self, oid: &ObjectId) -> Result<()> {
         loop {
-            if !self.st.borrow().inflight.contains_key(oid) {
+            if !self.st.borrow().adm.busy(oid) {
                 return Ok(());
             }
             self.check_writable()?;
@@ -386,9 +513,7 @@ impl<D: BlockDev + 'static> Inner<D> {
     pub(crate) fn enqueue(&self, q: Queued) {
         let mut st = self.st.borrow_mut();
         if q.rec.kind.is_object_op() {
-            if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
-                f.preparing -= 1;
-            }
+            st.adm.queued(&q.rec.oid);
         }
         if st.writer.done {
             drop(st);

@@ -108,9 +108,6 @@ impl<D: BlockDev> Drop for PgHold<'_, D> {
     }
 }
 
-/// Withdrawn writes remembered for their repeats (see `Inner::repeat`).
-const WITHDRAWN_MAX: usize = 65_536;
-
 impl<D: BlockDev + 'static> Store<D> {
     /// Formats `dev` as an empty store (destroying what it held).
     pub async fn format(dev: &D, opts: &FormatOptions) -> Result<Geometry> {
@@ -246,7 +243,7 @@ impl<D: BlockDev + 'static> Store<D> {
     pub fn set_full_ratio(&self, ratio: f64) {
         let n = f64::from(self.0.g.nblocks);
         let keep = (n * (1.0 - ratio.clamp(0.0, 1.0))).floor();
-        self.0.st.borrow_mut().reserve_blocks = keep as u32;
+        self.0.st.borrow_mut().adm.reserve_blocks = keep as u32;
     }
 
     /// Blocks a write that needs a new one may still take: those free
@@ -256,7 +253,7 @@ impl<D: BlockDev + 'static> Store<D> {
     pub fn spare_blocks(&self) -> u64 {
         let st = self.0.st.borrow();
         let coming = st.alloc.deferred_count() as u64 + st.ckpt.releasing as u64;
-        (u64::from(st.alloc.free_count()) + coming).saturating_sub(u64::from(st.reserve_blocks))
+        (u64::from(st.alloc.free_count()) + coming).saturating_sub(u64::from(st.adm.reserve_blocks))
     }
 
     /// Whether a write of `len` bytes at `offset` of `oid` takes a new
@@ -587,8 +584,8 @@ impl<D: BlockDev + 'static> Inner<D> {
     fn current_version(&self, oid: &ObjectId) -> Option<u64> {
         let st = self.st.borrow();
         let stored = st.index.version(oid);
-        match st.inflight.get(oid) {
-            Some(f) => Some(stored.unwrap_or(0).max(f.max_version)),
+        match st.adm.max_version(oid) {
+            Some(v) => Some(stored.unwrap_or(0).max(v)),
             None => stored,
         }
     }
@@ -624,8 +621,7 @@ impl<D: BlockDev + 'static> Inner<D> {
         self.wait_idle(oid).await?;
         {
             let mut st = self.st.borrow_mut();
-            if st.withdrawn.get(oid) == Some(&version) {
-                st.withdrawn.remove(oid);
+            if st.adm.take_withdrawn(oid, version) {
                 return Ok(false);
             }
             // A logged op repeats only the op its log entry names.
@@ -666,7 +662,7 @@ impl<D: BlockDev + 'static> Inner<D> {
             {
                 let mut st = self.st.borrow_mut();
                 let has_block = st.index.block_of(&oid).is_some();
-                let busy = st.inflight.get(&oid).is_some_and(|f| match kind {
+                let admitted = st.adm.admit(oid, version, |f| match kind {
                     // Everything before a delete must be applied first.
                     // So must they before a repair, which writes the
                     // version the index holds now.
@@ -675,11 +671,7 @@ impl<D: BlockDev + 'static> Inner<D> {
                     Admit::Partial => f.preparing > 0 || !has_block,
                     Admit::Full => f.preparing > 0,
                 });
-                if !busy {
-                    let f = st.inflight.entry(oid).or_default();
-                    f.max_version = f.max_version.max(version);
-                    f.count += 1;
-                    f.preparing += 1;
+                if admitted {
                     return Ok(Some(has_block));
                 }
             }
@@ -692,32 +684,8 @@ impl<D: BlockDev + 'static> Inner<D> {
     /// done.
     fn withdraw(&self, oid: &ObjectId, write: Option<u64>) {
         let mut st = self.st.borrow_mut();
-        if let Some(v) = write {
-            if st.withdrawn.len() >= WITHDRAWN_MAX {
-                // Only entries above the stored version can still be met
-                // by a repeat (anything at or below it is stale or done).
-                let State {
-                    withdrawn, index, ..
-                } = &mut *st;
-                withdrawn.retain(|o, w| index.version(o).is_none_or(|s| s < *w));
-                if withdrawn.len() >= WITHDRAWN_MAX {
-                    tracing::warn!(
-                        "{} withdrawn writes remembered; forgetting them",
-                        withdrawn.len()
-                    );
-                    withdrawn.clear();
-                }
-            }
-            let e = st.withdrawn.entry(*oid).or_default();
-            *e = (*e).max(v);
-        }
-        if let Some(f) = st.inflight.get_mut(oid) {
-            f.preparing -= 1;
-            f.count -= 1;
-            if f.count == 0 {
-                st.inflight.remove(oid);
-            }
-        }
+        let State { adm, index, .. } = &mut *st;
+        adm.withdraw(oid, write, |o| index.version(o));
         drop(st);
         self.applied.notify();
     }
@@ -823,7 +791,7 @@ impl<D: BlockDev + 'static> Inner<D> {
             let csums = chunk_csums(&block_buf);
             let block = match self.alloc_block(mode != Mode::Client).await {
                 Ok(b) => {
-                    self.st.borrow_mut().big_inflight += 1;
+                    self.st.borrow_mut().adm.big_inflight += 1;
                     b
                 }
                 Err(e) => {
@@ -936,13 +904,15 @@ impl<D: BlockDev + 'static> Inner<D> {
         loop {
             let wait_for_applied = {
                 let mut st = self.st.borrow_mut();
-                let keep = if recovery { 0 } else { st.reserve_blocks };
+                let keep = if recovery { 0 } else { st.adm.reserve_blocks };
                 if st.alloc.free_count() > keep {
                     if let Some(b) = st.alloc.alloc() {
                         return Ok(b);
                     }
                 }
-                if st.alloc.deferred_count() == 0 && st.ckpt.releasing == 0 && st.big_inflight == 0
+                if st.alloc.deferred_count() == 0
+                    && st.ckpt.releasing == 0
+                    && st.adm.big_inflight == 0
                 {
                     return Err(Error::NoSpace);
                 }

@@ -120,7 +120,7 @@ impl<D: BlockDev + 'static> Store<D> {
                 st.index.block_of(&oid).is_some()
                     && !st.index.pending.contains_key(&oid)
                     && st.undos.block_count() < few
-                    && st.alloc.free_count() as usize > st.reserve_blocks as usize + 2 * few
+                    && st.alloc.free_count() as usize > st.adm.reserve_blocks as usize + 2 * few
             };
             let cost = undo_cost(if keep { 0 } else { len });
             if room.as_ref().map(|r| r.1) != Some(cost) {
@@ -143,7 +143,7 @@ impl<D: BlockDev + 'static> Store<D> {
             let moved = {
                 let st = inner.st.borrow();
                 st.index.version(&oid) != stored
-                    || st.inflight.contains_key(&oid)
+                    || st.adm.busy(&oid)
                     || (keep && st.index.pending.contains_key(&oid))
             };
             if moved {
@@ -225,7 +225,7 @@ impl<D: BlockDev + 'static> Store<D> {
     /// (every write of it that landed here committed).
     pub fn settled(&self, oid: ObjectId) -> bool {
         let st = self.0.st.borrow();
-        !st.inflight.contains_key(&oid) && !st.undos.held.contains_key(&oid)
+        !st.adm.busy(&oid) && !st.undos.held.contains_key(&oid)
     }
 
     /// The objects holding an undo, with its version, sorted.

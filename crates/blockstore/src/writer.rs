@@ -756,15 +756,7 @@ fn finish_batch<D: BlockDev + 'static>(
     {
         let mut st = inner.st.borrow_mut();
         for q in batch.iter().filter(|q| q.rec.kind.is_object_op()) {
-            if q.rec.kind == RecordKind::Big {
-                st.big_inflight -= 1;
-            }
-            if let Some(f) = st.inflight.get_mut(&q.rec.oid) {
-                f.count -= 1;
-                if f.count == 0 {
-                    st.inflight.remove(&q.rec.oid);
-                }
-            }
+            st.adm.applied(&q.rec.oid, q.rec.kind == RecordKind::Big);
         }
         let used = st.journal.used();
         // Checkpoint when the journal fills, or when freed blocks waiting
